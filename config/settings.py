@@ -1,0 +1,167 @@
+"""Settings. Everything that varies between machines comes from the environment, read here only."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+
+from config.env import envbool, envfloat, envint, envlist, envstr
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+SECRET_KEY = envstr("SECRET_KEY", "insecure-development-key-change-me")
+DEBUG = envbool("DEBUG", False)
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "channels",
+    "workflows",
+    "examples.demo",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# The embedded default is an SQLite file; DATABASE_URL=postgres://... selects PostgreSQL,
+# the production database and the one the test suite runs on.
+DATABASES = {
+    "default": dj_database_url.parse(
+        envstr("DATABASE_URL", f"sqlite:///{BASE_DIR / 'var' / 'db.sqlite3'}"),
+        conn_max_age=envint("DATABASE_CONN_MAX_AGE", 60),
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes (web, worker, beat) share the file: wait for locks instead of failing.
+    DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-gb"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+LOGIN_URL = "/admin/login/"
+
+REDIS_URL = envstr("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# --- Celery: at-least-once delivery (DESIGN.md section 3) ---------------------------------------
+CELERY_BROKER_URL = REDIS_URL
+CELERY_TASK_ACKS_LATE = True  # a message is acknowledged after the task ran, not before
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1  # a worker holds no more messages than it runs
+CELERY_TASK_REJECT_ON_WORKER_LOST = True  # a killed child's message goes back; the recovery cap stops poison
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# Longer than the longest step timeout (WORKFLOWS_MAX_STEP_TIMEOUT), or Redis would hand an
+# unacknowledged message to a second worker while the first is still running it.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT", 3 * 3600)}
+CELERY_TASK_IGNORE_RESULT = True
+# The queue runs are advanced on (and the sweeper runs on); steps may name others with queue=.
+WORKFLOWS_QUEUE = envstr("WORKFLOWS_QUEUE", "celery")
+CELERY_TASK_DEFAULT_QUEUE = WORKFLOWS_QUEUE
+CELERY_TASK_ALWAYS_EAGER = False
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BEAT_SCHEDULE = {
+    "workflows-sweep": {
+        "task": "workflows.sweep",
+        "schedule": envfloat("WORKFLOWS_SWEEP_INTERVAL", 1.0),
+        "options": {"expires": 30},
+    },
+}
+
+# --- Channels ---------------------------------------------------------------------------------
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": envstr("CHANNELS_PREFIX", "asgi")},
+    }
+}
+
+# --- REST framework ---------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.SessionAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["workflows.apis.errors.LimitedJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "workflows.apis.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Durable agents and workflows API",
+    "DESCRIPTION": "Start and control durable workflow runs; errors are {\"error\": {code, message, detail}}.",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- The workflow engine ------------------------------------------------------------------------
+WORKFLOWS = {
+    # Extra modules that define workflows, besides every installed app's workflows.py.
+    "MODULES": envlist("WORKFLOWS_MODULES", []),
+    # How long a worker's claim on a run lasts without a heartbeat.
+    "LEASE_SECONDS": envfloat("WORKFLOWS_LEASE_SECONDS", 30.0),
+    # A run whose worker died this many times is failed with reason max_recovery_attempts.
+    "MAX_RECOVERY_ATTEMPTS": envint("WORKFLOWS_MAX_RECOVERY_ATTEMPTS", 5),
+    # A queued run with no worker after this long is enqueued again (the enqueue was lost).
+    "ENQUEUE_GRACE_SECONDS": envfloat("WORKFLOWS_ENQUEUE_GRACE_SECONDS", 30.0),
+    "MAX_RESULT_BYTES": envint("WORKFLOWS_MAX_RESULT_BYTES", 1024 * 1024),
+    "MAX_PAYLOAD_BYTES": envint("WORKFLOWS_MAX_PAYLOAD_BYTES", 256 * 1024),
+    "MAX_STEP_TIMEOUT_SECONDS": envint("WORKFLOWS_MAX_STEP_TIMEOUT", 3600),
+    "QUEUE": WORKFLOWS_QUEUE,
+    "STREAM_TTL_SECONDS": envint("WORKFLOWS_STREAM_TTL", 24 * 3600),
+    "STREAM_MAX_EVENTS": envint("WORKFLOWS_STREAM_MAX_EVENTS", 1000),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
+}

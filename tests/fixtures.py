@@ -1,0 +1,50 @@
+"""Fixtures every app's tests use: named users, real workers, a real ASGI server."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+import redis
+from django.conf import settings
+
+from tests.support import AsgiServer, Worker
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _clean_queue() -> Iterator[None]:
+    """Each test session has its own queue; drop what a crashed earlier session may have left."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(settings.WORKFLOWS["QUEUE"])
+    yield
+    client.delete(settings.WORKFLOWS["QUEUE"])
+
+
+@pytest.fixture(scope="session")
+def worker(django_db_setup: None, django_db_blocker: object) -> Iterator[Worker]:
+    """Two prefork worker processes plus beat (the sweeper), shared by the session's tests."""
+    process = Worker(concurrency=2, beat=True)
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def asgi_server(django_db_setup: None) -> Iterator[AsgiServer]:
+    server = AsgiServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def users(db: None) -> dict[str, object]:
+    """The cast: alice the customer, bob her colleague, carol staff, mallory another tenant."""
+    from django.contrib.auth.models import Permission, User
+
+    cast = {name: User.objects.create_user(name, f"{name}@example.com", "pw-" + name) for name in
+            ("alice", "bob", "carol", "mallory")}
+    carol = cast["carol"]
+    carol.is_staff = True
+    carol.save()
+    carol.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_workflowrun", "change_workflowrun", "control_workflowrun"])
+    )
+    return cast

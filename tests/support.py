@@ -1,0 +1,146 @@
+"""Real processes for tests: Celery workers and an ASGI server on the test database."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+def service_env(**overrides: str) -> dict[str, str]:
+    """The test process's environment, pointed at the test database pytest-django created."""
+    env = dict(os.environ)
+    settings_dict = connection.settings_dict
+    env["DATABASE_URL"] = (
+        f"postgres://{settings_dict['USER'] or 'postgres'}@{settings_dict['HOST'] or '127.0.0.1'}:"
+        f"{settings_dict['PORT'] or 5432}/{settings_dict['NAME']}"
+    )
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(overrides)
+    return env
+
+
+def wait_for(predicate: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.05, what: str = "") -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+class Worker:
+    """A real ``celery worker`` process group on the test queue."""
+
+    def __init__(self, *, concurrency: int = 2, beat: bool = False, pool: str = "prefork", **env: str) -> None:
+        self.log = tempfile.NamedTemporaryFile(prefix="worker-", suffix=".log", delete=False)
+        queue = os.environ["WORKFLOWS_QUEUE"]
+        cmd = [
+            sys.executable, "-m", "celery", "-A", "config", "worker", "-P", pool, "-c", str(concurrency),
+            "-Q", f"{queue},{queue}-io", "-n", f"{queue}-{time.monotonic_ns()}@%h", "--without-gossip", "--without-mingle",
+            "-l", "INFO",
+        ]
+        if beat:
+            self.schedule = tempfile.mktemp(prefix="beat-")
+            cmd += ["-B", "-s", self.schedule]
+        self.process = subprocess.Popen(
+            cmd, cwd=ROOT, env=service_env(**env), stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for(lambda: b"ready." in Path(self.log.name).read_bytes() or self.process.poll() is not None,
+                 timeout=60, what="the worker to start")
+        if self.process.poll() is not None:
+            raise RuntimeError(f"worker exited:\n{self.output()}")
+
+    def output(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: the worker and its children die mid-task."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class AsgiServer:
+    """A real daphne process serving the project on the test database."""
+
+    def __init__(self, **env: str) -> None:
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="daphne-", suffix=".log", delete=False)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"],
+            cwd=ROOT, env=service_env(**env), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        wait_for(self._listening, timeout=30, what="daphne to listen")
+
+    def _listening(self) -> bool:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"daphne exited:\n{Path(self.log.name).read_text()}")
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def wait_for_status(run_id: object, *statuses: str, timeout: float = 30.0) -> object:
+    """Poll the database until the run reaches one of ``statuses``; return the run."""
+    from workflows.models import WorkflowRun
+
+    def reached() -> object:
+        run = WorkflowRun.objects.get(pk=run_id)
+        return run if run.status in statuses else None
+
+    try:
+        return wait_for(reached, timeout=timeout, what=f"run {run_id} to be {'/'.join(statuses)}")
+    except AssertionError:
+        run = WorkflowRun.objects.get(pk=run_id)
+        raise AssertionError(
+            f"run {run_id} is {run.status} (error {run.error}), not {'/'.join(statuses)} after {timeout}s"
+        ) from None
+
+
+def wait_for_terminal(run_id: object, timeout: float = 30.0) -> object:
+    return wait_for_status(run_id, "completed", "failed", "terminated", timeout=timeout)

@@ -1,0 +1,11 @@
+"""Loaded with ``-p tests.testenv`` before Django reads its settings: the environment the test
+process and the worker and server processes it starts all share."""
+import os
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable")
+os.environ.setdefault("WORKFLOWS_MODULES", "tests.workflows_fixtures")
+os.environ.setdefault("WORKFLOWS_QUEUE", f"test-{os.getpid()}")
+os.environ.setdefault("WORKFLOWS_LEASE_SECONDS", "2")
+os.environ.setdefault("WORKFLOWS_ENQUEUE_GRACE_SECONDS", "2")
+os.environ.setdefault("WORKFLOWS_SWEEP_INTERVAL", "0.5")
+os.environ.setdefault("CHANNELS_PREFIX", f"asgi-test-{os.getpid()}")

@@ -1,0 +1,164 @@
+"""Workflows the test suite runs in real worker processes (loaded through WORKFLOWS_MODULES).
+
+Step bodies append to files named in the payload, so a test in another process can see exactly
+which bodies ran and how often.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from workflows import NonRetryableError, Retries, StepError, WaitTimeout, Workflow, workflow
+from workflows.registry import Event
+
+
+def append(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def lines(path: str) -> list[str]:
+    return Path(path).read_text().splitlines() if os.path.exists(path) else []
+
+
+def write_line(path: str, i: int, slow_step: int | None = None, slow_seconds: float = 0) -> int:
+    append(path, str(i))
+    if i == slow_step:
+        time.sleep(slow_seconds)
+    return i
+
+
+@workflow("test.lines")
+class Lines(Workflow):
+    def run(self, event: Event, step: Any) -> list[int]:
+        p = event.payload
+        return [
+            step.do(f"step {i}", write_line, p["path"], i, p.get("slow_step"), p.get("slow_seconds", 0))
+            for i in range(p["steps"])
+        ]
+
+
+def flaky(path: str, fail_times: int, non_retryable: bool) -> str:
+    append(path, f"try {time.time():.3f}")
+    if len(lines(path)) <= fail_times:
+        if non_retryable:
+            raise NonRetryableError("the card was declined")
+        raise ValueError(f"failure {len(lines(path))}")
+    return "ok"
+
+
+@workflow("test.flaky")
+class Flaky(Workflow):
+    def run(self, event: Event, step: Any) -> Any:
+        p = event.payload
+        retries = Retries(limit=p.get("limit", 3), delay=timedelta(seconds=p.get("delay", 0.2)),
+                          backoff=p.get("backoff", "constant"))
+        try:
+            return step.do("flaky", flaky, p["path"], p["fail_times"], p.get("non_retryable", False),
+                           retries=retries)
+        except StepError as exc:
+            if p.get("catch"):
+                return {"caught": exc.error_type, "message": exc.message}
+            raise
+
+
+def slow(seconds: float) -> str:
+    time.sleep(seconds)
+    return "finished"
+
+
+@workflow("test.timeout")
+class Timeout(Workflow):
+    def run(self, event: Event, step: Any) -> Any:
+        return step.do("slow", slow, event.payload["seconds"], timeout=event.payload["timeout"],
+                       retries=Retries(limit=0))
+
+
+@workflow("test.sleep")
+class Sleep(Workflow):
+    def run(self, event: Event, step: Any) -> Any:
+        before = step.do("before", time.time)
+        step.sleep("nap", timedelta(seconds=event.payload.get("seconds", 1)))
+        after = step.do("after", time.time)
+        return {"slept": after - before}
+
+
+@workflow("test.wait")
+class Wait(Workflow):
+    def run(self, event: Event, step: Any) -> Any:
+        try:
+            reply = step.wait_for_event("wait for reply", type="reply", timeout=event.payload.get("timeout", 30))
+        except WaitTimeout:
+            return {"timed_out": True}
+        after = step.do("after", time.time)
+        return {"reply": reply, "after": after}
+
+
+def name_flag(path: str) -> str:
+    return "second name" if os.path.exists(path) else "first name"
+
+
+@workflow("test.nondeterminism")
+class NonDeterministic(Workflow):
+    def run(self, event: Event, step: Any) -> Any:
+        p = event.payload
+        step.do(name_flag(p["flag"]), time.time)  # a name read outside a step: not deterministic
+        step.sleep("pause", timedelta(seconds=p.get("seconds", 0.5)))
+        return "done"
+
+
+def create_group(name: str, path: str, hold: float) -> int:
+    from django.contrib.auth.models import Group
+
+    group = Group.objects.create(name=name)
+    append(path, "inside")
+    time.sleep(hold)
+    return group.pk
+
+
+@workflow("test.atomic")
+class Atomic(Workflow):
+    def run(self, event: Event, step: Any) -> Any:
+        p = event.payload
+        return step.do("create group", create_group, p["group"], p["path"], p.get("hold", 0), atomic=True)
+
+
+def kill_own_worker(path: str) -> None:
+    append(path, "kill")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@workflow("test.poison")
+class Poison(Workflow):
+    def run(self, event: Event, step: Any) -> Any:
+        step.do("kill the worker", kill_own_worker, event.payload["path"])
+        return "unreachable"
+
+
+@workflow("test.progress")
+class Progress(Workflow):
+    def run(self, event: Event, step: Any) -> Any:
+        total = event.payload.get("steps", 5)
+        for i in range(total):
+            step.do(f"work {i}", slow, event.payload.get("seconds", 0.1))
+            self.report_progress({"done": i + 1, "total": total})
+        return total
+
+
+@workflow("test.dispatch")
+class Dispatch(Workflow):
+    def run(self, event: Event, step: Any) -> Any:
+        p = event.payload
+        first = step.do("local", write_line, p["path"], 0)
+        second = step.do("elsewhere", write_line, p["path"], 1, queue=p["queue"])
+        return [first, second]
+
+
+@workflow("test.echo")
+class Echo(Workflow):
+    def run(self, event: Event, step: Any) -> Any:
+        return step.do("echo", dict, event.payload)

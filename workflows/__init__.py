@@ -1,0 +1,38 @@
+"""The durable workflow engine.
+
+    from workflows import Workflow, workflow, Retries, NonRetryableError
+    from workflows import start, send_event, pause, resume, terminate, restart
+
+The services are imported lazily so that importing this package does not need Django's app
+registry to be ready (workflow modules import it at app-loading time).
+"""
+from typing import Any
+
+from workflows.exceptions import (
+    IdempotencyConflict,
+    NonDeterminismError,
+    NonRetryableError,
+    StepError,
+    StepTimeout,
+    TransitionNotAllowed,
+    UnknownWorkflow,
+    WaitTimeout,
+)
+from workflows.registry import Event, Workflow, workflow
+from workflows.retries import Retries
+
+_SERVICES = ("start", "send_event", "pause", "resume", "terminate", "restart")
+
+__all__ = [
+    "Event", "IdempotencyConflict", "NonDeterminismError", "NonRetryableError", "Retries", "StepError",
+    "StepTimeout", "TransitionNotAllowed", "UnknownWorkflow", "WaitTimeout", "Workflow", "workflow",
+    *_SERVICES,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SERVICES:
+        from workflows import public
+
+        return getattr(public, name)
+    raise AttributeError(f"module 'workflows' has no attribute {name!r}")

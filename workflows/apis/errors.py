@@ -1,0 +1,1 @@
+"""JSON errors for every API: {"error": {"code", "message", "detail"}}."""

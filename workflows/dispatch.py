@@ -1,0 +1,51 @@
+"""Steps sent to another queue (``step.do(..., queue="name")``): the task that runs one try.
+
+The try's outcome is written to the step row and wakes the run, which replays and moves on (or
+decides the retry backoff, since only the workflow code knows its Retries).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+from uuid import UUID
+
+from django.db import transaction
+from django.utils import timezone
+
+from workflows import steps as step_store
+from workflows.models import RunStatus, StepResult, StepStatus, WorkflowRun
+from workflows.services import wake_locked_run
+
+
+def resolve(reference: str) -> Callable[..., Any]:
+    module_name, _, qualname = reference.partition(":")
+    target: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target  # type: ignore[no-any-return]
+
+
+def run_dispatched_step(*, run_id: UUID | str, attempt: int, position: int) -> str:
+    row = StepResult.objects.filter(
+        run_id=run_id, attempt=attempt, position=position, status=StepStatus.RUNNING
+    ).first()
+    if row is None or not row.call:
+        return "gone"
+    fields: dict[str, Any] = {"finished_at": timezone.now(), "wake_at": None}
+    try:
+        fn = resolve(row.call["fn"])
+        message = f"step {row.name!r} try {row.tries} ran past its timeout of {row.call['timeout']:g}s"
+        with step_store.time_limit(float(row.call["timeout"]), message):
+            value = fn(*row.call["args"])
+        fields["result"], _ = step_store.encode(value, what=f"the result of step {row.name!r}")
+        fields["status"] = StepStatus.COMPLETED
+    except Exception as exc:
+        fields["status"] = StepStatus.RETRYING  # wake_at None: the run decides the backoff
+        fields["error"] = step_store.error_record(exc)
+    fields["finished_at"] = timezone.now()
+    with transaction.atomic():
+        run = WorkflowRun.objects.select_for_update().get(pk=run_id)
+        written = StepResult.objects.filter(pk=row.pk, status=StepStatus.RUNNING, tries=row.tries).update(**fields)
+        if written and run.attempt == attempt and run.status == RunStatus.WAITING and run.wait_step == row.name:
+            wake_locked_run(run)
+    return str(fields["status"]) if written else "superseded"

@@ -1,0 +1,47 @@
+"""The one way anything leaves the database: deferred to commit.
+
+A Celery enqueue or a stream push sent from inside an open transaction could announce a row that
+is then rolled back, or arrive before the row is visible. Everything goes through ``on_commit``;
+a crash between commit and send is repaired by the sweeper (lost enqueue) or is harmless
+(progress is best effort).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+from uuid import UUID
+
+from django.conf import settings
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+
+def on_commit(fn: Callable[[], Any]) -> None:
+    """Run ``fn`` after the current transaction commits (at once in autocommit); log, never raise."""
+    transaction.on_commit(fn, robust=True)
+
+
+def enqueue_run(run_id: UUID, *, countdown: float | None = None) -> None:
+    """Ask a worker to advance the run once the current transaction commits."""
+
+    def send() -> None:
+        from workflows.tasks import advance_run
+
+        options: dict[str, Any] = {"queue": settings.WORKFLOWS["QUEUE"]}
+        if countdown:
+            options["countdown"] = countdown
+        advance_run.apply_async((str(run_id),), **options)
+
+    on_commit(send)
+
+
+def emit_status(run_id: UUID) -> None:
+    """Push the run's status to its stream once the current transaction commits."""
+
+    def send() -> None:
+        from workflows.streams import publish_status
+
+        publish_status(run_id)
+
+    on_commit(send)

@@ -1,0 +1,420 @@
+"""Advancing a run: claim its lease, replay ``run()`` from the top, execute the next step,
+then suspend (sleep, wait, retry, pause) or finish.
+
+Completed steps answer from the step-result table; only the first step without a final row runs.
+Control flow that must not be caught by workflow code (suspension, a lost lease) uses
+BaseException subclasses, so ``except Exception`` in a workflow cannot swallow it.
+"""
+from __future__ import annotations
+
+import logging
+import traceback
+from collections import Counter
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any, Callable, Iterator
+from uuid import UUID
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from workflows import steps as step_store
+from workflows.effects import emit_status, enqueue_run, on_commit
+from workflows.exceptions import (
+    NonDeterminismError,
+    NonRetryableError,
+    NotSerializable,
+    ResultTooLarge,
+    StepError,
+    StepTimeout,
+    UnknownWorkflow,
+    WaitTimeout,
+)
+from workflows.lease import check_and_extend, claim, heartbeat, new_owner
+from workflows.models import (
+    FailureReason,
+    RunAttempt,
+    RunEvent,
+    RunStatus,
+    StepKind,
+    StepResult,
+    StepStatus,
+    WorkflowRun,
+)
+from workflows.registry import Event, get_workflow
+from workflows.retries import DEFAULT_RETRIES, DEFAULT_TIMEOUT, Retries
+
+logger = logging.getLogger(__name__)
+
+# Timers this close are also sent as a Celery countdown, so short sleeps and retry backoffs do
+# not wait for the next sweep. The database timer stays the authority; the sweeper is the backstop.
+COUNTDOWN_MAX_SECONDS = 60.0
+
+
+class _Suspended(BaseException):
+    """The run stopped at a step boundary (sleep, wait, retry, pause); its state is stored."""
+
+
+class _LeaseLost(BaseException):
+    """Another worker owns the run now, or it was terminated or restarted: stop quietly."""
+
+
+class _LostRace(BaseException):
+    """An atomic step found a final row already stored: roll the body back and adopt it."""
+
+
+class Step:
+    """The ``step`` argument of ``run()``: durable steps, sleeps and waits."""
+
+    def __init__(self, run: WorkflowRun, owner: str) -> None:
+        self._run = run
+        self._owner = owner
+        self._stored = {s.position: s for s in StepResult.objects.filter(run=run, attempt=run.attempt)}
+        self._position = 0
+        self._names: Counter[str] = Counter()
+
+    # --- public API -------------------------------------------------------------------------
+    def do(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retries: Retries | None = None,
+        timeout: timedelta | float | None = None,
+        atomic: bool = False,
+        queue: str | None = None,
+    ) -> Any:
+        """Run ``fn(*args)`` once for this run; on replay return its stored result."""
+        key, position, stored = self._enter(name, StepKind.DO)
+        if stored is not None and stored.status == StepStatus.COMPLETED:
+            return stored.result
+        if stored is not None and stored.status == StepStatus.FAILED:
+            raise StepError.from_record(key, stored.error)
+        retries = retries or DEFAULT_RETRIES
+        limit = _seconds(timeout if timeout is not None else DEFAULT_TIMEOUT)
+        if limit > settings.WORKFLOWS["MAX_STEP_TIMEOUT_SECONDS"]:
+            raise ValueError(f"step {key!r}: timeout {limit}s exceeds WORKFLOWS_MAX_STEP_TIMEOUT")
+        if stored is not None and stored.status == StepStatus.RETRYING:
+            if stored.wake_at is None:  # a dispatched try failed elsewhere: decide its backoff here
+                self._after_failure(key, position, stored.tries, retries, stored.error or {}, None)
+            if stored.wake_at > timezone.now():
+                self._suspend(RunStatus.RETRYING, wake_at=stored.wake_at, wait_step=key)
+        if queue is not None:
+            return self._dispatched(key, position, stored, fn, args, queue, limit, retries)
+        self._boundary(key)
+        tries = (stored.tries if stored is not None else 0) + 1
+        return self._try(key, position, tries, fn, args, retries, limit, atomic)
+
+    def sleep(self, name: str, duration: timedelta | float) -> None:
+        key, position, stored = self._enter(name, StepKind.SLEEP)
+        if stored is None:
+            self._boundary(key)
+            self._sleep_new(key, position, timezone.now() + timedelta(seconds=_seconds(duration)))
+        else:
+            self._sleep_stored(key, stored)
+
+    def sleep_until(self, name: str, when: datetime) -> None:
+        key, position, stored = self._enter(name, StepKind.SLEEP)
+        if stored is None:
+            self._boundary(key)
+            self._sleep_new(key, position, when)
+        else:
+            self._sleep_stored(key, stored)
+
+    def wait_for_event(
+        self, name: str, *, type: str, timeout: timedelta | float = timedelta(hours=24)
+    ) -> Any:
+        """Return the payload of the oldest unconsumed event of ``type``, or raise WaitTimeout."""
+        key, position, stored = self._enter(name, StepKind.WAIT)
+        if stored is not None and stored.status == StepStatus.COMPLETED:
+            return stored.result
+        if stored is not None and stored.status == StepStatus.FAILED:
+            raise WaitTimeout.from_record(key, stored.error)
+        if stored is None:
+            self._boundary(key)
+        now = timezone.now()
+        outcome: dict[str, Any] = {}
+        with self._owned() as run:
+            # The run row is locked before looking for the event: send_event locks it too, so an
+            # event committed now is either seen here or wakes the run after this commit.
+            event = (
+                RunEvent.objects.filter(run=run, type=type, consumed_at__isnull=True)
+                .order_by("created_at", "id")
+                .first()
+            )
+            if event is not None:
+                event.consumed_attempt, event.consumed_position, event.consumed_at = run.attempt, position, now
+                event.save(update_fields=["consumed_attempt", "consumed_position", "consumed_at"])
+                value, text = step_store.encode(event.payload, what=f"event {type!r}")
+                self._store(key, position, StepKind.WAIT, StepStatus.COMPLETED, result_json=text, finished_at=now)
+                outcome["value"] = value
+            elif stored is not None and stored.wake_at is not None and stored.wake_at <= now:
+                error = {"type": "WaitTimeout", "message": f"no {type!r} event before {stored.wake_at.isoformat()}"}
+                self._store(key, position, StepKind.WAIT, StepStatus.FAILED, error=error, finished_at=now)
+                outcome["timeout"] = error
+            else:
+                wake_at = stored.wake_at if stored is not None else now + timedelta(seconds=_seconds(timeout))
+                if stored is None:
+                    self._store(key, position, StepKind.WAIT, StepStatus.WAITING, wake_at=wake_at, started_at=now)
+                self._set_suspended(run, RunStatus.WAITING, wake_at=wake_at, wait_step=key, wait_event_type=type)
+        if "value" in outcome:
+            return outcome["value"]
+        if "timeout" in outcome:
+            raise WaitTimeout.from_record(key, outcome["timeout"])
+        raise _Suspended
+
+    # --- replay bookkeeping --------------------------------------------------------------------
+    def _enter(self, name: str, kind: str) -> tuple[str, int, StepResult | None]:
+        self._position += 1
+        self._names[name] += 1
+        key = name if self._names[name] == 1 else f"{name}#{self._names[name]}"
+        stored = self._stored.get(self._position)
+        if stored is not None and (stored.name != key or stored.kind != kind):
+            raise NonDeterminismError(
+                f"step {self._position} was recorded as {stored.kind} {stored.name!r} "
+                f"but the workflow now reaches {kind} {key!r} there"
+            )
+        return key, self._position, stored
+
+    def _boundary(self, key: str) -> None:
+        """Before a new step: stop if the lease is gone, pause if asked, else extend the lease."""
+        if check_and_extend(self._run.id, self._owner, key):
+            return
+        with self._owned() as run:
+            if not run.pause_requested:
+                raise _LeaseLost
+            run.pause()
+            run.pause_requested = False
+            self._release(run)
+        raise _Suspended
+
+    @contextmanager
+    def _owned(self) -> Iterator[WorkflowRun]:
+        """Lock the run row for a transition; raise _LeaseLost unless this worker still owns it."""
+        with transaction.atomic():
+            run = WorkflowRun.objects.select_for_update().get(pk=self._run.id)
+            if run.lease_owner != self._owner or run.status != RunStatus.RUNNING:
+                raise _LeaseLost
+            yield run
+
+    def _release(self, run: WorkflowRun) -> None:
+        run.lease_owner = ""
+        run.lease_expires_at = None
+        run.current_step = ""
+        run.save()
+        emit_status(run.id)
+
+    def _set_suspended(
+        self, run: WorkflowRun, status: str, *, wake_at: datetime, wait_step: str = "", wait_event_type: str = ""
+    ) -> None:
+        {RunStatus.SLEEPING: run.sleep, RunStatus.WAITING: run.wait, RunStatus.RETRYING: run.retry_later}[status]()
+        run.wake_at = wake_at
+        run.wait_step = wait_step
+        run.wait_event_type = wait_event_type
+        self._release(run)
+        seconds = (wake_at - timezone.now()).total_seconds()
+        if status != RunStatus.WAITING and seconds <= COUNTDOWN_MAX_SECONDS:
+            enqueue_run(run.id, countdown=max(seconds, 0.0))
+
+    def _suspend(self, status: str, *, wake_at: datetime, wait_step: str = "") -> None:
+        with self._owned() as run:
+            self._set_suspended(run, status, wake_at=wake_at, wait_step=wait_step)
+        raise _Suspended
+
+    def _store(self, key: str, position: int, kind: str, status: str, **fields: Any) -> bool:
+        return step_store.store(
+            run_id=self._run.id, attempt=self._run.attempt, position=position, name=key, kind=kind,
+            status=status, **fields,
+        )
+
+    # --- sleeps ---------------------------------------------------------------------------------
+    def _sleep_new(self, key: str, position: int, wake_at: datetime) -> None:
+        now = timezone.now()
+        if wake_at <= now:
+            self._store(key, position, StepKind.SLEEP, StepStatus.COMPLETED, started_at=now, finished_at=now)
+            return
+        with self._owned() as run:
+            self._store(key, position, StepKind.SLEEP, StepStatus.SLEEPING, wake_at=wake_at, started_at=now)
+            self._set_suspended(run, RunStatus.SLEEPING, wake_at=wake_at, wait_step=key)
+        raise _Suspended
+
+    def _sleep_stored(self, key: str, stored: StepResult) -> None:
+        if stored.status == StepStatus.COMPLETED:
+            return
+        assert stored.wake_at is not None
+        if stored.wake_at > timezone.now():
+            self._suspend(RunStatus.SLEEPING, wake_at=stored.wake_at, wait_step=key)
+        StepResult.objects.filter(pk=stored.pk).update(status=StepStatus.COMPLETED, finished_at=timezone.now())
+
+    # --- step bodies ----------------------------------------------------------------------------
+    def _try(
+        self, key: str, position: int, tries: int, fn: Callable[..., Any], args: tuple[Any, ...],
+        retries: Retries, limit: float, atomic: bool,
+    ) -> Any:
+        started = timezone.now()
+        message = f"step {key!r} try {tries} ran past its timeout of {limit:g}s"
+        try:
+            if atomic:
+                # The body's writes and the step result commit together, or neither does.
+                with transaction.atomic():
+                    with step_store.time_limit(limit, message):
+                        value = fn(*args)
+                    value, text = step_store.encode(value, what=f"the result of step {key!r}")
+                    if not self._store(key, position, StepKind.DO, StepStatus.COMPLETED, result_json=text,
+                                       tries=tries, started_at=started, finished_at=timezone.now()):
+                        raise _LostRace
+                return value
+            with step_store.time_limit(limit, message):
+                value = fn(*args)
+            value, text = step_store.encode(value, what=f"the result of step {key!r}")
+        except _LostRace:
+            return self._adopt(key, position)
+        except Exception as exc:
+            self._after_failure(key, position, tries, retries, step_store.error_record(exc), exc)
+        if not self._store(key, position, StepKind.DO, StepStatus.COMPLETED, result_json=text, tries=tries,
+                           started_at=started, finished_at=timezone.now()):
+            return self._adopt(key, position)
+        return value
+
+    def _adopt(self, key: str, position: int) -> Any:
+        """Another worker stored this step first: its result is the step's result."""
+        winner = step_store.load(self._run.id, self._run.attempt, position)
+        if winner.status == StepStatus.FAILED:
+            raise StepError.from_record(key, winner.error)
+        return winner.result
+
+    def _after_failure(
+        self, key: str, position: int, tries: int, retries: Retries, error: dict[str, Any],
+        exc: BaseException | None,
+    ) -> None:
+        """Record a failed try; fail the step for good (raise StepError) or suspend for a retry."""
+        now = timezone.now()
+        if error.get("non_retryable") or tries > retries.limit:
+            self._store(key, position, StepKind.DO, StepStatus.FAILED, error=error, tries=tries, finished_at=now)
+            raise StepError(key, str(error.get("type")), str(error.get("message"))) from exc
+        wake_at = now + retries.delay_before(tries)
+        with self._owned() as run:
+            self._store(key, position, StepKind.DO, StepStatus.RETRYING, error=error, tries=tries, wake_at=wake_at)
+            self._set_suspended(run, RunStatus.RETRYING, wake_at=wake_at, wait_step=key)
+        raise _Suspended
+
+    def _dispatched(
+        self, key: str, position: int, stored: StepResult | None, fn: Callable[..., Any],
+        args: tuple[Any, ...], queue: str, limit: float, retries: Retries,
+    ) -> Any:
+        """Send the step to ``queue`` as its own task; the run waits for it."""
+        now = timezone.now()
+        if stored is not None and stored.status == StepStatus.RUNNING:
+            assert stored.wake_at is not None
+            if stored.wake_at <= now:  # the task never reported back in time: a failed try
+                error = {"type": "StepTimeout", "message": f"step {key!r} try {stored.tries} sent to "
+                         f"queue {queue!r} did not finish within {limit:g}s"}
+                self._after_failure(key, position, stored.tries, retries, error, None)
+            self._suspend(RunStatus.WAITING, wake_at=stored.wake_at, wait_step=key)
+        self._boundary(key)
+        reference = _reference(fn, key)
+        args_value, _ = step_store.encode(list(args), what=f"the arguments of step {key!r}")
+        tries = (stored.tries if stored is not None else 0) + 1
+        deadline = now + timedelta(seconds=limit + settings.WORKFLOWS["LEASE_SECONDS"])
+        call = {"fn": reference, "args": args_value, "timeout": limit}
+        with self._owned() as run:
+            self._store(key, position, StepKind.DO, StepStatus.RUNNING, call=call,
+                        tries=tries, wake_at=deadline, started_at=now)
+            self._set_suspended(run, RunStatus.WAITING, wake_at=deadline, wait_step=key)
+            run_id, attempt = run.id, run.attempt
+
+            def send() -> None:
+                from workflows.tasks import run_step
+
+                run_step.apply_async((str(run_id), attempt, position), queue=queue)
+
+            on_commit(send)
+        raise _Suspended
+
+
+def _reference(fn: Callable[..., Any], key: str) -> str:
+    qualname = getattr(fn, "__qualname__", "")
+    if not qualname or "<" in qualname:
+        raise ValueError(f"step {key!r} uses queue=, so its function must be importable by name, not {qualname!r}")
+    return f"{fn.__module__}:{qualname}"
+
+
+def _seconds(value: timedelta | float) -> float:
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+# --- advancing a run ---------------------------------------------------------------------------
+def advance(run_id: UUID | str) -> str:
+    """Advance the run as far as it goes now. Returns what happened (for logs and tests)."""
+    owner = new_owner()
+    run = claim(run_id, owner)
+    if run is None:
+        return "not_claimed"
+    emit_status(run.id)
+    heartbeat.register(run.id, owner)
+    try:
+        return _execute(run, owner)
+    finally:
+        heartbeat.unregister(run.id)
+
+
+def _execute(run: WorkflowRun, owner: str) -> str:
+    if run.recovery_count > settings.WORKFLOWS["MAX_RECOVERY_ATTEMPTS"]:
+        error = {"type": "MaxRecoveryAttempts", "message": f"the run's worker was lost {run.recovery_count} times"
+                 f" (limit {settings.WORKFLOWS['MAX_RECOVERY_ATTEMPTS']}); it is not retried again"}
+        return _finish(run, owner, failed=error, reason=FailureReason.MAX_RECOVERY_ATTEMPTS)
+    try:
+        cls = get_workflow(run.workflow)
+    except UnknownWorkflow as exc:
+        return _finish(run, owner, failed=step_store.error_record(exc), reason=FailureReason.UNKNOWN_WORKFLOW)
+    instance = cls()
+    instance.run_id = run.id
+    event = Event(payload=run.payload, run_id=run.id, created_at=run.created_at, attempt=run.attempt)
+    try:
+        step = Step(run, owner)
+        value = instance.run(event, step)
+        value, _ = step_store.encode(value, what="the run's result")
+    except _Suspended:
+        return "suspended"
+    except _LeaseLost:
+        return "lease_lost"
+    except NonDeterminismError as exc:
+        return _finish(run, owner, failed=step_store.error_record(exc), reason=FailureReason.NON_DETERMINISM)
+    except Exception as exc:
+        error = step_store.error_record(exc)
+        if not isinstance(exc, (StepError, NotSerializable, ResultTooLarge)):
+            error["traceback"] = traceback.format_exc(limit=20)
+        return _finish(run, owner, failed=error, reason=FailureReason.ERROR)
+    return _finish(run, owner, result=value)
+
+
+def _finish(
+    run: WorkflowRun, owner: str, *, result: Any = None, failed: dict[str, Any] | None = None, reason: str = ""
+) -> str:
+    now = timezone.now()
+    try:
+        with transaction.atomic():
+            locked = WorkflowRun.objects.select_for_update().get(pk=run.id)
+            if locked.lease_owner != owner or locked.status != RunStatus.RUNNING:
+                return "lease_lost"
+            if failed is None:
+                locked.complete()
+                locked.result = result
+            else:
+                locked.fail()
+                locked.error = failed
+                locked.failure_reason = reason
+            locked.finished_at = now
+            locked.lease_owner, locked.lease_expires_at, locked.current_step = "", None, ""
+            locked.wake_at, locked.wait_step, locked.wait_event_type = None, "", ""
+            locked.save()
+            RunAttempt.objects.filter(run=locked, number=locked.attempt).update(
+                status=locked.status, result=locked.result, error=locked.error, finished_at=now
+            )
+            emit_status(locked.id)
+    except _LeaseLost:
+        return "lease_lost"
+    if failed is not None:
+        logger.info("run %s failed (%s): %s", run.id, reason, failed.get("message"))
+    return str(RunStatus.COMPLETED if failed is None else RunStatus.FAILED)

@@ -1,0 +1,114 @@
+"""Leases: which worker may advance a run, for how long, and the heartbeat that extends them.
+
+A worker claims a run with one conditional UPDATE (free lease, claimable state). Every step
+boundary re-checks and extends the lease in the same statement, so a worker whose lease was taken
+over (or whose run was terminated or restarted) stops before its next step. A background thread
+extends the leases of runs whose current step takes longer than a third of the lease.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from datetime import timedelta
+from uuid import UUID
+
+from django.conf import settings
+from django.db import close_old_connections
+from django.db.models import Case, F, PositiveIntegerField, Q, When
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from workflows.models import CLAIMABLE, TIMED, RunStatus, WorkflowRun
+
+logger = logging.getLogger(__name__)
+
+
+def lease_duration() -> timedelta:
+    return timedelta(seconds=settings.WORKFLOWS["LEASE_SECONDS"])
+
+
+def new_owner() -> str:
+    return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:10]}"
+
+
+def claim(run_id: UUID | str, owner: str) -> WorkflowRun | None:
+    """Take the run's lease if it is free and the run is ready to advance; None otherwise.
+
+    A lease that expired while still naming an owner means that worker died mid-run: the claim
+    counts one recovery (the engine fails the run past the cap).
+    """
+    now = timezone.now()
+    free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
+    ready = Q(status__in=CLAIMABLE) | Q(status__in=TIMED, wake_at__lte=now)
+    claimed = WorkflowRun.objects.filter(free, ready, pk=run_id).update(
+        status=RunStatus.RUNNING,
+        lease_owner=owner,
+        lease_expires_at=now + lease_duration(),
+        recovery_count=Case(
+            When(~Q(lease_owner=""), then=F("recovery_count") + 1),
+            default=F("recovery_count"),
+            output_field=PositiveIntegerField(),
+        ),
+        started_at=Coalesce("started_at", now),
+        wake_at=None,
+        wait_event_type="",
+        wait_step="",
+    )
+    if not claimed:
+        return None
+    return WorkflowRun.objects.get(pk=run_id)
+
+
+def check_and_extend(run_id: UUID, owner: str, current_step: str) -> bool:
+    """At a step boundary: still ours, still running, no pause asked? Extends the lease if so."""
+    return bool(
+        WorkflowRun.objects.filter(
+            pk=run_id, lease_owner=owner, status=RunStatus.RUNNING, pause_requested=False
+        ).update(lease_expires_at=timezone.now() + lease_duration(), current_step=current_step)
+    )
+
+
+class Heartbeat:
+    """One daemon thread per process extending the leases of the runs it is advancing.
+
+    It sleeps a third of the lease before its first beat, so a run that advances quickly never
+    costs it a database round trip.
+    """
+
+    def __init__(self) -> None:
+        self._leases: dict[UUID, str] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def register(self, run_id: UUID, owner: str) -> None:
+        with self._lock:
+            self._leases[run_id] = owner
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._loop, name="workflows-heartbeat", daemon=True)
+                self._thread.start()
+
+    def unregister(self, run_id: UUID) -> None:
+        with self._lock:
+            self._leases.pop(run_id, None)
+
+    def _loop(self) -> None:
+        while True:
+            threading.Event().wait(settings.WORKFLOWS["LEASE_SECONDS"] / 3)
+            with self._lock:
+                leases = dict(self._leases)
+            for run_id, owner in leases.items():
+                try:
+                    close_old_connections()
+                    WorkflowRun.objects.filter(pk=run_id, lease_owner=owner).update(
+                        lease_expires_at=timezone.now() + lease_duration()
+                    )
+                except Exception:
+                    logger.warning("heartbeat for run %s failed", run_id, exc_info=True)
+
+
+heartbeat = Heartbeat()

@@ -1,0 +1,96 @@
+"""Reads: what a caller may see of runs, and the shapes the interfaces show."""
+from __future__ import annotations
+
+from typing import Any, TypedDict
+from uuid import UUID
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser
+from django.db.models import QuerySet
+
+from workflows.models import TERMINAL, WorkflowRun
+
+
+def can_see_all_runs(user: AbstractBaseUser | AnonymousUser) -> bool:
+    return bool(user.is_authenticated and user.is_staff and user.has_perm("workflows.view_workflowrun"))
+
+
+def can_control_all_runs(user: AbstractBaseUser | AnonymousUser) -> bool:
+    return bool(user.is_authenticated and user.is_staff and user.has_perm("workflows.control_workflowrun"))
+
+
+def run_list(*, user: AbstractBaseUser | AnonymousUser, status: str | None = None,
+             workflow: str | None = None) -> QuerySet[WorkflowRun]:
+    """Runs the user may see: their own, or all for staff with the view permission."""
+    runs = WorkflowRun.objects.all()
+    if not can_see_all_runs(user):
+        runs = runs.filter(owner_id=user.pk) if user.is_authenticated else runs.none()
+    if status:
+        runs = runs.filter(status=status)
+    if workflow:
+        runs = runs.filter(workflow=workflow)
+    return runs
+
+
+def run_get(*, user: AbstractBaseUser | AnonymousUser, run_id: UUID | str) -> WorkflowRun | None:
+    """The run if the user may see it; None both when it does not exist and when it is another's."""
+    try:
+        return run_list(user=user).get(pk=run_id)
+    except (WorkflowRun.DoesNotExist, ValueError):
+        return None
+
+
+class StatusSummary(TypedDict):
+    status: str
+    attempt: int
+    current_step: str
+    waiting_for: dict[str, Any] | None
+    pause_requested: bool
+    terminal: bool
+    failure_reason: str
+
+
+def waiting_for(run: WorkflowRun) -> dict[str, Any] | None:
+    """What a suspended run waits for and until when."""
+    if not run.wake_at and not run.wait_event_type:
+        return None
+    return {
+        "step": run.wait_step,
+        "event_type": run.wait_event_type or None,
+        "until": run.wake_at.isoformat() if run.wake_at else None,
+    }
+
+
+def run_status_summary(*, run_id: UUID | str) -> StatusSummary | None:
+    run = WorkflowRun.objects.filter(pk=run_id).first()
+    if run is None:
+        return None
+    return {
+        "status": run.status,
+        "attempt": run.attempt,
+        "current_step": run.current_step,
+        "waiting_for": waiting_for(run),
+        "pause_requested": run.pause_requested,
+        "terminal": run.status in TERMINAL,
+        "failure_reason": run.failure_reason,
+    }
+
+
+def run_timeline(*, run: WorkflowRun) -> list[dict[str, Any]]:
+    """Every step of every attempt, oldest attempt first."""
+    return [
+        {
+            "attempt": s.attempt,
+            "position": s.position,
+            "name": s.name,
+            "kind": s.kind,
+            "status": s.status,
+            "tries": s.tries,
+            "result": s.result,
+            "error": s.error,
+            "wake_at": s.wake_at.isoformat() if s.wake_at else None,
+            "started_at": s.started_at.isoformat() if s.started_at else None,
+            "finished_at": s.finished_at.isoformat() if s.finished_at else None,
+        }
+        for s in run.steps.order_by("attempt", "position")
+    ]

@@ -1,0 +1,202 @@
+"""Writes: starting runs and controlling them. Each runs in one transaction and emits on commit."""
+from __future__ import annotations
+
+import json
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django_fsm import TransitionNotAllowed as FSMTransitionNotAllowed
+
+from workflows.effects import emit_status, enqueue_run
+from workflows.exceptions import IdempotencyConflict, InvalidPayload, TransitionNotAllowed
+from workflows.models import PAUSABLE, RunAttempt, RunEvent, RunStatus, WorkflowRun
+from workflows.registry import get_workflow
+
+
+def check_payload(payload: Any, *, what: str = "payload") -> dict[str, Any]:
+    """A JSON object within the size limit, or InvalidPayload."""
+    if not isinstance(payload, dict):
+        raise InvalidPayload(f"{what} must be a JSON object, not {type(payload).__name__}")
+    try:
+        size = len(json.dumps(payload, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
+    limit = settings.WORKFLOWS["MAX_PAYLOAD_BYTES"]
+    if size > limit:
+        raise InvalidPayload(f"{what} is {size:,} bytes; the limit is {limit:,}")
+    return payload
+
+
+def run_start(
+    *,
+    workflow: str,
+    payload: dict[str, Any],
+    idempotency_key: str | None = None,
+    owner: AbstractBaseUser | None = None,
+) -> tuple[WorkflowRun, bool]:
+    """Create a run and schedule it in one commit. Returns (run, created).
+
+    The same key with the same payload returns the existing run; with another payload it raises
+    IdempotencyConflict. Keys are scoped to the owner and the workflow.
+    """
+    cls = get_workflow(workflow)
+    check_payload(payload)
+    dedupe_key = None
+    if idempotency_key:
+        dedupe_key = f"{owner.pk if owner is not None else '-'}:{workflow}:{idempotency_key}"
+        existing = WorkflowRun.objects.filter(dedupe_key=dedupe_key).first()
+        if existing is not None:
+            return _same_start(existing, payload), False
+    try:
+        with transaction.atomic():
+            run = WorkflowRun.objects.create(
+                workflow=workflow,
+                workflow_version=str(cls.version),
+                payload=payload,
+                owner=owner,
+                idempotency_key=idempotency_key or "",
+                dedupe_key=dedupe_key,
+                enqueued_at=timezone.now(),
+            )
+            RunAttempt.objects.create(run=run, number=1)
+            enqueue_run(run.id)
+    except IntegrityError:
+        # A concurrent start with the same key won the insert.
+        existing = WorkflowRun.objects.get(dedupe_key=dedupe_key)
+        return _same_start(existing, payload), False
+    return run, True
+
+
+def _same_start(existing: WorkflowRun, payload: dict[str, Any]) -> WorkflowRun:
+    if existing.payload != payload:
+        raise IdempotencyConflict(
+            f"idempotency key {existing.idempotency_key!r} was used for run {existing.id} with a different payload"
+        )
+    return existing
+
+
+def run_send_event(
+    *, run_id: UUID, type: str, payload: Any = None, idempotency_key: str | None = None
+) -> tuple[RunEvent, bool]:
+    """Record an event for the run and wake it if it waits for this type. Returns (event, created)."""
+    if not type or not isinstance(type, str):
+        raise InvalidPayload("event type must be a non-empty string")
+    payload = {} if payload is None else payload
+    check_payload({"payload": payload}, what="event payload")
+    with transaction.atomic():
+        # Locked first: the engine locks the run before looking for events (see Step.wait_for_event).
+        run = WorkflowRun.objects.select_for_update().get(pk=run_id)
+        if idempotency_key:
+            existing = RunEvent.objects.filter(run=run, idempotency_key=idempotency_key).first()
+            if existing is not None:
+                if existing.type != type or existing.payload != payload:
+                    raise IdempotencyConflict(
+                        f"event key {idempotency_key!r} was used on this run with another type or payload"
+                    )
+                return existing, False
+        if run.is_terminal:
+            raise TransitionNotAllowed(f"the run is {run.status}; it takes no more events", status=run.status)
+        event = RunEvent.objects.create(run=run, type=type, payload=payload, idempotency_key=idempotency_key or None)
+        if run.status == RunStatus.WAITING and run.wait_event_type == type:
+            wake_locked_run(run)
+    return event, True
+
+
+def wake_locked_run(run: WorkflowRun) -> None:
+    """Call inside atomic() with the run row locked."""
+    run.wake()
+    run.wake_at = None
+    run.enqueued_at = timezone.now()
+    run.save()
+    enqueue_run(run.id)
+    emit_status(run.id)
+
+
+def _locked(run_id: UUID) -> WorkflowRun:
+    return WorkflowRun.objects.select_for_update().get(pk=run_id)
+
+
+def _refuse(run: WorkflowRun, action: str) -> TransitionNotAllowed:
+    return TransitionNotAllowed(f"cannot {action} a run that is {run.status}", status=run.status)
+
+
+def run_pause(*, run_id: UUID) -> WorkflowRun:
+    """Pause now if the run is between steps; a running run pauses at its next step boundary."""
+    with transaction.atomic():
+        run = _locked(run_id)
+        if run.status == RunStatus.RUNNING:
+            if run.pause_requested:
+                raise TransitionNotAllowed("a pause is already requested for this run", status=run.status)
+            run.pause_requested = True
+        elif run.status in PAUSABLE:
+            run.pause()
+        else:
+            raise _refuse(run, "pause")
+        run.save()
+        emit_status(run.id)
+    return run
+
+
+def run_resume(*, run_id: UUID) -> WorkflowRun:
+    with transaction.atomic():
+        run = _locked(run_id)
+        if run.status == RunStatus.RUNNING and run.pause_requested:
+            run.pause_requested = False
+        elif run.status == RunStatus.PAUSED:
+            run.resume()
+            run.pause_requested = False
+            run.enqueued_at = timezone.now()
+            enqueue_run(run.id)
+        else:
+            raise _refuse(run, "resume")
+        run.save()
+        emit_status(run.id)
+    return run
+
+
+def run_terminate(*, run_id: UUID) -> WorkflowRun:
+    """Stop the run for good. A step in flight finishes its body, but no later step starts."""
+    with transaction.atomic():
+        run = _locked(run_id)
+        try:
+            run.terminate()
+        except FSMTransitionNotAllowed:
+            raise _refuse(run, "terminate") from None
+        now = timezone.now()
+        run.finished_at = now
+        run.lease_owner, run.lease_expires_at, run.wake_at = "", None, None
+        run.pause_requested = False
+        run.save()
+        RunAttempt.objects.filter(run=run, number=run.attempt).update(status=run.status, finished_at=now)
+        emit_status(run.id)
+    return run
+
+
+def run_restart(*, run_id: UUID) -> WorkflowRun:
+    """Start a new attempt from the first step. Earlier attempts and their steps stay stored."""
+    with transaction.atomic():
+        run = _locked(run_id)
+        now = timezone.now()
+        if not run.is_terminal:
+            RunAttempt.objects.filter(run=run, number=run.attempt).update(
+                status=RunStatus.TERMINATED, finished_at=now, error={"type": "Restarted", "message": "restarted"}
+            )
+        run.restart()
+        run.attempt += 1
+        run.result, run.error, run.failure_reason = None, None, ""
+        run.finished_at = None
+        run.lease_owner, run.lease_expires_at = "", None
+        run.wake_at, run.wait_step, run.wait_event_type, run.current_step = None, "", "", ""
+        run.pause_requested = False
+        run.recovery_count = 0
+        run.progress = None
+        run.enqueued_at = now
+        run.save()
+        RunAttempt.objects.create(run=run, number=run.attempt)
+        enqueue_run(run.id)
+        emit_status(run.id)
+    return run

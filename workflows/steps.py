@@ -1,0 +1,132 @@
+"""Storage of step results: the memo that makes a completed step never run again."""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Iterator
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection
+
+from workflows.exceptions import NotSerializable, ResultTooLarge, StepTimeout
+from workflows.models import StepResult, StepStatus
+
+FINAL = (StepStatus.COMPLETED, StepStatus.FAILED)
+
+
+def encode(value: Any, *, what: str) -> tuple[Any, str]:
+    """The value as stored (a JSON round trip, so a first pass and a replay see the same thing)."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise NotSerializable(f"{what} is not JSON-serialisable: {exc}") from None
+    limit = settings.WORKFLOWS["MAX_RESULT_BYTES"]
+    if len(text) > limit:
+        raise ResultTooLarge(
+            f"{what} is {len(text):,} bytes of JSON; the limit is {limit:,} (WORKFLOWS_MAX_RESULT_BYTES)"
+        )
+    return json.loads(text), text
+
+
+def _upsert_sql() -> str:
+    table = StepResult._meta.db_table
+    json_param = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
+    # A final row (completed or failed) is never overwritten: the loser of a race gets no row
+    # back and adopts the stored one.
+    return f"""
+        INSERT INTO {table}
+            (run_id, attempt, position, name, kind, status, result, error, call, tries, wake_at, started_at, finished_at)
+        VALUES (%s, %s, %s, %s, %s, %s, {json_param}, {json_param}, {json_param}, %s, %s, %s, %s)
+        ON CONFLICT (run_id, attempt, position) DO UPDATE SET
+            name = EXCLUDED.name, kind = EXCLUDED.kind, status = EXCLUDED.status,
+            result = EXCLUDED.result, error = EXCLUDED.error, call = EXCLUDED.call, tries = EXCLUDED.tries,
+            wake_at = EXCLUDED.wake_at, finished_at = EXCLUDED.finished_at
+        WHERE {table}.status NOT IN ('{StepStatus.COMPLETED}', '{StepStatus.FAILED}')
+        RETURNING id
+    """
+
+
+def store(
+    *,
+    run_id: UUID,
+    attempt: int,
+    position: int,
+    name: str,
+    kind: str,
+    status: str,
+    result_json: str | None = None,
+    error: dict[str, Any] | None = None,
+    call: dict[str, Any] | None = None,
+    tries: int = 0,
+    wake_at: datetime | None = None,
+    started_at: datetime | None = None,
+    finished_at: datetime | None = None,
+) -> bool:
+    """Write the step's row unless a final one is already stored. True if this call wrote it."""
+    ops = connection.ops
+    params = [
+        StepResult._meta.get_field("run").get_db_prep_value(run_id, connection),
+        attempt,
+        position,
+        name,
+        kind,
+        status,
+        result_json,
+        json.dumps(error) if error is not None else None,
+        json.dumps(call) if call is not None else None,
+        tries,
+        ops.adapt_datetimefield_value(wake_at),
+        ops.adapt_datetimefield_value(started_at),
+        ops.adapt_datetimefield_value(finished_at),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(_upsert_sql(), params)
+        return cursor.fetchone() is not None
+
+
+def load(run_id: UUID, attempt: int, position: int) -> StepResult:
+    return StepResult.objects.get(run_id=run_id, attempt=attempt, position=position)
+
+
+def error_record(exc: BaseException) -> dict[str, Any]:
+    from workflows.exceptions import NonRetryableError, StepError
+
+    if isinstance(exc, StepError):
+        return {"type": exc.error_type, "message": exc.message, "step": exc.step}
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "non_retryable": isinstance(exc, NonRetryableError),
+    }
+
+
+@contextmanager
+def time_limit(seconds: float, message: str) -> Iterator[None]:
+    """Interrupt the body after ``seconds`` with StepTimeout.
+
+    Uses SIGALRM, which only the main thread can receive (a Celery prefork or solo worker runs
+    tasks there). Elsewhere the limit is checked when the body returns: an over-long try still
+    counts as timed out, and inside ``atomic=True`` its writes are rolled back.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        started = time.monotonic()
+        yield
+        if time.monotonic() - started > seconds:
+            raise StepTimeout(message)
+        return
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise StepTimeout(message)
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

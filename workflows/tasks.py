@@ -1,0 +1,22 @@
+"""Celery tasks: take ids, call the engine. Retries live in the engine, not here."""
+from __future__ import annotations
+
+from celery import shared_task
+
+from workflows import dispatch, engine, sweeper
+
+
+@shared_task(name="workflows.advance")
+def advance_run(run_id: str) -> str:
+    return engine.advance(run_id)
+
+
+@shared_task(name="workflows.run_step")
+def run_step(run_id: str, attempt: int, position: int) -> str:
+    return dispatch.run_dispatched_step(run_id=run_id, attempt=attempt, position=position)
+
+
+@shared_task(name="workflows.sweep")
+def sweep() -> dict[str, float]:
+    report = sweeper.sweep()
+    return {"timers_fired": report.timers_fired, "requeued": report.requeued, "seconds": report.seconds}
