@@ -25,6 +25,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI assets served locally: /api/docs/ works offline
     "channels",
     "workflows",
     "examples.demo",
@@ -138,6 +139,9 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Start and control durable workflow runs; errors are {\"error\": {code, message, detail}}.",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- The workflow engine ------------------------------------------------------------------------

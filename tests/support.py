@@ -44,9 +44,12 @@ def wait_for(predicate: Callable[[], T], *, timeout: float = 30.0, interval: flo
 class Worker:
     """A real ``celery worker`` process group on the test queue."""
 
-    def __init__(self, *, concurrency: int = 2, beat: bool = False, pool: str = "prefork", **env: str) -> None:
+    def __init__(
+        self, *, concurrency: int = 2, beat: bool = False, pool: str = "prefork", queue: str | None = None, **env: str
+    ) -> None:
         self.log = tempfile.NamedTemporaryFile(prefix="worker-", suffix=".log", delete=False)
-        queue = os.environ["WORKFLOWS_QUEUE"]
+        queue = queue or os.environ["WORKFLOWS_QUEUE"]
+        env["WORKFLOWS_QUEUE"] = queue
         cmd = [
             sys.executable, "-m", "celery", "-A", "config", "worker", "-P", pool, "-c", str(concurrency),
             "-Q", f"{queue},{queue}-io", "-n", f"{queue}-{time.monotonic_ns()}@%h", "--without-gossip", "--without-mingle",

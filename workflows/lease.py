@@ -11,12 +11,13 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from datetime import timedelta
 from uuid import UUID
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from django.db.models import Case, F, PositiveIntegerField, Q, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -98,9 +99,12 @@ class Heartbeat:
 
     def _loop(self) -> None:
         while True:
-            threading.Event().wait(settings.WORKFLOWS["LEASE_SECONDS"] / 3)
+            time.sleep(settings.WORKFLOWS["LEASE_SECONDS"] / 3)
             with self._lock:
                 leases = dict(self._leases)
+            if not leases:
+                connection.close()  # hold no idle connection between runs
+                continue
             for run_id, owner in leases.items():
                 try:
                     close_old_connections()

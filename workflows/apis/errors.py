@@ -1,1 +1,106 @@
-"""JSON errors for every API: {"error": {"code", "message", "detail"}}."""
+"""JSON errors for every API: ``{"error": {"code", "message", "detail"}}``, and a body size limit."""
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404
+from drf_spectacular.utils import OpenApiResponse, extend_schema_serializer
+from rest_framework import exceptions, serializers, status
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from workflows.exceptions import IdempotencyConflict, InvalidPayload, TransitionNotAllowed, UnknownWorkflow
+
+
+@extend_schema_serializer(component_name="ErrorBody")
+class ErrorBodySerializer(serializers.Serializer):  # type: ignore[type-arg]
+    code = serializers.CharField(help_text="Stable, machine-readable: unknown_workflow, parse_error, ...")
+    message = serializers.CharField(help_text="For people; may change.")
+    detail = serializers.JSONField(allow_null=True, help_text="Per-field errors, the run's status, or null.")
+
+
+@extend_schema_serializer(component_name="Error")
+class ErrorSerializer(serializers.Serializer):  # type: ignore[type-arg]
+    """Every error response of the API (for the OpenAPI schema; responses are built below)."""
+
+    error = ErrorBodySerializer()
+
+
+def error_responses(*statuses: int) -> dict[int, OpenApiResponse]:
+    """The schema's error responses of an operation, all of the one error shape."""
+    descriptions = {
+        400: "Malformed JSON or invalid input",
+        401: "Not authenticated",
+        403: "Authenticated, but not allowed (or a CSRF failure with session authentication)",
+        404: "No such workflow or run, or another owner's run",
+        409: "Idempotency conflict, or the transition is not allowed in the run's state",
+        413: "The request body or payload is too large",
+        415: "The body is not application/json",
+    }
+    return {code: OpenApiResponse(ErrorSerializer, description=descriptions[code]) for code in statuses}
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_code = "payload_too_large"
+    default_detail = "The request body is too large."
+
+
+class LimitedJSONParser(JSONParser):
+    """JSON only, and no more than WORKFLOWS_MAX_PAYLOAD_BYTES of it (plus room for the envelope).
+
+    DRF reads the stream itself, bypassing Django's DATA_UPLOAD_MAX_MEMORY_SIZE, so the limit is
+    enforced here, before anything is parsed.
+    """
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        limit = body_limit()
+        body = stream.read(limit + 1) if stream is not None else b""
+        if len(body) > limit:
+            raise PayloadTooLarge(f"The request body is larger than {limit:,} bytes.")
+        return super().parse(io.BytesIO(body), media_type, parser_context)
+
+
+def body_limit() -> int:
+    return int(settings.WORKFLOWS["MAX_PAYLOAD_BYTES"]) + 16 * 1024
+
+
+def error_response(code: str, message: str, http_status: int, detail: Any = None) -> Response:
+    return Response({"error": {"code": code, "message": message, "detail": detail}}, status=http_status)
+
+
+DOMAIN_ERRORS: dict[type[Exception], int] = {
+    UnknownWorkflow: status.HTTP_404_NOT_FOUND,
+    IdempotencyConflict: status.HTTP_409_CONFLICT,
+    TransitionNotAllowed: status.HTTP_409_CONFLICT,
+    InvalidPayload: status.HTTP_400_BAD_REQUEST,
+}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    for error_class, http_status in DOMAIN_ERRORS.items():
+        if isinstance(exc, error_class):
+            detail = {"status": exc.status} if isinstance(exc, TransitionNotAllowed) else None
+            return error_response(getattr(exc, "code", "error"), str(exc), http_status, detail)
+    if isinstance(exc, RequestDataTooBig):
+        return error_response("payload_too_large", "The request body is too large.", 413)
+    if isinstance(exc, Http404):
+        return error_response("not_found", "Not found.", status.HTTP_404_NOT_FOUND)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        code, message, detail = "invalid", "The request is not valid.", response.data
+    elif isinstance(exc, exceptions.APIException):
+        codes = exc.get_codes()
+        code = codes if isinstance(codes, str) else "error"
+        message = str(exc.detail) if isinstance(exc.detail, str) else "The request failed."
+        detail = None if isinstance(exc.detail, str) else response.data
+    else:
+        code, message, detail = "error", "The request failed.", response.data
+    response.data = {"error": {"code": code, "message": message, "detail": detail}}
+    return response

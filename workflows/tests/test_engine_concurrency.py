@@ -1,0 +1,72 @@
+"""Two workers advancing the same run at once, as real threads against PostgreSQL."""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from django.db import connection
+
+from tests.workflows_fixtures import lines
+from workflows import engine
+from workflows import public as wf
+from workflows import steps as step_store
+from workflows.models import RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def race(fn: Callable[[], Any], n: int = 2) -> list[Any]:
+    """Call fn in n threads released together by a barrier; return what each returned."""
+    barrier = threading.Barrier(n)
+    results: list[Any] = [None] * n
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = fn()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results
+
+
+def test_two_workers_on_one_run_run_each_step_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workflows import services
+
+    monkeypatch.setattr(services, "enqueue_run", lambda run_id, **kw: None)  # only the threads advance
+    for i in range(10):
+        path = str(tmp_path / f"lines-{i}")
+        run = wf.start("test.lines", {"path": path, "steps": 5})
+
+        outcomes = race(lambda: engine.advance(run.id))
+
+        assert sorted(outcomes) == ["completed", "not_claimed"]
+        assert Counter(lines(path)) == {str(s): 1 for s in range(5)}
+        assert StepResult.objects.filter(run=run).count() == 5
+        assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.COMPLETED
+
+
+def test_the_loser_of_a_store_race_adopts_the_winners_result() -> None:
+    run = wf.start("test.echo", {})
+    written = race(
+        lambda: step_store.store(
+            run_id=run.id, attempt=1, position=1, name="echo", kind=StepKind.DO, status=StepStatus.COMPLETED,
+            result_json=f'"{threading.get_ident()}"', tries=1,
+        ),
+        n=4,
+    )
+    assert sorted(written) == [False, False, False, True]
+    rows = StepResult.objects.filter(run=run)
+    assert rows.count() == 1
+    # a final row is never overwritten by a later writer
+    assert not step_store.store(run_id=run.id, attempt=1, position=1, name="echo", kind=StepKind.DO,
+                                status=StepStatus.COMPLETED, result_json='"late"', tries=1)
+    assert rows.get().result != "late"
