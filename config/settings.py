@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 
@@ -85,6 +86,8 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
+# The ASGI app serves static files itself; turn off behind a web server that serves STATIC_ROOT.
+SERVE_STATIC = envbool("SERVE_STATIC", True)
 LOGIN_URL = "/admin/login/"
 
 REDIS_URL = envstr("REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -145,7 +148,7 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- The workflow engine ------------------------------------------------------------------------
-WORKFLOWS = {
+WORKFLOWS: dict[str, Any] = {
     # Extra modules that define workflows, besides every installed app's workflows.py.
     "MODULES": envlist("WORKFLOWS_MODULES", []),
     # How long a worker's claim on a run lasts without a heartbeat.

@@ -6,7 +6,8 @@ decides the retry backoff, since only the workflow code knows its Retries).
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from uuid import UUID
 
 from django.db import transaction
@@ -22,12 +23,12 @@ def resolve(reference: str) -> Callable[..., Any]:
     target: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
         target = getattr(target, part)
-    return target  # type: ignore[no-any-return]
+    return target
 
 
 def run_dispatched_step(*, run_id: UUID | str, attempt: int, position: int) -> str:
     row = StepResult.objects.filter(
-        run_id=run_id, attempt=attempt, position=position, status=StepStatus.RUNNING
+        run_id=UUID(str(run_id)), attempt=attempt, position=position, status=StepStatus.RUNNING
     ).first()
     if row is None or not row.call:
         return "gone"

@@ -8,11 +8,13 @@ a crash between commit and send is repaired by the sweeper (lost enqueue) or is 
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 from uuid import UUID
 
-from django.conf import settings
 from django.db import transaction
+
+from workflows.conf import conf
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +30,7 @@ def enqueue_run(run_id: UUID, *, countdown: float | None = None) -> None:
     def send() -> None:
         from workflows.tasks import advance_run
 
-        options: dict[str, Any] = {"queue": settings.WORKFLOWS["QUEUE"]}
+        options: dict[str, Any] = {"queue": conf()["QUEUE"]}
         if countdown:
             options["countdown"] = countdown
         advance_run.apply_async((str(run_id),), **options)

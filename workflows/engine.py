@@ -10,24 +10,23 @@ from __future__ import annotations
 import logging
 import traceback
 from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import Any, Callable, Iterator
+from typing import Any
 from uuid import UUID
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from workflows import steps as step_store
+from workflows.conf import conf
 from workflows.effects import emit_status, enqueue_run, on_commit
 from workflows.exceptions import (
     NonDeterminismError,
-    NonRetryableError,
     NotSerializable,
     ResultTooLarge,
     StepError,
-    StepTimeout,
     UnknownWorkflow,
     WaitTimeout,
 )
@@ -93,11 +92,12 @@ class Step:
             raise StepError.from_record(key, stored.error)
         retries = retries or DEFAULT_RETRIES
         limit = _seconds(timeout if timeout is not None else DEFAULT_TIMEOUT)
-        if limit > settings.WORKFLOWS["MAX_STEP_TIMEOUT_SECONDS"]:
+        if limit > conf()["MAX_STEP_TIMEOUT_SECONDS"]:
             raise ValueError(f"step {key!r}: timeout {limit}s exceeds WORKFLOWS_MAX_STEP_TIMEOUT")
         if stored is not None and stored.status == StepStatus.RETRYING:
             if stored.wake_at is None:  # a dispatched try failed elsewhere: decide its backoff here
                 self._after_failure(key, position, stored.tries, retries, stored.error or {}, None)
+            assert stored.wake_at is not None  # set by _after_failure above
             if stored.wake_at > timezone.now():
                 self._suspend(RunStatus.RETRYING, wake_at=stored.wake_at, wait_step=key)
         if queue is not None:
@@ -154,7 +154,7 @@ class Step:
                 self._store(key, position, StepKind.WAIT, StepStatus.FAILED, error=error, finished_at=now)
                 outcome["timeout"] = error
             else:
-                wake_at = stored.wake_at if stored is not None else now + timedelta(seconds=_seconds(timeout))
+                wake_at = (stored.wake_at if stored is not None else None) or now + timedelta(seconds=_seconds(timeout))
                 if stored is None:
                     self._store(key, position, StepKind.WAIT, StepStatus.WAITING, wake_at=wake_at, started_at=now)
                 self._set_suspended(run, RunStatus.WAITING, wake_at=wake_at, wait_step=key, wait_event_type=type)
@@ -208,7 +208,8 @@ class Step:
     def _set_suspended(
         self, run: WorkflowRun, status: str, *, wake_at: datetime, wait_step: str = "", wait_event_type: str = ""
     ) -> None:
-        {RunStatus.SLEEPING: run.sleep, RunStatus.WAITING: run.wait, RunStatus.RETRYING: run.retry_later}[status]()
+        transitions = {RunStatus.SLEEPING: run.sleep, RunStatus.WAITING: run.wait, RunStatus.RETRYING: run.retry_later}
+        transitions[RunStatus(status)]()
         run.wake_at = wake_at
         run.wait_step = wait_step
         run.wait_event_type = wait_event_type
@@ -316,7 +317,7 @@ class Step:
         reference = _reference(fn, key)
         args_value, _ = step_store.encode(list(args), what=f"the arguments of step {key!r}")
         tries = (stored.tries if stored is not None else 0) + 1
-        deadline = now + timedelta(seconds=limit + settings.WORKFLOWS["LEASE_SECONDS"])
+        deadline = now + timedelta(seconds=limit + conf()["LEASE_SECONDS"])
         call = {"fn": reference, "args": args_value, "timeout": limit}
         with self._owned() as run:
             self._store(key, position, StepKind.DO, StepStatus.RUNNING, call=call,
@@ -360,9 +361,9 @@ def advance(run_id: UUID | str) -> str:
 
 
 def _execute(run: WorkflowRun, owner: str) -> str:
-    if run.recovery_count > settings.WORKFLOWS["MAX_RECOVERY_ATTEMPTS"]:
+    if run.recovery_count > conf()["MAX_RECOVERY_ATTEMPTS"]:
         error = {"type": "MaxRecoveryAttempts", "message": f"the run's worker was lost {run.recovery_count} times"
-                 f" (limit {settings.WORKFLOWS['MAX_RECOVERY_ATTEMPTS']}); it is not retried again"}
+                 f" (limit {conf()['MAX_RECOVERY_ATTEMPTS']}); it is not retried again"}
         return _finish(run, owner, failed=error, reason=FailureReason.MAX_RECOVERY_ATTEMPTS)
     try:
         cls = get_workflow(run.workflow)

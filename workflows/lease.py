@@ -16,19 +16,19 @@ import uuid
 from datetime import timedelta
 from uuid import UUID
 
-from django.conf import settings
 from django.db import close_old_connections, connection
 from django.db.models import Case, F, PositiveIntegerField, Q, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from workflows.conf import conf
 from workflows.models import CLAIMABLE, TIMED, RunStatus, WorkflowRun
 
 logger = logging.getLogger(__name__)
 
 
 def lease_duration() -> timedelta:
-    return timedelta(seconds=settings.WORKFLOWS["LEASE_SECONDS"])
+    return timedelta(seconds=conf()["LEASE_SECONDS"])
 
 
 def new_owner() -> str:
@@ -99,7 +99,7 @@ class Heartbeat:
 
     def _loop(self) -> None:
         while True:
-            time.sleep(settings.WORKFLOWS["LEASE_SECONDS"] / 3)
+            time.sleep(conf()["LEASE_SECONDS"] / 3)
             with self._lock:
                 leases = dict(self._leases)
             if not leases:

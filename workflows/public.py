@@ -1,13 +1,14 @@
 """The engine's public functions, as DESIGN.md names them; thin over the services."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
-
-from django.contrib.auth.base_user import AbstractBaseUser
 
 from workflows import services
 from workflows.models import RunEvent, WorkflowRun
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 
 def _id(run: WorkflowRun | UUID | str) -> UUID:
@@ -16,7 +17,7 @@ def _id(run: WorkflowRun | UUID | str) -> UUID:
 
 def start(
     name: str, payload: dict[str, Any], *, idempotency_key: str | None = None,
-    owner: AbstractBaseUser | None = None,
+    owner: User | None = None,
 ) -> WorkflowRun:
     run, _ = services.run_start(workflow=name, payload=payload, idempotency_key=idempotency_key, owner=owner)
     return run

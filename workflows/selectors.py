@@ -4,22 +4,21 @@ from __future__ import annotations
 from typing import Any, TypedDict
 from uuid import UUID
 
-from django.contrib.auth.base_user import AbstractBaseUser
-from django.contrib.auth.models import AnonymousUser
+from django.contrib.auth.models import AbstractUser, AnonymousUser
 from django.db.models import QuerySet
 
 from workflows.models import TERMINAL, WorkflowRun
 
 
-def can_see_all_runs(user: AbstractBaseUser | AnonymousUser) -> bool:
+def can_see_all_runs(user: AbstractUser | AnonymousUser) -> bool:
     return bool(user.is_authenticated and user.is_staff and user.has_perm("workflows.view_workflowrun"))
 
 
-def can_control_all_runs(user: AbstractBaseUser | AnonymousUser) -> bool:
+def can_control_all_runs(user: AbstractUser | AnonymousUser) -> bool:
     return bool(user.is_authenticated and user.is_staff and user.has_perm("workflows.control_workflowrun"))
 
 
-def run_list(*, user: AbstractBaseUser | AnonymousUser, status: str | None = None,
+def run_list(*, user: AbstractUser | AnonymousUser, status: str | None = None,
              workflow: str | None = None) -> QuerySet[WorkflowRun]:
     """Runs the user may see: their own, or all for staff with the view permission."""
     runs = WorkflowRun.objects.all()
@@ -32,7 +31,7 @@ def run_list(*, user: AbstractBaseUser | AnonymousUser, status: str | None = Non
     return runs
 
 
-def run_get(*, user: AbstractBaseUser | AnonymousUser, run_id: UUID | str) -> WorkflowRun | None:
+def run_get(*, user: AbstractUser | AnonymousUser, run_id: UUID | str) -> WorkflowRun | None:
     """The run if the user may see it; None both when it does not exist and when it is another's."""
     try:
         return run_list(user=user).get(pk=run_id)

@@ -2,19 +2,21 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from django.conf import settings
-from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_fsm import TransitionNotAllowed as FSMTransitionNotAllowed
 
+from workflows.conf import conf
 from workflows.effects import emit_status, enqueue_run
 from workflows.exceptions import IdempotencyConflict, InvalidPayload, TransitionNotAllowed
 from workflows.models import PAUSABLE, RunAttempt, RunEvent, RunStatus, WorkflowRun
 from workflows.registry import get_workflow
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 
 def check_payload(payload: Any, *, what: str = "payload") -> dict[str, Any]:
@@ -25,7 +27,7 @@ def check_payload(payload: Any, *, what: str = "payload") -> dict[str, Any]:
         size = len(json.dumps(payload, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
-    limit = settings.WORKFLOWS["MAX_PAYLOAD_BYTES"]
+    limit = conf()["MAX_PAYLOAD_BYTES"]
     if size > limit:
         raise InvalidPayload(f"{what} is {size:,} bytes; the limit is {limit:,}")
     return payload
@@ -36,7 +38,7 @@ def run_start(
     workflow: str,
     payload: dict[str, Any],
     idempotency_key: str | None = None,
-    owner: AbstractBaseUser | None = None,
+    owner: User | None = None,
 ) -> tuple[WorkflowRun, bool]:
     """Create a run and schedule it in one commit. Returns (run, created).
 

@@ -5,14 +5,15 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Iterator
+from typing import Any
 from uuid import UUID
 
-from django.conf import settings
 from django.db import connection
 
+from workflows.conf import conf
 from workflows.exceptions import NotSerializable, ResultTooLarge, StepTimeout
 from workflows.models import StepResult, StepStatus
 
@@ -25,7 +26,7 @@ def encode(value: Any, *, what: str) -> tuple[Any, str]:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise NotSerializable(f"{what} is not JSON-serialisable: {exc}") from None
-    limit = settings.WORKFLOWS["MAX_RESULT_BYTES"]
+    limit = conf()["MAX_RESULT_BYTES"]
     if len(text) > limit:
         raise ResultTooLarge(
             f"{what} is {len(text):,} bytes of JSON; the limit is {limit:,} (WORKFLOWS_MAX_RESULT_BYTES)"

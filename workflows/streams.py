@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 from uuid import UUID
 
 import redis
@@ -17,6 +17,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
+
+from workflows.conf import conf
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ def _keys(run_id: UUID | str) -> tuple[str, str]:
 
 def publish(run_id: UUID | str, kind: str, data: Any) -> int | None:
     """Append an event to the run's stream and push it live. Returns its seq, or None on failure."""
-    conf = settings.WORKFLOWS
+    conf_ = conf()
     seq_key, events_key = _keys(run_id)
     try:
         client = redis_client()
@@ -64,9 +66,9 @@ def publish(run_id: UUID | str, kind: str, data: Any) -> int | None:
         }
         pipe = client.pipeline(transaction=False)
         pipe.zadd(events_key, {json.dumps(event, default=str): seq})
-        pipe.zremrangebyrank(events_key, 0, -conf["STREAM_MAX_EVENTS"] - 1)
-        pipe.expire(events_key, conf["STREAM_TTL_SECONDS"])
-        pipe.expire(seq_key, conf["STREAM_TTL_SECONDS"])
+        pipe.zremrangebyrank(events_key, 0, -conf_["STREAM_MAX_EVENTS"] - 1)
+        pipe.expire(events_key, conf_["STREAM_TTL_SECONDS"])
+        pipe.expire(seq_key, conf_["STREAM_TTL_SECONDS"])
         pipe.execute()
     except redis.RedisError:
         logger.warning("progress stream of run %s unavailable; event dropped", run_id, exc_info=True)
@@ -113,4 +115,4 @@ def events_after(run_id: UUID | str, after: int, *, until: int | None = None) ->
     _, events_key = _keys(run_id)
     high = "+inf" if until is None else until
     raw = redis_client().zrangebyscore(events_key, f"({after}", high)
-    return [json.loads(item) for item in raw]
+    return [json.loads(item) for item in cast(list[bytes], raw)]

@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db.models import Q
 from django.utils import timezone
 
+from workflows.conf import conf
 from workflows.effects import emit_status, enqueue_run
 from workflows.models import CLAIMABLE, TIMED, RunStatus, WorkflowRun
 
@@ -51,7 +51,7 @@ def _fire_due_timers(now: datetime, batch: int) -> int:
 
 def _requeue_lost(now: datetime, batch: int) -> int:
     """Runs ready to advance with no live lease, enqueued too long ago: the message or worker is gone."""
-    stale = now - timedelta(seconds=settings.WORKFLOWS["ENQUEUE_GRACE_SECONDS"])
+    stale = now - timedelta(seconds=conf()["ENQUEUE_GRACE_SECONDS"])
     lost = (
         Q(status__in=CLAIMABLE)
         & (Q(enqueued_at__lt=stale) | Q(enqueued_at__isnull=True))

@@ -1,0 +1,47 @@
+# Shared by scripts/run.sh and scripts/test.sh: a virtualenv with the project, and the services.
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+
+ensure_venv() {
+    # $1: the extras to install, e.g. "[test]" (empty for the run command)
+    local extras="${1:-}"
+    local stamp=".venv/.installed${extras}"
+    if [ ! -x .venv/bin/python ]; then
+        echo "==> creating .venv with $($PYTHON --version)"
+        "$PYTHON" -m venv .venv
+    fi
+    if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+        echo "==> installing the project and its dependencies into .venv"
+        .venv/bin/python -m pip install --quiet --upgrade pip
+        .venv/bin/python -m pip install --quiet -e ".${extras}"
+        touch "$stamp"
+    fi
+}
+
+ensure_redis() {
+    local url="${REDIS_URL:-redis://127.0.0.1:6379/0}"
+    if redis-cli -u "$url" ping >/dev/null 2>&1; then
+        return
+    fi
+    command -v redis-server >/dev/null || { echo "Redis is not running and redis-server is not installed" >&2; exit 1; }
+    echo "==> starting Redis"
+    mkdir -p /var/lib/redis /var/log/redis 2>/dev/null || true
+    redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+        --dir /var/lib/redis --logfile /var/log/redis/ci.log
+    for _ in $(seq 50); do redis-cli -u "$url" ping >/dev/null 2>&1 && return; sleep 0.2; done
+    echo "Redis did not start" >&2
+    exit 1
+}
+
+ensure_postgres() {
+    if pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
+        return
+    fi
+    command -v pg_ctlcluster >/dev/null || { echo "PostgreSQL is not running and pg_ctlcluster is missing" >&2; exit 1; }
+    echo "==> starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start
+    for _ in $(seq 50); do pg_isready -h 127.0.0.1 -p 5432 -q && return; sleep 0.2; done
+    echo "PostgreSQL did not start" >&2
+    exit 1
+}

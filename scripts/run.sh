@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The run command: the whole system on the embedded default (an SQLite file in var/, Redis on
+# localhost): migrations, demo data, the ASGI server, a Celery worker and beat. Ctrl-C stops it.
+# DATABASE_URL=postgres://... runs it on PostgreSQL instead; PORT changes the HTTP port.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/common.sh
+
+ensure_venv ""
+ensure_redis
+mkdir -p var
+PORT="${PORT:-8000}"
+export DEBUG="${DEBUG:-1}"
+
+.venv/bin/python manage.py migrate --noinput
+.venv/bin/python manage.py seed_demo
+
+pids=()
+stop() {
+    trap - INT TERM EXIT
+    echo "==> stopping"
+    for pid in "${pids[@]}"; do kill -TERM "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; done
+    wait || true
+}
+trap stop INT TERM EXIT
+
+setsid .venv/bin/celery -A config worker -c 2 -l INFO --without-gossip --without-mingle >var/worker.log 2>&1 &
+pids+=($!)
+setsid .venv/bin/celery -A config beat -l INFO -s var/celerybeat-schedule >var/beat.log 2>&1 &
+pids+=($!)
+setsid .venv/bin/daphne -b 127.0.0.1 -p "$PORT" config.asgi:application >var/web.log 2>&1 &
+pids+=($!)
+
+cat <<INFO
+
+  The system is running (logs in var/web.log, var/worker.log, var/beat.log).
+
+  Admin            http://127.0.0.1:$PORT/admin/           (admin / admin)
+  API docs         http://127.0.0.1:$PORT/api/docs/
+  Runs (API)       http://127.0.0.1:$PORT/api/runs
+  Demo run page    printed by seed_demo above, e.g. http://127.0.0.1:$PORT/runs/<id>/  (alice / alice)
+
+  Ctrl-C stops everything.
+INFO
+wait -n "${pids[@]}"
+echo "a process exited; see var/*.log" >&2

@@ -1,0 +1,24 @@
+"""The engine's settings (``settings.WORKFLOWS``), typed."""
+from __future__ import annotations
+
+from typing import TypedDict, cast
+
+from django.conf import settings
+
+
+class WorkflowsSettings(TypedDict):
+    MODULES: list[str]
+    LEASE_SECONDS: float
+    MAX_RECOVERY_ATTEMPTS: int
+    ENQUEUE_GRACE_SECONDS: float
+    MAX_RESULT_BYTES: int
+    MAX_PAYLOAD_BYTES: int
+    MAX_STEP_TIMEOUT_SECONDS: int
+    QUEUE: str
+    STREAM_TTL_SECONDS: int
+    STREAM_MAX_EVENTS: int
+
+
+def conf() -> WorkflowsSettings:
+    """Read at call time, so tests that override settings.WORKFLOWS see their values."""
+    return cast(WorkflowsSettings, settings.WORKFLOWS)
