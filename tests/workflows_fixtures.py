@@ -162,3 +162,17 @@ class Dispatch(Workflow):
 class Echo(Workflow):
     def run(self, event: Event, step: Any) -> Any:
         return step.do("echo", dict, event.payload)
+
+
+@workflow("test.big")
+class Big(Workflow):
+    def run(self, event: Event, step: Any) -> Any:
+        try:
+            step.do("too big", lambda: "x" * (2 * 1024 * 1024))
+        except StepError as exc:
+            too_big = exc.message
+        try:
+            step.do("not json", lambda: {1, 2, 3})
+        except StepError as exc:
+            not_json = exc.message
+        return {"too_big": too_big, "not_json": not_json}

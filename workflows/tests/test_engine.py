@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from tests.support import Worker, wait_for_status, wait_for_terminal
 from tests.workflows_fixtures import lines
@@ -194,3 +196,55 @@ def test_atomic_step_commits_body_and_result_together(worker: Worker, tmp_path: 
 
     group = Group.objects.get(name="atomic-ok")
     assert run.result == group.pk
+
+
+def test_results_too_large_or_not_json_fail_the_step_clearly_and_at_once(worker: Worker) -> None:
+    run = wf.start("test.big", {})
+
+    run = wait_for_terminal(run.id)
+
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert "the limit is 1,048,576 (WORKFLOWS_MAX_RESULT_BYTES)" in run.result["too_big"]
+    assert "not JSON-serialisable" in run.result["not_json"]
+    assert set(StepResult.objects.filter(run=run).values_list("status", "tries")) == {(StepStatus.FAILED, 1)}
+
+
+def test_heartbeat_keeps_a_long_step_from_being_recovered(worker: Worker, tmp_path: Path, settings) -> None:
+    # given a step three times as long as the lease (WORKFLOWS_LEASE_SECONDS=2 in the tests)
+    path = str(tmp_path / "lines")
+    run = wf.start("test.lines", {"path": path, "steps": 2, "slow_step": 0, "slow_seconds": 6})
+
+    run = wait_for_terminal(run.id)
+
+    # then no other worker took the run over while the step ran
+    assert run.status == RunStatus.COMPLETED
+    assert lines(path) == ["0", "1"]
+    assert run.recovery_count == 0
+
+
+def test_the_sweeper_fires_timers_from_the_database(worker: Worker) -> None:
+    # given a run sleeping for long (no Celery countdown is sent for it)
+    from workflows.models import WorkflowRun
+
+    run = wf.start("test.sleep", {"seconds": 3600})
+    wait_for_status(run.id, RunStatus.SLEEPING)
+
+    # when its timer falls due (moved into the past)
+    past = timezone.now() - timedelta(seconds=1)
+    StepResult.objects.filter(run=run, name="nap").update(wake_at=past)
+    WorkflowRun.objects.filter(pk=run.pk).update(wake_at=past)
+
+    # then beat's sweep wakes it and it completes
+    run = wait_for_terminal(run.id, timeout=15)
+    assert run.status == RunStatus.COMPLETED
+
+
+def test_a_run_of_a_workflow_that_no_longer_exists_fails_clearly(worker: Worker) -> None:
+    from workflows.models import WorkflowRun
+
+    run = wf.start("test.echo", {})
+    WorkflowRun.objects.filter(pk=run.pk).update(workflow="gone.away")
+    run = wait_for_terminal(run.id)
+
+    assert run.status == RunStatus.FAILED
+    assert run.failure_reason == "unknown_workflow"
