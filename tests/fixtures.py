@@ -14,9 +14,11 @@ from tests.support import AsgiServer, Worker
 def _clean_queue() -> Iterator[None]:
     """Each test session has its own queue; drop what a crashed earlier session may have left."""
     client = redis.Redis.from_url(settings.REDIS_URL)
-    client.delete(settings.WORKFLOWS["QUEUE"])
+    queue = settings.WORKFLOWS["QUEUE"]
+    keys = [queue, f"{queue}-io", f"_kombu.binding.{queue}", f"_kombu.binding.{queue}-io"]
+    client.delete(*keys)
     yield
-    client.delete(settings.WORKFLOWS["QUEUE"])
+    client.delete(*keys)
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
+from uuid import UUID
 
 from django.db import connection
+
+if TYPE_CHECKING:
+    from workflows.models import WorkflowRun
 
 ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
@@ -128,11 +132,11 @@ class AsgiServer:
                 os.killpg(self.process.pid, signal.SIGKILL)
 
 
-def wait_for_status(run_id: object, *statuses: str, timeout: float = 30.0) -> object:
+def wait_for_status(run_id: UUID | str, *statuses: str, timeout: float = 30.0) -> WorkflowRun:
     """Poll the database until the run reaches one of ``statuses``; return the run."""
     from workflows.models import WorkflowRun
 
-    def reached() -> object:
+    def reached() -> WorkflowRun | None:
         run = WorkflowRun.objects.get(pk=run_id)
         return run if run.status in statuses else None
 
@@ -145,5 +149,5 @@ def wait_for_status(run_id: object, *statuses: str, timeout: float = 30.0) -> ob
         ) from None
 
 
-def wait_for_terminal(run_id: object, timeout: float = 30.0) -> object:
+def wait_for_terminal(run_id: UUID | str, timeout: float = 30.0) -> WorkflowRun:
     return wait_for_status(run_id, "completed", "failed", "terminated", timeout=timeout)

@@ -111,7 +111,7 @@ def run_send_event(
 def wake_locked_run(run: WorkflowRun) -> None:
     """Call inside atomic() with the run row locked."""
     run.wake()
-    run.wake_at = None
+    run.wake_at, run.wait_step, run.wait_event_type = None, "", ""
     run.enqueued_at = timezone.now()
     run.save()
     enqueue_run(run.id)

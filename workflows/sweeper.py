@@ -41,7 +41,7 @@ def _fire_due_timers(now: datetime, batch: int) -> int:
         return 0
     # The conditions are repeated in the UPDATE: a run that changed since the SELECT is left alone.
     WorkflowRun.objects.filter(id__in=due, status__in=TIMED, wake_at__lte=now).update(
-        status=RunStatus.QUEUED, wake_at=None, enqueued_at=now
+        status=RunStatus.QUEUED, wake_at=None, wait_step="", wait_event_type="", enqueued_at=now
     )
     for run_id in due:
         enqueue_run(run_id)

@@ -1,0 +1,290 @@
+"""The runs console: read-only pages over the engine's tables, and controls that go through the services.
+
+Nothing here writes a run directly. The engine owns every field (a save from a form loaded a moment
+ago would overwrite what a worker wrote since), so the change page is view-only and the only way
+to change a run is an action that calls ``workflows.services``.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.timesince import timeuntil
+
+from workflows import services
+from workflows.exceptions import TransitionNotAllowed
+from workflows.models import TIMED, RunAttempt, RunEvent, RunStatus, StepResult, WorkflowRun
+from workflows.selectors import can_control_all_runs, can_see_all_runs
+
+# A step result may be up to 1 MiB of JSON; a page that printed all of it would be unusable.
+PREVIEW_CHARS = 4_000
+
+
+def pretty_json(value: Any, *, limit: int = 50_000) -> str:
+    """The value as indented JSON in a <pre>, cut at ``limit`` characters."""
+    if value is None:
+        return "-"
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+    if len(text) > limit:
+        text = f"{text[:limit]}\n… ({len(text) - limit:,} more characters)"
+    return format_html('<pre style="white-space: pre-wrap; margin: 0">{}</pre>', text)
+
+
+def pretty_error(error: dict[str, Any] | None, *, limit: int = 50_000) -> str:
+    """An error record, with its traceback (if any) as plain text rather than one escaped JSON line."""
+    if not error:
+        return "-"
+    fields = {key: value for key, value in error.items() if key != "traceback"}
+    traceback = error.get("traceback")
+    if not traceback:
+        return pretty_json(fields, limit=limit)
+    return format_html(
+        '{}<pre style="white-space: pre-wrap; margin: 0.5em 0 0">{}</pre>',
+        SafeString(pretty_json(fields, limit=limit)), str(traceback)[:limit],
+    )
+
+
+def describe_wait(run: WorkflowRun) -> str:
+    """What a suspended run waits for and until when; empty for a run that is not suspended.
+
+    Gated on status: the engine clears these fields when a worker claims the run, not when it is
+    woken, so a queued run may still carry the wait it just left.
+    """
+    if run.status not in TIMED:
+        return ""
+    if run.status == RunStatus.WAITING and run.wait_event_type:
+        what = f"event “{run.wait_event_type}”"
+    elif run.status == RunStatus.RETRYING:
+        what = f"retry of “{run.wait_step}”"
+    else:
+        what = f"{'sleep' if run.status == RunStatus.SLEEPING else 'step'} “{run.wait_step}”"
+    if run.wake_at is None:
+        return what
+    until = timezone.localtime(run.wake_at).strftime("%Y-%m-%d %H:%M:%S")
+    when = "overdue" if run.wake_at <= timezone.now() else f"in {timeuntil(run.wake_at)}"
+    return f"{what} until {until} ({when})"
+
+
+class WaitingForFilter(admin.SimpleListFilter):
+    """Waiting runs by the event type they wait for."""
+
+    title = "waiting for"
+    parameter_name = "waiting_for"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
+        types = (
+            WorkflowRun.objects.filter(status=RunStatus.WAITING)
+            .exclude(wait_event_type="")
+            .order_by("wait_event_type")
+            .values_list("wait_event_type", flat=True)
+            .distinct()
+        )
+        return [(event_type, f"event “{event_type}”") for event_type in types]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
+        if self.value():
+            return queryset.filter(status=RunStatus.WAITING, wait_event_type=self.value())
+        return queryset
+
+
+class _ReadOnlyInline(admin.TabularInline):  # type: ignore[type-arg]  # see WorkflowRunAdmin
+    """Rows the engine writes, shown to whoever may see the run (no separate per-model permission)."""
+
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return can_see_all_runs(request.user)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class StepResultInline(_ReadOnlyInline):
+    """The step timeline of every attempt, oldest attempt first."""
+
+    model = StepResult
+    verbose_name = "step"
+    verbose_name_plural = "step timeline (every attempt)"
+    ordering = ("attempt", "position")
+    fields = readonly_fields = (
+        "attempt", "position", "name", "kind", "status", "tries", "started_at", "finished_at", "wake_at",
+        "result_preview", "error_preview",
+    )
+
+    @admin.display(description="result")
+    def result_preview(self, step: StepResult) -> str:
+        return pretty_json(step.result, limit=PREVIEW_CHARS)
+
+    @admin.display(description="error")
+    def error_preview(self, step: StepResult) -> str:
+        return pretty_error(step.error, limit=PREVIEW_CHARS)
+
+
+class RunAttemptInline(_ReadOnlyInline):
+    model = RunAttempt
+    verbose_name = "attempt"
+    ordering = ("number",)
+    fields = readonly_fields = ("number", "status", "started_at", "finished_at", "result_preview", "error_preview")
+
+    @admin.display(description="result")
+    def result_preview(self, attempt: RunAttempt) -> str:
+        return pretty_json(attempt.result, limit=PREVIEW_CHARS)
+
+    @admin.display(description="error")
+    def error_preview(self, attempt: RunAttempt) -> str:
+        return pretty_error(attempt.error, limit=PREVIEW_CHARS)
+
+
+class RunEventInline(_ReadOnlyInline):
+    model = RunEvent
+    verbose_name = "event"
+    ordering = ("created_at", "id")
+    fields = readonly_fields = (
+        "type", "payload_preview", "idempotency_key", "created_at", "consumed_attempt", "consumed_position",
+        "consumed_at",
+    )
+
+    @admin.display(description="payload")
+    def payload_preview(self, event: RunEvent) -> str:
+        return pretty_json(event.payload, limit=PREVIEW_CHARS)
+
+
+# The change page's groups of fields; all read-only.
+RUN_FIELDS = ("id", "workflow", "workflow_version", "status", "attempt", "owner", "idempotency_key", "failure_reason")
+WHERE_FIELDS = ("waiting_for", "wait_step", "wait_event_type", "wake_at", "current_step", "pause_requested")
+DATA_FIELDS = ("payload_pretty", "result_pretty", "error_pretty", "progress_pretty")
+ENGINE_FIELDS = ("lease_owner", "lease_expires_at", "enqueued_at", "recovery_count", "dedupe_key")
+TIME_FIELDS = ("created_at", "updated_at", "started_at", "finished_at")
+
+# A control service: run_pause, run_resume, run_terminate or run_restart.
+Control = Callable[..., WorkflowRun]
+
+
+# Not ModelAdmin[WorkflowRun]: generic admin classes are subscriptable only after
+# django_stubs_ext.monkeypatch(), which the settings do not call.
+@admin.register(WorkflowRun)
+class WorkflowRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    list_display = (
+        "id", "workflow", "status", "owner", "attempt", "waiting_for", "failure_reason", "created_at",
+    )
+    list_filter = ("status", "workflow", "failure_reason", WaitingForFilter)
+    list_select_related = ("owner",)
+    # The id is matched exactly in get_search_results (a UUID lookup uses the primary key index).
+    search_fields = ("workflow", "=idempotency_key")
+    search_help_text = "A run id, a workflow name, or an idempotency key."
+    list_per_page = 50
+    show_full_result_count = False  # COUNT(*) over a large runs table on every page is not free
+    inlines = (StepResultInline, RunAttemptInline, RunEventInline)
+    actions = ("pause_runs", "resume_runs", "terminate_runs", "restart_runs")
+    fieldsets = (
+        (None, {"fields": RUN_FIELDS}),
+        ("Where it is", {"fields": WHERE_FIELDS}),
+        ("Data", {"fields": DATA_FIELDS}),
+        ("Engine", {"classes": ("collapse",), "fields": ENGINE_FIELDS}),
+        ("Times", {"fields": TIME_FIELDS}),
+    )
+    readonly_fields = RUN_FIELDS + WHERE_FIELDS + DATA_FIELDS + ENGINE_FIELDS + TIME_FIELDS
+
+    # --- permissions: view to see, control to act; nothing is added, edited or deleted here ---
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return can_see_all_runs(request.user)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # runs are started through workflows.start(), which schedules them
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # View-only for everyone: saving a form loaded a moment ago would overwrite what a worker
+        # wrote since. Changes go through the actions (the services), which lock the row.
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a run is its own audit trail; deleting one mid-flight would strand its worker
+
+    def has_control_permission(self, request: HttpRequest) -> bool:
+        return can_control_all_runs(request.user)
+
+    # --- list ---
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[WorkflowRun], search_term: str
+    ) -> tuple[QuerySet[WorkflowRun], bool]:
+        found, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        try:
+            run_id = UUID(search_term.strip())
+        except ValueError:
+            return found, may_have_duplicates
+        return found | queryset.filter(pk=run_id), may_have_duplicates
+
+    @admin.display(description="waiting for")
+    def waiting_for(self, run: WorkflowRun) -> str:
+        return describe_wait(run) or "-"
+
+    # --- change page ---
+    @admin.display(description="payload")
+    def payload_pretty(self, run: WorkflowRun) -> str:
+        return pretty_json(run.payload)
+
+    @admin.display(description="result")
+    def result_pretty(self, run: WorkflowRun) -> str:
+        return pretty_json(run.result)
+
+    @admin.display(description="error")
+    def error_pretty(self, run: WorkflowRun) -> str:
+        return pretty_error(run.error)
+
+    @admin.display(description="progress (last reported)")
+    def progress_pretty(self, run: WorkflowRun) -> str:
+        return pretty_json(run.progress)
+
+    # --- actions: thin, one service call per run, its refusal reported as it is ---
+    @admin.action(description="Pause selected runs", permissions=["control"])
+    def pause_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
+        self._control(request, queryset, services.run_pause, "paused")
+
+    @admin.action(description="Resume selected runs", permissions=["control"])
+    def resume_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
+        self._control(request, queryset, services.run_resume, "resumed")
+
+    @admin.action(description="Terminate selected runs", permissions=["control"])
+    def terminate_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
+        self._control(request, queryset, services.run_terminate, "terminated")
+
+    @admin.action(description="Restart selected runs (new attempt from the first step)", permissions=["control"])
+    def restart_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
+        self._control(request, queryset, services.run_restart, "restarted")
+
+    def _control(self, request: HttpRequest, queryset: QuerySet[WorkflowRun], control: Control, done: str) -> None:
+        # Ids only: each service locks and re-reads its run, so a status read here could be stale.
+        for run_id, workflow in queryset.values_list("id", "workflow"):
+            label = f"{workflow} {run_id}"
+            try:
+                run = control(run_id=run_id)
+            except TransitionNotAllowed as exc:
+                self.message_user(request, f"{label}: {exc}", messages.ERROR)
+            except WorkflowRun.DoesNotExist:
+                self.message_user(request, f"{label}: the run no longer exists", messages.ERROR)
+            else:
+                self.message_user(request, f"{label}: {_outcome(run, done)}", messages.SUCCESS)
+
+
+def _outcome(run: WorkflowRun, done: str) -> str:
+    if run.status == RunStatus.RUNNING and run.pause_requested:
+        return "pause requested; it pauses at its next step boundary"
+    if done == "resumed" and run.status == RunStatus.RUNNING:
+        return "pause request withdrawn; it keeps running"
+    return f"{done} (now {run.status}, attempt {run.attempt})"

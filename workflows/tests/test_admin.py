@@ -1,0 +1,235 @@
+"""The runs console: what carol (staff, view + control) and staff without those permissions see and do.
+
+Runs are set up in the database directly; the actions go through the services. These tests run in
+one transaction each, so the services' on-commit enqueues are never sent: no worker is involved.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+from uuid import UUID
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.contrib.messages import get_messages
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from workflows.models import RunAttempt, RunEvent, RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = reverse("admin:workflows_workflowrun_changelist")
+
+
+def change_url(run: WorkflowRun) -> str:
+    return reverse("admin:workflows_workflowrun_change", args=[run.pk])
+
+
+def make_run(workflow: str = "test.echo", status: str = RunStatus.QUEUED, **fields: Any) -> WorkflowRun:
+    # The status is a protected FSM field: set once at creation, as a fixture of any state.
+    run = WorkflowRun.objects.create(workflow=workflow, status=status, **fields)
+    RunAttempt.objects.create(run=run, number=run.attempt)
+    return run
+
+
+def waiting_run(event_type: str = "reply", **fields: Any) -> WorkflowRun:
+    return make_run("test.wait", RunStatus.WAITING, wait_event_type=event_type, wait_step="wait for reply",
+                    wake_at=timezone.now() + timedelta(minutes=5), **fields)
+
+
+def login(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def staff(username: str, *codenames: str) -> User:
+    user = User.objects.create_user(username, f"{username}@example.com", "pw", is_staff=True)
+    user.user_permissions.add(*Permission.objects.filter(content_type__app_label="workflows", codename__in=codenames))
+    return user
+
+
+def listed(client: Client, query: str = "") -> set[UUID]:
+    response = client.get(CHANGELIST + query)
+    assert response.status_code == 200
+    return {run.pk for run in response.context["cl"].result_list}
+
+
+def act(client: Client, action: str, *runs: WorkflowRun) -> list[str]:
+    response = client.post(CHANGELIST, {"action": action, "_selected_action": [str(r.pk) for r in runs]},
+                           follow=True)
+    assert response.status_code == 200
+    return [str(m) for m in get_messages(response.wsgi_request)]
+
+
+def test_changelist_shows_runs_with_what_they_wait_for(users: dict[str, User]) -> None:
+    waiting = waiting_run(owner=users["alice"])
+
+    response = login(users["carol"]).get(CHANGELIST)
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert str(waiting.pk) in html
+    assert "event “reply” until" in html
+    assert "alice" in html
+
+
+def test_changelist_filters_by_status_workflow_failure_reason_and_waiting_for(users: dict[str, User]) -> None:
+    # given
+    reply = waiting_run("reply")
+    approve = waiting_run("approve")
+    failed = make_run("test.lines", RunStatus.FAILED, failure_reason="max_recovery_attempts")
+    queued = make_run("test.echo")
+    carol = login(users["carol"])
+
+    # then
+    assert listed(carol) == {reply.pk, approve.pk, failed.pk, queued.pk}
+    assert listed(carol, "?status__exact=waiting") == {reply.pk, approve.pk}
+    assert listed(carol, "?workflow=test.lines") == {failed.pk}
+    assert listed(carol, "?failure_reason__exact=max_recovery_attempts") == {failed.pk}
+    assert listed(carol, "?waiting_for=approve") == {approve.pk}
+    assert "event “approve”" in carol.get(CHANGELIST).content.decode()  # offered as a filter choice
+
+
+def test_search_by_id_workflow_and_idempotency_key(users: dict[str, User]) -> None:
+    keyed = make_run("test.echo", idempotency_key="order-42")
+    other = make_run("test.lines")
+    carol = login(users["carol"])
+
+    assert listed(carol, f"?q={other.pk}") == {other.pk}
+    assert listed(carol, "?q=order-42") == {keyed.pk}
+    assert listed(carol, "?q=test.lines") == {other.pk}
+    assert listed(carol, "?q=nothing-like-this") == set()
+
+
+def test_change_page_shows_every_attempt_s_steps_and_pretty_error(users: dict[str, User]) -> None:
+    # given: a run on its second attempt; the first failed at its second step
+    run = make_run("test.lines", RunStatus.FAILED, attempt=2, failure_reason="error",
+                   error={"type": "ValueError", "message": "boom", "traceback": "Traceback (most recent call last)"})
+    RunAttempt.objects.create(run=run, number=1, status=RunStatus.FAILED)
+    for attempt, position, name, status in [(2, 1, "load order", StepStatus.FAILED),
+                                            (1, 2, "charge card", StepStatus.FAILED),
+                                            (1, 1, "load order", StepStatus.COMPLETED)]:
+        StepResult.objects.create(run=run, attempt=attempt, position=position, name=name, kind=StepKind.DO,
+                                  status=status, result={"order": 7} if status == StepStatus.COMPLETED else None)
+    RunEvent.objects.create(run=run, type="customer.reply", payload={"text": "hi"})
+
+    # when
+    response = login(users["carol"]).get(change_url(run))
+
+    # then
+    assert response.status_code == 200
+    html = response.content.decode()
+    steps = [form.instance for form in response.context["inline_admin_formsets"][0].formset.forms]
+    assert [(s.attempt, s.position, s.name) for s in steps] == [
+        (1, 1, "load order"), (1, 2, "charge card"), (2, 1, "load order"),
+    ]
+    assert "step timeline (every attempt)" in html.lower()
+    assert "&quot;message&quot;: &quot;boom&quot;" in html  # indented JSON, escaped
+    assert "Traceback (most recent call last)" in html
+    assert "customer.reply" in html
+    assert 'name="_save"' not in html  # view-only: the engine owns every field
+
+
+def test_pause_action_pauses_through_the_service(users: dict[str, User]) -> None:
+    run = waiting_run()
+
+    messages = act(login(users["carol"]), "pause_runs", run)
+
+    run.refresh_from_db()
+    assert run.status == RunStatus.PAUSED
+    assert messages == [f"test.wait {run.pk}: paused (now paused, attempt 1)"]
+
+
+def test_pause_of_a_running_run_is_a_request(users: dict[str, User]) -> None:
+    run = make_run("test.lines", RunStatus.RUNNING)
+
+    messages = act(login(users["carol"]), "pause_runs", run)
+
+    run.refresh_from_db()
+    assert (run.status, run.pause_requested) == (RunStatus.RUNNING, True)
+    assert "pauses at its next step boundary" in messages[0]
+
+
+def test_restart_and_terminate_actions(users: dict[str, User]) -> None:
+    failed = make_run("test.lines", RunStatus.FAILED, failure_reason="error")
+    waiting = waiting_run()
+    carol = login(users["carol"])
+
+    act(carol, "restart_runs", failed)
+    act(carol, "terminate_runs", waiting)
+
+    failed.refresh_from_db()
+    waiting.refresh_from_db()
+    assert (failed.status, failed.attempt, failed.failure_reason) == (RunStatus.QUEUED, 2, "")
+    assert list(failed.attempts.values_list("number", flat=True)) == [1, 2]
+    assert waiting.status == RunStatus.TERMINATED
+
+
+def test_refused_action_reports_the_reason_and_changes_nothing(users: dict[str, User]) -> None:
+    # given: one run resume applies to, one it does not
+    queued = make_run("test.echo")
+    paused = make_run("test.echo", RunStatus.PAUSED)
+    before = WorkflowRun.objects.get(pk=queued.pk)
+
+    # when
+    messages = act(login(users["carol"]), "resume_runs", queued, paused)
+
+    # then: the refusal is reported per run, the other run still resumed
+    assert f"test.echo {queued.pk}: cannot resume a run that is queued" in messages
+    assert f"test.echo {paused.pk}: resumed (now queued, attempt 1)" in messages
+    queued.refresh_from_db()
+    assert (queued.status, queued.updated_at, queued.enqueued_at) == (
+        before.status, before.updated_at, before.enqueued_at,
+    )
+
+
+def test_terminate_of_a_finished_run_is_refused(users: dict[str, User]) -> None:
+    done = make_run("test.echo", RunStatus.COMPLETED, result={"ok": True})
+
+    messages = act(login(users["carol"]), "terminate_runs", done)
+
+    done.refresh_from_db()
+    assert done.status == RunStatus.COMPLETED
+    assert messages == [f"test.echo {done.pk}: cannot terminate a run that is completed"]
+
+
+def test_staff_without_control_permission_cannot_act(users: dict[str, User]) -> None:
+    # given: dave may look at runs but not control them
+    dave = login(staff("dave", "view_workflowrun", "change_workflowrun"))
+    run = waiting_run()
+
+    # when
+    assert listed(dave) == {run.pk}
+    action_form = dave.get(CHANGELIST).context["action_form"]
+    messages = act(dave, "pause_runs", run)
+
+    # then: no action offered (the controls are the only actions), the posted one ignored, the run untouched
+    assert action_form is None
+    assert messages == []
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING
+
+
+def test_staff_without_view_permission_see_nothing(users: dict[str, User]) -> None:
+    eve = login(staff("eve"))
+    run = waiting_run()
+
+    assert eve.get(CHANGELIST).status_code == 403
+    assert eve.get(change_url(run)).status_code == 403
+    assert eve.post(CHANGELIST, {"action": "pause_runs", "_selected_action": [str(run.pk)]}).status_code == 403
+    assert "workflowrun" not in eve.get(reverse("admin:index")).content.decode().lower()
+    run.refresh_from_db()
+    assert run.status == RunStatus.WAITING
+
+
+def test_no_add_and_no_delete(users: dict[str, User]) -> None:
+    run = make_run()
+    carol = login(users["carol"])
+
+    assert carol.get(reverse("admin:workflows_workflowrun_add")).status_code == 403
+    assert carol.post(reverse("admin:workflows_workflowrun_delete", args=[run.pk]), {"post": "yes"}).status_code == 403
+    assert carol.post(change_url(run), {"workflow": "changed"}).status_code == 403
+    assert WorkflowRun.objects.get(pk=run.pk).workflow == "test.echo"
