@@ -1,7 +1,7 @@
 """Fixtures every app's tests use: named users, real workers, a real ASGI server."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 import redis
@@ -34,6 +34,13 @@ def asgi_server(django_db_setup: None) -> Iterator[AsgiServer]:
     server = AsgiServer()
     yield server
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings: Any) -> None:
+    """Django's default hasher takes about a second a password on this machine; tests log in with
+    force_login or tokens, so a fast hasher loses nothing."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

@@ -34,6 +34,12 @@ class InvalidPayload(WorkflowError):
     code = "invalid_payload"
 
 
+class PayloadTooLarge(InvalidPayload):
+    """Over WORKFLOWS_MAX_PAYLOAD_BYTES (HTTP 413)."""
+
+    code = "payload_too_large"
+
+
 class NonRetryableError(Exception):
     """Raise from a step body to fail the step at once, without retries."""
 

@@ -5,6 +5,7 @@ from typing import Any, TypedDict
 from uuid import UUID
 
 from django.contrib.auth.models import AbstractUser, AnonymousUser
+from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
 from workflows.models import TERMINAL, WorkflowRun
@@ -35,7 +36,7 @@ def run_get(*, user: AbstractUser | AnonymousUser, run_id: UUID | str) -> Workfl
     """The run if the user may see it; None both when it does not exist and when it is another's."""
     try:
         return run_list(user=user).get(pk=run_id)
-    except (WorkflowRun.DoesNotExist, ValueError):
+    except (WorkflowRun.DoesNotExist, ValueError, ValidationError):
         return None
 
 

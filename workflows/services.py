@@ -11,7 +11,7 @@ from django_fsm import TransitionNotAllowed as FSMTransitionNotAllowed
 
 from workflows.conf import conf
 from workflows.effects import emit_status, enqueue_run
-from workflows.exceptions import IdempotencyConflict, InvalidPayload, TransitionNotAllowed
+from workflows.exceptions import IdempotencyConflict, InvalidPayload, PayloadTooLarge, TransitionNotAllowed
 from workflows.models import PAUSABLE, RunAttempt, RunEvent, RunStatus, WorkflowRun
 from workflows.registry import get_workflow
 
@@ -23,14 +23,24 @@ def check_payload(payload: Any, *, what: str = "payload") -> dict[str, Any]:
     """A JSON object within the size limit, or InvalidPayload."""
     if not isinstance(payload, dict):
         raise InvalidPayload(f"{what} must be a JSON object, not {type(payload).__name__}")
+    check_json_size(payload, what=what)
+    return payload
+
+
+def check_json_size(payload: Any, *, what: str) -> None:
+    """Any JSON value within WORKFLOWS_MAX_PAYLOAD_BYTES, or InvalidPayload."""
     try:
         size = len(json.dumps(payload, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
     limit = conf()["MAX_PAYLOAD_BYTES"]
     if size > limit:
-        raise InvalidPayload(f"{what} is {size:,} bytes; the limit is {limit:,}")
-    return payload
+        raise PayloadTooLarge(f"The {what} is {size:,} bytes of JSON; the limit is {limit:,}.")
+
+
+def check_text(value: str | None, *, what: str, max_length: int) -> None:
+    if value is not None and len(value) > max_length:
+        raise InvalidPayload(f"{what} is {len(value)} characters; the limit is {max_length}")
 
 
 def run_start(
@@ -47,6 +57,7 @@ def run_start(
     """
     cls = get_workflow(workflow)
     check_payload(payload)
+    check_text(idempotency_key, what="idempotency key", max_length=255)
     dedupe_key = None
     if idempotency_key:
         dedupe_key = f"{owner.pk if owner is not None else '-'}:{workflow}:{idempotency_key}"
@@ -88,7 +99,9 @@ def run_send_event(
     if not type or not isinstance(type, str):
         raise InvalidPayload("event type must be a non-empty string")
     payload = {} if payload is None else payload
-    check_payload({"payload": payload}, what="event payload")
+    check_text(type, what="event type", max_length=200)
+    check_text(idempotency_key, what="event idempotency key", max_length=255)
+    check_json_size(payload, what="event payload")
     with transaction.atomic():
         # Locked first: the engine locks the run before looking for events (see Step.wait_for_event).
         run = WorkflowRun.objects.select_for_update().get(pk=run_id)

@@ -14,17 +14,18 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from workflows.exceptions import IdempotencyConflict, InvalidPayload, TransitionNotAllowed, UnknownWorkflow
+from workflows.exceptions import PayloadTooLarge as PayloadTooLargeError
 
 
 @extend_schema_serializer(component_name="ErrorBody")
-class ErrorBodySerializer(serializers.Serializer):  # type: ignore[type-arg]
+class ErrorBodySerializer(serializers.Serializer):
     code = serializers.CharField(help_text="Stable, machine-readable: unknown_workflow, parse_error, ...")
     message = serializers.CharField(help_text="For people; may change.")
     detail = serializers.JSONField(allow_null=True, help_text="Per-field errors, the run's status, or null.")
 
 
 @extend_schema_serializer(component_name="Error")
-class ErrorSerializer(serializers.Serializer):  # type: ignore[type-arg]
+class ErrorSerializer(serializers.Serializer):
     """Every error response of the API (for the OpenAPI schema; responses are built below)."""
 
     error = ErrorBodySerializer()
@@ -77,6 +78,7 @@ DOMAIN_ERRORS: dict[type[Exception], int] = {
     UnknownWorkflow: status.HTTP_404_NOT_FOUND,
     IdempotencyConflict: status.HTTP_409_CONFLICT,
     TransitionNotAllowed: status.HTTP_409_CONFLICT,
+    PayloadTooLargeError: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,  # before its base class
     InvalidPayload: status.HTTP_400_BAD_REQUEST,
 }
 
