@@ -45,3 +45,17 @@ ensure_postgres() {
     echo "PostgreSQL did not start" >&2
     exit 1
 }
+
+ensure_chromium() {
+    # Browser tests drive Debian's Chromium through Playwright (Playwright's own download does not
+    # work offline).
+    if [ -x /usr/bin/chromium ]; then
+        return
+    fi
+    echo "==> installing Debian's chromium for the browser tests"
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    fi
+}

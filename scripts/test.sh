@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 source scripts/common.sh
 
 ensure_venv "[test]"
+ensure_chromium
 ensure_postgres
 ensure_redis
 

@@ -1,6 +1,208 @@
-"""WebSocket consumers (filled in below)."""
+"""WebSocket consumers: thin. They authorise, send a snapshot from the database, then forward the
+run's progress stream (``workflows.streams``) without a gap or a duplicate.
+
+Protocol of ``/ws/runs/<id>/`` (DESIGN.md section 7):
+
+- server, first: ``{"type": "snapshot", "seq": S, "run": {...}}``. ``S`` is the stream's counter
+  read *before* the database, so the snapshot reflects every event with ``seq <= S`` (events are
+  published after their database change commits) and every event after ``S`` is sent live.
+- server, live: stream events ``{"type": "progress" | "status" | "broadcast", "seq", "run", "data",
+  "at"}`` in increasing ``seq``; an event missed by the channel layer is filled in from the stored
+  stream before the next one.
+- client: ``{"type": "resume", "after": N}`` -> the stored events with ``seq > N`` not yet sent on
+  this connection, each with ``"replay": true``, then ``{"type": "replay_complete", "seq": H}``
+  where H is the highest seq sent; live events follow.
+- client: ``{"type": "snapshot"}`` -> a fresh snapshot (the page asks after a status change, to
+  redraw the timeline).
+- bad client messages get ``{"type": "error", "message": ...}``; the connection stays open.
+- close codes: 4401 not authenticated, 4404 no such run *or* another user's run (indistinguishable).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import redis
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from workflows import streams
+from workflows.selectors import run_get, run_snapshot
+
+logger = logging.getLogger(__name__)
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_NOT_FOUND = 4404
+# Seqs skipped while waiting for a late live event; more than the stream keeps is pointless.
+MAX_MISSING = 1000
+# JSON numbers beyond this lose precision in browsers.
+MAX_SEQ = 2**53
+
+
+@dataclass
+class Cursor:
+    """Which seqs of the stream one connection has sent.
+
+    Every seq in ``(low, high]`` has been sent except those in ``missing`` (absent from the store
+    when a later event was sent; still sent if they turn up). Nothing at or below ``low`` has been
+    sent: the snapshot stands for it, and a resume asks for it explicitly.
+    """
+
+    low: int
+    high: int
+    missing: set[int] = field(default_factory=set)
+
+    def was_sent(self, seq: int) -> bool:
+        return self.low < seq <= self.high and seq not in self.missing
+
+    def wants_live(self, seq: int) -> bool:
+        """Live events at or below the snapshot are in it; above it, only what was not sent."""
+        return seq > self.low and not self.was_sent(seq)
+
+    def mark_sent(self, seq: int) -> None:
+        if seq > self.high:
+            self.missing.update(range(self.high + 1, seq))
+            self.high = seq
+            if len(self.missing) > MAX_MISSING:
+                self.missing = set(sorted(self.missing)[-MAX_MISSING:])
+        else:
+            self.missing.discard(seq)
+
+
+class ClientError(Exception):
+    """A message from the client that the protocol does not allow; answered, never fatal."""
 
 
 class RunConsumer(AsyncJsonWebsocketConsumer):
-    pass
+    """Snapshot, then the run's live events; ``resume`` replays what a reconnecting client missed."""
+
+    run_id: UUID
+    group: str | None = None
+    cursor: Cursor | None = None  # set with the snapshot; nothing is forwarded before it
+
+    async def connect(self) -> None:
+        # Accept first: a close code (4401, 4404) can only be sent on an accepted socket; a refusal
+        # before accepting is an HTTP 403 the client cannot tell apart from a bad origin.
+        await self.accept()
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED, reason="authentication required")
+            return
+        self.run_id = self.scope["url_route"]["kwargs"]["run_id"]
+        if not await database_sync_to_async(self._visible)():
+            await self.close(code=CLOSE_NOT_FOUND, reason="run not found")
+            return
+        # Join before reading the counter: every event with a higher seq is then delivered live.
+        self.group = streams.group_name(self.run_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        snapshot = await self._snapshot()
+        if snapshot is None:  # deleted between the check and the read
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+            self.group = None
+            await self.close(code=CLOSE_NOT_FOUND, reason="run not found")
+            return
+        self.cursor = Cursor(low=snapshot["seq"], high=snapshot["seq"])
+        await self.send_json(snapshot)
+
+    async def disconnect(self, code: int) -> None:
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    # --- from the client ---------------------------------------------------------------------------
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        try:
+            if text_data is None:
+                raise ClientError("messages are JSON text frames")
+            try:
+                content = json.loads(text_data)
+            except ValueError:
+                raise ClientError("the message is not valid JSON") from None
+            await self.receive_json(content)
+        except ClientError as exc:
+            await self.send_json({"type": "error", "message": str(exc)})
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if not isinstance(content, dict):
+            raise ClientError("a message is a JSON object with a 'type'")
+        kind = content.get("type")
+        if kind == "resume":
+            await self._resume(_check_after(content.get("after")))
+        elif kind == "snapshot":
+            snapshot = await self._snapshot()
+            if snapshot is not None:
+                await self.send_json(snapshot)
+        else:
+            raise ClientError(f"unknown message type {kind!r}; expected 'resume' or 'snapshot'")
+
+    async def _resume(self, after: int) -> None:
+        assert self.cursor is not None  # client messages are dispatched only after connect()
+        try:
+            stored = await sync_to_async(streams.events_after, thread_sensitive=False)(self.run_id, after)
+        except redis.RedisError:
+            logger.warning("replay for run %s failed", self.run_id, exc_info=True)
+            raise ClientError("the event stream is unavailable; the snapshot is the current state") from None
+        for event in stored:
+            if not self.cursor.was_sent(event["seq"]):
+                await self._send_event(event, replay=True)
+        # From here on, everything after ``after`` counts as sent or missing, so a second resume
+        # with the same ``after`` sends nothing twice.
+        self.cursor.low = min(self.cursor.low, after)
+        await self.send_json({"type": "replay_complete", "seq": self.cursor.high})
+
+    # --- from the channel layer --------------------------------------------------------------------
+    async def run_event(self, message: dict[str, Any]) -> None:
+        """A live event. Channels dispatches one message at a time, so a live event that arrives
+        during a replay waits in the channel layer and is handled here after it, never lost."""
+        if self.cursor is None:
+            return
+        event: streams.StreamEvent = message["event"]
+        seq = event["seq"]
+        if not self.cursor.wants_live(seq):
+            return
+        if seq > self.cursor.high + 1:
+            # The channel layer lost or reordered something (it is best effort): fill the gap from
+            # the store; what is not stored yet is remembered and sent if it arrives late.
+            for missed in await self._stored_between(self.cursor.high, seq - 1):
+                if self.cursor.wants_live(missed["seq"]):
+                    await self._send_event(missed)
+        await self._send_event(event)
+
+    async def _send_event(self, event: streams.StreamEvent, *, replay: bool = False) -> None:
+        assert self.cursor is not None
+        payload: dict[str, Any] = dict(event)
+        if replay:
+            payload["replay"] = True
+        self.cursor.mark_sent(event["seq"])
+        await self.send_json(payload)
+
+    async def _stored_between(self, after: int, until: int) -> list[streams.StreamEvent]:
+        try:
+            return await sync_to_async(streams.events_after, thread_sensitive=False)(
+                self.run_id, after, until=until
+            )
+        except redis.RedisError:
+            logger.warning("gap fill for run %s failed", self.run_id, exc_info=True)
+            return []
+
+    # --- reads ---------------------------------------------------------------------------------------
+    def _visible(self) -> bool:
+        return run_get(user=self.scope["user"], run_id=self.run_id) is not None
+
+    @database_sync_to_async
+    def _snapshot(self) -> dict[str, Any] | None:
+        seq = streams.current_seq(self.run_id)  # before the database: see the module docstring
+        run = run_get(user=self.scope["user"], run_id=self.run_id)
+        if run is None:
+            return None
+        return {"type": "snapshot", "seq": seq, "run": run_snapshot(run=run)}
+
+
+def _check_after(value: Any) -> int:
+    # bool is an int subclass; ``true`` is not a sequence number.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_SEQ:
+        raise ClientError("'after' must be a non-negative integer sequence number")
+    return value

@@ -8,7 +8,7 @@ from django.contrib.auth.models import AbstractUser, AnonymousUser
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
-from workflows.models import TERMINAL, WorkflowRun
+from workflows.models import TERMINAL, RunAttempt, WorkflowRun
 
 
 def can_see_all_runs(user: AbstractUser | AnonymousUser) -> bool:
@@ -94,3 +94,73 @@ def run_timeline(*, run: WorkflowRun) -> list[dict[str, Any]]:
         }
         for s in run.steps.order_by("attempt", "position")
     ]
+
+
+class AttemptView(TypedDict):
+    number: int
+    status: str
+    error: Any
+    started_at: str | None
+    finished_at: str | None
+
+
+class RunSnapshot(TypedDict):
+    """The run as the page and the socket show it. The status keys are those of StatusSummary."""
+
+    id: str
+    workflow: str
+    status: str
+    attempt: int
+    current_step: str
+    waiting_for: dict[str, Any] | None
+    pause_requested: bool
+    terminal: bool
+    failure_reason: str
+    progress: Any
+    result: Any
+    error: Any
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    attempts: list[AttemptView]
+    timeline: list[dict[str, Any]]
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _attempt_status(run: WorkflowRun, attempt: RunAttempt) -> str:
+    # The engine records an attempt's status when it ends; until then the run's status is the
+    # attempt's, and showing the stored "queued" beside a waiting run would be wrong.
+    if attempt.number == run.attempt and attempt.finished_at is None:
+        return str(run.status)
+    return attempt.status
+
+
+def run_snapshot(*, run: WorkflowRun) -> RunSnapshot:
+    """Everything one row read (plus its steps and attempts) says about the run: the WebSocket
+    snapshot and the run page."""
+    return {
+        "id": str(run.id),
+        "workflow": run.workflow,
+        "status": run.status,
+        "attempt": run.attempt,
+        "current_step": run.current_step,
+        "waiting_for": waiting_for(run),
+        "pause_requested": run.pause_requested,
+        "terminal": run.status in TERMINAL,
+        "failure_reason": run.failure_reason,
+        "progress": run.progress,
+        "result": run.result,
+        "error": run.error,
+        "created_at": run.created_at.isoformat(),
+        "started_at": _iso(run.started_at),
+        "finished_at": _iso(run.finished_at),
+        "attempts": [
+            {"number": a.number, "status": _attempt_status(run, a), "error": a.error,
+             "started_at": _iso(a.started_at), "finished_at": _iso(a.finished_at)}
+            for a in run.attempts.order_by("number")
+        ],
+        "timeline": run_timeline(run=run),
+    }

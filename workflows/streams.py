@@ -57,18 +57,22 @@ def publish(run_id: UUID | str, kind: str, data: Any) -> int | None:
     try:
         client = redis_client()
         seq = int(client.incr(seq_key))
-        event: StreamEvent = {
-            "type": kind,
-            "seq": seq,
-            "run": str(run_id),
-            "data": data,
-            "at": timezone.now().isoformat(),
-        }
+        text = json.dumps(
+            {"type": kind, "seq": seq, "run": str(run_id), "data": data, "at": timezone.now().isoformat()},
+            default=str,
+        )
+        # The live push carries exactly what is stored (plain JSON), never what msgpack can't encode.
+        event: StreamEvent = json.loads(text)
         pipe = client.pipeline(transaction=False)
-        pipe.zadd(events_key, {json.dumps(event, default=str): seq})
+        pipe.zadd(events_key, {text: seq})
         pipe.zremrangebyrank(events_key, 0, -conf_["STREAM_MAX_EVENTS"] - 1)
         pipe.expire(events_key, conf_["STREAM_TTL_SECONDS"])
-        pipe.expire(seq_key, conf_["STREAM_TTL_SECONDS"])
+        if kind == "status" and isinstance(data, dict) and data.get("terminal"):
+            pipe.expire(seq_key, conf_["STREAM_TTL_SECONDS"])
+        else:
+            # A live run keeps its counter however long it waits: a counter that expired and
+            # restarted at 1 would make every client drop the new events as already seen.
+            pipe.persist(seq_key)
         pipe.execute()
     except redis.RedisError:
         logger.warning("progress stream of run %s unavailable; event dropped", run_id, exc_info=True)
@@ -85,6 +89,7 @@ def publish(run_id: UUID | str, kind: str, data: Any) -> int | None:
 def publish_progress(run_id: UUID | str, data: Any) -> int | None:
     from workflows.models import WorkflowRun
 
+    data = json.loads(json.dumps(data, default=str))
     try:
         WorkflowRun.objects.filter(pk=run_id).update(progress=data)
     except Exception:

@@ -1,0 +1,275 @@
+"""The run page ``/runs/<id>/``: who may see it, what it renders, and (in a real browser) that it
+follows the run live and recovers after the server goes away."""
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, TypeVar
+from uuid import uuid4
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import connections
+from django.test import Client
+from django.utils import timezone
+
+import tests.support
+from tests.support import AsgiServer, Worker, wait_for_status, wait_for_terminal
+from workflows import public as wf
+from workflows import streams
+from workflows.models import RunAttempt, RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
+from workflows.views import progress_view
+
+T = TypeVar("T")
+CHROMIUM = "/usr/bin/chromium"
+TIMEOUT_MS = 60_000  # generous: two shared cores
+
+
+def login(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def page_url(run: WorkflowRun) -> str:
+    return f"/runs/{run.id}/"
+
+
+def make_run(owner: User, status: str = RunStatus.COMPLETED, workflow: str = "test.echo", **fields: Any) -> WorkflowRun:
+    # The status is a protected FSM field: set once at creation, as a fixture of any state.
+    return WorkflowRun.objects.create(workflow=workflow, owner=owner, status=status, **fields)
+
+
+def restarted_run(owner: User) -> tuple[WorkflowRun, dict[str, str]]:
+    """A second attempt waiting for a reply, after a first attempt that was restarted mid-retry."""
+    now = timezone.now().replace(microsecond=0)
+    times = {"retry": (now + timedelta(seconds=30)).isoformat(), "until": (now + timedelta(hours=1)).isoformat()}
+    run = make_run(owner, RunStatus.WAITING, workflow="test.refundish", attempt=2, wait_event_type="reply",
+                   wait_step="wait for reply", wake_at=now + timedelta(hours=1), current_step="",
+                   progress={"done": 2, "total": 4})
+    RunAttempt.objects.create(run=run, number=1, status=RunStatus.TERMINATED, finished_at=now,
+                              error={"type": "Restarted", "message": "restarted"})
+    RunAttempt.objects.create(run=run, number=2)  # the engine records an attempt's status when it ends
+    steps = [
+        (1, 1, "load order", StepKind.DO, StepStatus.COMPLETED, 1, None, None),
+        (1, 2, "submit", StepKind.DO, StepStatus.RETRYING, 2, {"type": "ValueError", "message": "gateway down"},
+         now + timedelta(seconds=30)),
+        (2, 1, "load order", StepKind.DO, StepStatus.COMPLETED, 1, None, None),
+        (2, 2, "submit", StepKind.DO, StepStatus.COMPLETED, 3, None, None),
+        (2, 3, "wait for reply", StepKind.WAIT, StepStatus.WAITING, 0, None, now + timedelta(hours=1)),
+    ]
+    for attempt, position, name, kind, status, tries, error, wake_at in steps:
+        StepResult.objects.create(run=run, attempt=attempt, position=position, name=name, kind=kind, status=status,
+                                  tries=tries, error=error, wake_at=wake_at, result={"ok": True} if
+                                  status == StepStatus.COMPLETED else None, finished_at=now if
+                                  status == StepStatus.COMPLETED else None)
+    return run, times
+
+
+def text_of(html: str) -> str:
+    """The page's text with tags dropped and whitespace collapsed, for sentence-like asserts."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+# --- access ---------------------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_the_page_requires_a_login(users: dict[str, User]) -> None:
+    run = make_run(users["alice"])
+
+    response = Client().get(page_url(run))
+
+    assert response.status_code == 302
+    assert response["Location"] == f"{settings.LOGIN_URL}?next={page_url(run)}"
+
+
+@pytest.mark.django_db
+def test_another_users_run_is_a_404_like_a_missing_one(users: dict[str, User]) -> None:
+    run = make_run(users["alice"])
+
+    mallory = login(users["mallory"]).get(page_url(run))
+    bob = login(users["bob"]).get(page_url(run))
+    missing = login(users["mallory"]).get(f"/runs/{uuid4()}/")
+
+    assert mallory.status_code == bob.status_code == missing.status_code == 404
+    assert mallory.content == missing.content
+    assert str(run.id) not in mallory.content.decode()
+    assert login(users["carol"]).get(page_url(run)).status_code == 200  # staff with the view permission
+
+
+# --- content --------------------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_the_page_shows_every_attempts_steps_with_tries_errors_and_waits(users: dict[str, User]) -> None:
+    run, times = restarted_run(users["alice"])
+
+    response = login(users["alice"]).get(page_url(run))
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    text = text_of(html)
+    assert f'data-ws-path="/ws/runs/{run.id}/"' in html
+    # status, and what the run waits for until when
+    assert 'class="status status-waiting">waiting<' in html
+    assert f"event “reply” until {times['until']}" in text
+    # progress bar
+    assert 'aria-valuenow="50"' in html and "width: 50%" in html
+    assert "2 / 4 (50%)" in text
+    # both attempts, newest first, each with its steps
+    assert text.index("Attempt 2") < text.index("Attempt 1")
+    assert "Attempt 2 waiting" in text and "Attempt 1 terminated Restarted: restarted" in text
+    first, second = text[text.index("Attempt 1"):], text[text.index("Attempt 2"):text.index("Attempt 1")]
+    assert "2 submit do retrying 2 next try at " + times["retry"] + " ValueError: gateway down" in first
+    assert "2 submit do completed 3" in second
+    assert f"3 wait for reply wait waiting 0 waiting until {times['until']}" in second
+
+
+@pytest.mark.django_db
+def test_the_page_shows_the_result_or_the_error(users: dict[str, User]) -> None:
+    done = make_run(users["alice"], result={"refund": "120.00"})
+    failed = make_run(users["alice"], RunStatus.FAILED, failure_reason="error",
+                      error={"type": "StepError", "message": "step submit failed"})
+    alice = login(users["alice"])
+
+    done_html = alice.get(page_url(done)).content.decode()
+    failed_text = text_of(alice.get(page_url(failed)).content.decode())
+
+    assert 'id="result"' in done_html and "&quot;refund&quot;: &quot;120.00&quot;" in done_html
+    assert 'id="error"' not in done_html
+    assert "failure reason error" in failed_text and "step submit failed" in failed_text
+
+
+def test_progress_view_reads_percent_or_done_of_total_and_shows_anything_else_as_json() -> None:
+    assert progress_view({"done": 1, "total": 3}) == {"percent": 33, "text": "1 / 3 (33%)"}
+    assert progress_view({"percent": 99.9}) == {"percent": 99, "text": "99%"}
+    assert progress_view({"done": 5, "total": 0})["percent"] is None
+    assert progress_view({"stage": "checking"}) == {"percent": None, "text": '{"stage": "checking"}'}
+    assert progress_view(None) == {"percent": None, "text": ""}
+
+
+# --- a real browser -------------------------------------------------------------------------------
+def _chromium() -> Any:
+    """Playwright (a test extra) driving Debian's Chromium, which scripts/test.sh installs.
+
+    Missing is a failure, not a skip: a skipped browser test would hide a broken page.
+    """
+    from playwright import sync_api
+
+    assert shutil.which(CHROMIUM), f"{CHROMIUM} is missing: scripts/test.sh installs it (apt-get install chromium)"
+    return sync_api
+
+
+@contextmanager
+def browser_page(server_url: str, user: User) -> Iterator[Any]:
+    """A headless Chromium page logged in as ``user`` (the session cookie, as after a login)."""
+    sync_api = _chromium()
+    cookie = login(user).cookies[settings.SESSION_COOKIE_NAME].value
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu",
+                                            "--disable-background-networking"],
+        )
+        try:
+            context = browser.new_context()
+            context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": cookie, "url": server_url}])
+            page = context.new_page()
+            page.set_default_timeout(TIMEOUT_MS)
+            yield page
+        finally:
+            browser.close()
+
+
+def off_loop(fn: Callable[[], T]) -> T:
+    """Run Django ORM code outside Playwright's event loop (Django refuses it inside one)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # re-raised in the test's thread
+            box["error"] = exc
+        finally:
+            connections.close_all()  # this thread's own connection would outlive the test database
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def logged_seqs(page: Any) -> list[int]:
+    return sorted(int(s) for s in page.eval_on_selector_all("#events li", "items => items.map(i => i.dataset.seq)"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_browser_progress_bar_reaches_100_percent_as_a_real_run_advances(
+    asgi_server: AsgiServer, worker: Worker, users: dict[str, User]
+) -> None:
+    # given a run held paused until the page is live, so the page sees it advance
+    run = wf.start("test.progress", {"steps": 5, "seconds": 0.4}, owner=users["alice"])
+    wf.pause(run)  # a run already claimed pauses at its next step boundary
+    wait_for_status(run.id, RunStatus.PAUSED, timeout=60)
+
+    with browser_page(asgi_server.url, users["alice"]) as page:
+        page.goto(asgi_server.url + page_url(run))
+        page.wait_for_selector("#connection:text-is('live')")
+        assert page.text_content("#status") == "paused"
+
+        # when it resumes, the bar fills and the status and timeline follow
+        off_loop(lambda: wf.resume(run))
+        page.wait_for_selector('#progress-bar[aria-valuenow="100"]')
+        page.wait_for_selector("#status.status-completed")
+        # the timeline is redrawn from a fresh snapshot after the status change
+        page.wait_for_function("document.querySelectorAll('#timeline tr.step .status-completed').length === 5")
+        progress_text = page.text_content("#progress-text")
+        log = page.eval_on_selector_all("#events li", "items => items.map(i => i.textContent)")
+        seqs = logged_seqs(page)
+
+    assert progress_text == "5 / 5 (100%)"
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # every event once, in a row
+    assert log[0] == f"#{seqs[-1]} status: completed"  # newest on top
+    assert log[1].endswith('progress: {"done":5,"total":5}') and any(line.endswith("status: running") for line in log)
+    assert wait_for_terminal(run.id).status == RunStatus.COMPLETED  # type: ignore[attr-defined]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_browser_reconnects_after_the_server_restarts_and_resumes_what_it_missed(
+    users: dict[str, User], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a run whose progress this test publishes, shown by a server this test owns
+    run = make_run(users["alice"], RunStatus.WAITING, workflow="test.wait", wait_event_type="reply",
+                   wait_step="wait for reply", wake_at=timezone.now() + timedelta(hours=1))
+    server = AsgiServer()
+    # the browser reconnects to the same address: the replacement server must take the same port
+    monkeypatch.setattr(tests.support, "free_port", lambda: server.port)
+    try:
+        with browser_page(server.url, users["alice"]) as page:
+            page.goto(server.url + page_url(run))
+            page.wait_for_selector("#connection:text-is('live')")
+            off_loop(lambda: streams.publish_progress(run.id, {"done": 1, "total": 4}))
+            page.wait_for_selector('#progress-bar[aria-valuenow="25"]')
+
+            # when the server goes away, progress goes on, and a new server comes up
+            server.stop()
+            page.wait_for_selector("#connection:text-matches('reconnecting')")
+            off_loop(lambda: [streams.publish_progress(run.id, {"done": n, "total": 4}) for n in (2, 3)])
+            server = AsgiServer()
+
+            # then the page reconnects: the snapshot shows 75%, the missed events are replayed
+            page.wait_for_selector('#progress-bar[aria-valuenow="75"]')
+            page.wait_for_selector("#events li[data-seq='3']")
+            off_loop(lambda: streams.publish_progress(run.id, {"done": 4, "total": 4}))
+            page.wait_for_selector('#progress-bar[aria-valuenow="100"]')
+            page.wait_for_selector("#events li[data-seq='4']")
+            log = page.eval_on_selector_all("#events li", "items => items.map(i => i.textContent)")
+            seqs = logged_seqs(page)
+    finally:
+        server.stop()
+
+    assert seqs == [1, 2, 3, 4]  # each event once, none missing
+    assert [line.endswith("(replayed)") for line in reversed(log)] == [False, True, True, False]
