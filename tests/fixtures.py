@@ -1,7 +1,8 @@
 """Fixtures every app's tests use: named users, real workers, a real ASGI server."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis

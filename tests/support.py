@@ -8,8 +8,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from uuid import UUID
 
 from django.db import connection
@@ -56,7 +57,8 @@ class Worker:
         env["WORKFLOWS_QUEUE"] = queue
         cmd = [
             sys.executable, "-m", "celery", "-A", "config", "worker", "-P", pool, "-c", str(concurrency),
-            "-Q", f"{queue},{queue}-io", "-n", f"{queue}-{time.monotonic_ns()}@%h", "--without-gossip", "--without-mingle",
+            "-Q", f"{queue},{queue}-io", "-n", f"{queue}-{time.monotonic_ns()}@%h",
+            "--without-gossip", "--without-mingle",
             "-l", "INFO",
         ]
         if beat:

@@ -95,7 +95,7 @@ class WaitingForFilter(admin.SimpleListFilter):
         return queryset
 
 
-class _ReadOnlyInline(admin.TabularInline):  # type: ignore[type-arg]  # see WorkflowRunAdmin
+class _ReadOnlyInline(admin.TabularInline):
     """Rows the engine writes, shown to whoever may see the run (no separate per-model permission)."""
 
     extra = 0
@@ -179,7 +179,7 @@ Control = Callable[..., WorkflowRun]
 # Not ModelAdmin[WorkflowRun]: generic admin classes are subscriptable only after
 # django_stubs_ext.monkeypatch(), which the settings do not call.
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class WorkflowRunAdmin(admin.ModelAdmin):
     list_display = (
         "id", "workflow", "status", "owner", "attempt", "waiting_for", "failure_reason", "created_at",
     )

@@ -14,7 +14,6 @@ from uuid import UUID
 
 from django.db import transaction
 
-from workflows.conf import conf
 
 logger = logging.getLogger(__name__)
 
@@ -24,13 +23,13 @@ def on_commit(fn: Callable[[], Any]) -> None:
     transaction.on_commit(fn, robust=True)
 
 
-def enqueue_run(run_id: UUID, *, countdown: float | None = None) -> None:
-    """Ask a worker to advance the run once the current transaction commits."""
+def enqueue_run(run_id: UUID, *, queue: str, countdown: float | None = None) -> None:
+    """Ask a worker on ``queue`` (the run's) to advance the run once the current transaction commits."""
 
     def send() -> None:
         from workflows.tasks import advance_run
 
-        options: dict[str, Any] = {"queue": conf()["QUEUE"]}
+        options: dict[str, Any] = {"queue": queue}
         if countdown:
             options["countdown"] = countdown
         advance_run.apply_async((str(run_id),), **options)

@@ -216,7 +216,7 @@ class Step:
         self._release(run)
         seconds = (wake_at - timezone.now()).total_seconds()
         if status != RunStatus.WAITING and seconds <= COUNTDOWN_MAX_SECONDS:
-            enqueue_run(run.id, countdown=max(seconds, 0.0))
+            enqueue_run(run.id, queue=run.queue, countdown=max(seconds, 0.0))
 
     def _suspend(self, status: str, *, wake_at: datetime, wait_step: str = "") -> None:
         with self._owned() as run:

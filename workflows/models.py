@@ -49,6 +49,8 @@ class WorkflowRun(FSMModelMixin, models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="workflow_runs"
     )
     idempotency_key = models.CharField(max_length=255, blank=True)
+    # The Celery queue this run is advanced on; the sweeper re-enqueues it there.
+    queue = models.CharField(max_length=100)
     # owner, workflow and key in one unique column: portable across PostgreSQL and SQLite,
     # and keys of different owners never collide (nor reveal each other).
     dedupe_key = models.CharField(max_length=400, null=True, blank=True, unique=True)

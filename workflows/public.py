@@ -17,9 +17,11 @@ def _id(run: WorkflowRun | UUID | str) -> UUID:
 
 def start(
     name: str, payload: dict[str, Any], *, idempotency_key: str | None = None,
-    owner: User | None = None,
+    owner: User | None = None, queue: str | None = None,
 ) -> WorkflowRun:
-    run, _ = services.run_start(workflow=name, payload=payload, idempotency_key=idempotency_key, owner=owner)
+    run, _ = services.run_start(
+        workflow=name, payload=payload, idempotency_key=idempotency_key, owner=owner, queue=queue
+    )
     return run
 
 

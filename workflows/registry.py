@@ -61,7 +61,8 @@ def workflow(name: str) -> Callable[[W], W]:
             raise TypeError(f"@workflow({name!r}) decorates a subclass of Workflow")
         existing = _registry.get(name)
         if existing is not None and existing.__qualname__ != cls.__qualname__:
-            raise ValueError(f"workflow {name!r} is already registered by {existing.__module__}.{existing.__qualname__}")
+            where = f"{existing.__module__}.{existing.__qualname__}"
+            raise ValueError(f"workflow {name!r} is already registered by {where}")
         cls.name = name
         _registry[name] = cls
         return cls

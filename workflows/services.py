@@ -49,11 +49,13 @@ def run_start(
     payload: dict[str, Any],
     idempotency_key: str | None = None,
     owner: User | None = None,
+    queue: str | None = None,
 ) -> tuple[WorkflowRun, bool]:
     """Create a run and schedule it in one commit. Returns (run, created).
 
     The same key with the same payload returns the existing run; with another payload it raises
-    IdempotencyConflict. Keys are scoped to the owner and the workflow.
+    IdempotencyConflict. Keys are scoped to the owner and the workflow. ``queue`` is the Celery
+    queue the run advances on (default WORKFLOWS_QUEUE).
     """
     cls = get_workflow(workflow)
     check_payload(payload)
@@ -73,10 +75,11 @@ def run_start(
                 owner=owner,
                 idempotency_key=idempotency_key or "",
                 dedupe_key=dedupe_key,
+                queue=queue or conf()["QUEUE"],
                 enqueued_at=timezone.now(),
             )
             RunAttempt.objects.create(run=run, number=1)
-            enqueue_run(run.id)
+            enqueue_run(run.id, queue=run.queue)
     except IntegrityError:
         # A concurrent start with the same key won the insert.
         existing = WorkflowRun.objects.get(dedupe_key=dedupe_key)
@@ -127,7 +130,7 @@ def wake_locked_run(run: WorkflowRun) -> None:
     run.wake_at, run.wait_step, run.wait_event_type = None, "", ""
     run.enqueued_at = timezone.now()
     run.save()
-    enqueue_run(run.id)
+    enqueue_run(run.id, queue=run.queue)
     emit_status(run.id)
 
 
@@ -165,7 +168,7 @@ def run_resume(*, run_id: UUID) -> WorkflowRun:
             run.resume()
             run.pause_requested = False
             run.enqueued_at = timezone.now()
-            enqueue_run(run.id)
+            enqueue_run(run.id, queue=run.queue)
         else:
             raise _refuse(run, "resume")
         run.save()
@@ -212,6 +215,6 @@ def run_restart(*, run_id: UUID) -> WorkflowRun:
         run.enqueued_at = now
         run.save()
         RunAttempt.objects.create(run=run, number=run.attempt)
-        enqueue_run(run.id)
+        enqueue_run(run.id, queue=run.queue)
         emit_status(run.id)
     return run

@@ -41,7 +41,8 @@ def _upsert_sql() -> str:
     # back and adopts the stored one.
     return f"""
         INSERT INTO {table}
-            (run_id, attempt, position, name, kind, status, result, error, call, tries, wake_at, started_at, finished_at)
+            (run_id, attempt, position, name, kind, status, result, error, call, tries, wake_at,
+             started_at, finished_at)
         VALUES (%s, %s, %s, %s, %s, %s, {json_param}, {json_param}, {json_param}, %s, %s, %s, %s)
         ON CONFLICT (run_id, attempt, position) DO UPDATE SET
             name = EXCLUDED.name, kind = EXCLUDED.kind, status = EXCLUDED.status,

@@ -35,16 +35,16 @@ def _fire_due_timers(now: datetime, batch: int) -> int:
     due = list(
         WorkflowRun.objects.filter(status__in=TIMED, wake_at__lte=now)
         .order_by("wake_at")
-        .values_list("id", flat=True)[:batch]
+        .values_list("id", "queue")[:batch]
     )
     if not due:
         return 0
     # The conditions are repeated in the UPDATE: a run that changed since the SELECT is left alone.
-    WorkflowRun.objects.filter(id__in=due, status__in=TIMED, wake_at__lte=now).update(
+    WorkflowRun.objects.filter(id__in=[run_id for run_id, _ in due], status__in=TIMED, wake_at__lte=now).update(
         status=RunStatus.QUEUED, wake_at=None, wait_step="", wait_event_type="", enqueued_at=now
     )
-    for run_id in due:
-        enqueue_run(run_id)
+    for run_id, queue in due:
+        enqueue_run(run_id, queue=queue)
         emit_status(run_id)
     return len(due)
 
@@ -57,10 +57,10 @@ def _requeue_lost(now: datetime, batch: int) -> int:
         & (Q(enqueued_at__lt=stale) | Q(enqueued_at__isnull=True))
         & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
     )
-    ids = list(WorkflowRun.objects.filter(lost).values_list("id", flat=True)[:batch])
-    if not ids:
+    runs = list(WorkflowRun.objects.filter(lost).values_list("id", "queue")[:batch])
+    if not runs:
         return 0
-    WorkflowRun.objects.filter(lost, id__in=ids).update(enqueued_at=now)
-    for run_id in ids:
-        enqueue_run(run_id)
-    return len(ids)
+    WorkflowRun.objects.filter(lost, id__in=[run_id for run_id, _ in runs]).update(enqueued_at=now)
+    for run_id, queue in runs:
+        enqueue_run(run_id, queue=queue)
+    return len(runs)

@@ -32,13 +32,13 @@ def test_steps_run_once_and_return_their_results(worker: Worker, tmp_path: Path)
 
 def test_a_replayed_run_does_not_run_completed_steps_again(worker: Worker, tmp_path: Path) -> None:
     # given a run that stops between its steps (a sleep)
-    path = str(tmp_path / "lines")
     run = wf.start("test.sleep", {"seconds": 1})
 
     # when it wakes and replays from the top
     run = wait_for_terminal(run.id)
 
-    # then the step before the sleep answered from storage: its timestamp did not change
+    # then the step before the sleep answered from storage: had it run again after the sleep,
+    # its timestamp would be as late as the one after it
     before = StepResult.objects.get(run=run, name="before")
     assert run.status == RunStatus.COMPLETED
     assert run.result["slept"] >= 1

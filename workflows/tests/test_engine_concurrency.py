@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -46,7 +47,7 @@ def test_two_workers_on_one_run_run_each_step_once(tmp_path: Path, monkeypatch: 
         path = str(tmp_path / f"lines-{i}")
         run = wf.start("test.lines", {"path": path, "steps": 5})
 
-        outcomes = race(lambda: engine.advance(run.id))
+        outcomes = race(lambda run_id=run.id: engine.advance(run_id))
 
         assert sorted(outcomes) == ["completed", "not_claimed"]
         assert Counter(lines(path)) == {str(s): 1 for s in range(5)}
