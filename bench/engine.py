@@ -1,0 +1,940 @@
+#!/usr/bin/env python
+"""Benchmark of the durable workflow engine against a plain Celery chain (not a test: it prints).
+
+    .venv/bin/python bench/engine.py [--runs M] [--steps N] [--rounds R] [--waiters K] ...
+
+It creates its own PostgreSQL database (dropped at the end), migrates it, starts one Celery worker
+with two prefork processes on a queue of its own, and measures, in one run:
+
+1. durable steps per second: M runs of N no-op steps started in one commit, until the last finishes;
+2. the baseline: M plain Celery chains of N no-op tasks on the same worker, broker and settings;
+3. per-step overhead: from the step rows of (1), the gap between one step's body and the next's;
+4. event-to-resume latency: send_event until the step after wait_for_event starts;
+5. a sweep's duration with 200,000 finished runs in the table;
+6. where the time goes: the same runs advanced in this process with every SQL statement timed.
+
+The figures, their targets and PASS/MISS are printed as a table. It always exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import math
+import os
+import platform
+import pstats
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, Python puts bench/ first on sys.path, where bench/workflows.py would shadow the
+# workflows package: the project root goes there instead.
+sys.path[0] = str(ROOT)
+
+TERMINAL = ("completed", "failed", "terminated")
+CREATED: list[Any] = []  # ids of the runs this bench made (their Redis stream keys are removed at the end)
+
+
+# --- arguments and environment -------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--runs", "-M", type=int, default=200, help="runs (and chains) per round (default 200)")
+    p.add_argument("--steps", "-N", type=int, default=10, help="no-op steps (and tasks) per run (default 10)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="durable/plain rounds, alternated; medians reported (default 3)")
+    p.add_argument("--waiters", "-K", type=int, default=200, help="runs waiting for an event (default 200)")
+    p.add_argument("--event-interval", type=float, default=0.05,
+                   help="seconds between two send_event calls (default 0.05: 20 events/s)")
+    p.add_argument("--finished", type=int, default=200_000, help="finished runs in the table for the sweep")
+    p.add_argument("--sweeps", type=int, default=30, help="sweeps timed (default 30)")
+    p.add_argument("--breakdown-runs", type=int, default=30, help="runs advanced in-process for the breakdown")
+    p.add_argument("--concurrency", type=int, default=2, help="worker processes (default 2)")
+    p.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL, no database")
+    p.add_argument("--database", default="durable_bench", help="database to create and drop (default durable_bench)")
+    p.add_argument("--redis", default="redis://127.0.0.1:6379/6", help="Redis URL (default db 6)")
+    p.add_argument("--phases", default="throughput,events,breakdown,sweep",
+                   help="comma-separated subset of throughput,events,breakdown,sweep (default all)")
+    p.add_argument("--profile", action="store_true", help="also print a cProfile of the in-process breakdown")
+    p.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.runs < 1 or args.rounds < 1:
+        p.error("--runs, --steps and --rounds must be at least 1")
+    args.phases = {x.strip() for x in args.phases.split(",") if x.strip()}
+    unknown = args.phases - {"throughput", "events", "breakdown", "sweep"}
+    if unknown:
+        p.error(f"unknown phases: {', '.join(sorted(unknown))}")
+    return args
+
+
+def configure_environment(args: argparse.Namespace) -> None:
+    """Set before Django reads its settings; the worker processes inherit the same environment."""
+    tag = f"bench-{os.getpid()}"
+    os.environ.update({
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "DATABASE_URL": f"{args.pg.rstrip('/')}/{args.database}",
+        "REDIS_URL": args.redis,
+        "WORKFLOWS_QUEUE": tag,
+        "WORKFLOWS_MODULES": "bench.workflows",
+        "CHANNELS_PREFIX": f"asgi-{tag}",
+        # Per-task INFO lines would cost the plain chain (N log lines per run) more than the engine.
+        "LOG_LEVEL": "WARNING",
+        "PYTHONPATH": str(ROOT),
+    })
+
+
+def recreate_database(args: argparse.Namespace, *, drop_only: bool = False) -> None:
+    import psycopg
+
+    with psycopg.connect(f"{args.pg.rstrip('/')}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
+        if not drop_only:
+            conn.execute(f'CREATE DATABASE "{args.database}"')
+
+
+# --- small helpers -------------------------------------------------------------------------------
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (q in 0..1)."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo = math.floor(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 0.5)
+
+
+def wait_until(predicate: Callable[[], bool], *, timeout: float, what: str, check: Callable[[], None]) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        check()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.02)
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- the worker ----------------------------------------------------------------------------------
+class Worker:
+    """One ``celery worker -P prefork -c 2`` process group on the bench's own queue."""
+
+    def __init__(self, concurrency: int) -> None:
+        queue = os.environ["WORKFLOWS_QUEUE"]
+        fd, name = tempfile.mkstemp(prefix="bench-worker-", suffix=".log")
+        os.close(fd)
+        self.log = Path(name)
+        cmd = [
+            sys.executable, "-m", "celery", "-A", "config", "worker", "-P", "prefork", "-c", str(concurrency),
+            "-Q", queue, "-n", f"{queue}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "-l", "WARNING",
+        ]
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ), stdout=out,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def check(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"the worker exited ({self.process.returncode}):\n{self.log.read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=10)
+
+
+# --- CPU accounting: what a step costs, whatever else this shared machine is doing ----------------
+CPU_PARTS = ("worker", "postgres", "redis", "bench")
+_CLK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()  # fields from the 3rd (state) on
+
+
+def _proc_cpu(pid: int) -> float:
+    try:
+        fields = _proc_stat(pid)
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLK  # utime + stime
+
+
+def _process_tree(root: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(_proc_stat(int(entry))[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    tree, frontier = [root], [root]
+    while frontier:
+        frontier = [pid for pid, ppid in parents.items() if ppid in frontier]
+        tree += frontier
+    return tree
+
+
+class CpuMeter:
+    """CPU seconds used by the worker's processes, this database's PostgreSQL backends, the Redis
+    server (all its clients: shared) and this process. Differences of two snapshots are one round's cost."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def snapshot(self) -> dict[str, float]:
+        from django.db import connection
+
+        from workflows.streams import redis_client
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+            backends = [row[0] for row in cursor.fetchall()]
+        info = redis_client().info("cpu")
+        own = os.times()
+        return {
+            "worker": sum(_proc_cpu(pid) for pid in _process_tree(self.worker.process.pid)),
+            "postgres": sum(_proc_cpu(pid) for pid in backends),
+            "redis": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
+            "bench": own.user + own.system,
+        }
+
+    @staticmethod
+    def per_unit(before: dict[str, float], after: dict[str, float], units: int) -> dict[str, float]:
+        return {part: max(0.0, after[part] - before[part]) / units for part in CPU_PARTS}
+
+
+# --- durable runs and plain chains ---------------------------------------------------------------
+def start_runs(workflow: str, payload: dict[str, Any], count: int) -> list[Any]:
+    """``count`` runs created in one commit: their enqueues all leave when it commits."""
+    from django.db import transaction
+
+    from workflows import public as wf
+
+    with transaction.atomic():
+        ids = [wf.start(workflow, payload).id for _ in range(count)]
+    CREATED.extend(ids)
+    return ids
+
+
+def wait_for_runs(ids: list[Any], worker: Worker, *, status: str | None = None, timeout: float = 600) -> None:
+    from workflows.models import WorkflowRun
+
+    statuses = (status,) if status else TERMINAL
+
+    def done() -> bool:
+        return WorkflowRun.objects.filter(id__in=ids, status__in=statuses).count() == len(ids)
+
+    wait_until(done, timeout=timeout, what=f"{len(ids)} runs to be {'/'.join(statuses)}", check=worker.check)
+    failed = WorkflowRun.objects.filter(id__in=ids, status__in=("failed", "terminated")).first()
+    if failed is not None:
+        raise RuntimeError(f"run {failed.id} {failed.status}: {failed.error}")
+
+
+def durable_round(runs: int, steps: int, worker: Worker) -> tuple[float, list[Any]]:
+    """Seconds from before the first start() until the last run finished (its finished_at)."""
+    from django.db.models import Max
+
+    from workflows.models import WorkflowRun
+
+    t0 = time.time()
+    ids = start_runs("bench.noop", {"steps": steps}, runs)
+    wait_for_runs(ids, worker)
+    end = WorkflowRun.objects.filter(id__in=ids).aggregate(end=Max("finished_at"))["end"]
+    return end.timestamp() - t0, ids
+
+
+def plain_round(runs: int, steps: int, worker: Worker, key: str) -> float:
+    """Seconds from before the first chain is sent until the last chain's last task ran."""
+    from celery import chain
+
+    from bench.workflows import noop_task
+    from workflows.streams import redis_client
+
+    client = redis_client()
+    client.delete(key)
+    t0 = time.time()
+    for _ in range(runs):
+        tasks = [noop_task.si() for _ in range(steps - 1)] + [noop_task.si(key)]
+        chain(*tasks).apply_async()
+    wait_until(lambda: client.llen(key) >= runs, timeout=600, what=f"{runs} chains", check=worker.check)
+    end = max(float(v) for v in client.lrange(key, 0, -1))
+    client.delete(key)
+    return end - t0
+
+
+@dataclass
+class Overhead:
+    gaps: list[float] = field(default_factory=list)  # seconds between a body's end and the next body's start
+    bodies: list[float] = field(default_factory=list)  # the no-op bodies themselves
+    per_run: list[float] = field(default_factory=list)  # claim + load + finish: run time not between bodies
+
+
+def step_overhead(ids: list[Any]) -> Overhead:
+    """From the stored rows: started_at is taken after the step boundary (lease check), finished_at
+    right after the body, before the result is written. So started_at[i] - finished_at[i-1] is all
+    the engine does between two bodies: write step i-1's result, replay to step i, check the lease.
+    Both clocks are the same worker process's."""
+    from workflows.models import StepResult, WorkflowRun
+
+    out = Overhead()
+    # Every row here is a completed no-op step: both timestamps are set (Any: the stubs say Optional).
+    rows: Any = StepResult.objects.filter(run_id__in=ids).order_by("run_id", "position").values_list(
+        "run_id", "started_at", "finished_at")
+    by_run: dict[Any, list[tuple[Any, Any]]] = defaultdict(list)
+    for run_id, started, finished in rows:
+        by_run[run_id].append((started, finished))
+        out.bodies.append((finished - started).total_seconds())
+    runs: Any = WorkflowRun.objects.filter(id__in=ids).values_list("id", "started_at", "finished_at")
+    spans = {run_id: (started, finished) for run_id, started, finished in runs}
+    for run_id, steps in by_run.items():
+        for (_, prev_end), (start, _) in zip(steps, steps[1:]):
+            out.gaps.append((start - prev_end).total_seconds())
+        inside = (steps[-1][1] - steps[0][0]).total_seconds()
+        run_started, run_finished = spans[run_id]
+        out.per_run.append((run_finished - run_started).total_seconds() - inside)
+    return out
+
+
+# --- event to resume -----------------------------------------------------------------------------
+def event_latencies(waiters: int, interval: float, worker: Worker) -> tuple[list[float], list[float]]:
+    """Runs parked in wait_for_event; the step after the wait returns time.time() as its body starts.
+    Latency = that minus time.time() just before send_event(). Returns (one at a time, open loop):
+    first a quarter as many runs get their event only once the previous one has completed (the
+    resume path alone); then ``waiters`` runs get one event every ``interval`` s, whatever the
+    workers' backlog (the figure with targets)."""
+    from bench.workflows import WAIT_EVENT
+    from workflows import public as wf
+    from workflows.models import WorkflowRun
+
+    single = max(10, waiters // 4)
+    ids = start_runs("bench.wait", {}, single + waiters)
+    wait_for_runs(ids, worker, status="waiting", timeout=120)
+    sent: dict[Any, float] = {}
+    for run_id in ids[:single]:
+        sent[run_id] = time.time()
+        wf.send_event(run_id, WAIT_EVENT, {})
+        completed = WorkflowRun.objects.filter(pk=run_id, status="completed")
+        wait_until(completed.exists, timeout=60, what=f"run {run_id} to resume", check=worker.check)
+    next_at = time.monotonic()
+    for run_id in ids[single:]:
+        sent[run_id] = time.time()
+        wf.send_event(run_id, WAIT_EVENT, {})
+        next_at += interval
+        time.sleep(max(0.0, next_at - time.monotonic()))
+    wait_for_runs(ids, worker, timeout=120)
+    results: dict[Any, Any] = dict(WorkflowRun.objects.filter(id__in=ids).values_list("id", "result"))
+    latencies = [results[run_id] - sent[run_id] for run_id in ids]
+    return latencies[:single], latencies[single:]
+
+
+# --- the sweep -----------------------------------------------------------------------------------
+def fill_finished_runs(count: int) -> float:
+    """``count`` finished runs (94% completed, 5% failed, 1% terminated) and 1,000 runs waiting for an
+    event a day away (not due), each set by one INSERT .. SELECT generate_series, then ANALYZE.
+
+    Columns come from the model, so a field added later gets its default: every column not named in
+    ``varying`` takes a template run's value."""
+    from django.conf import settings
+    from django.db import connection
+
+    from workflows.models import WorkflowRun
+
+    def insert(template: WorkflowRun, varying: dict[str, str], rows: int) -> None:
+        columns, exprs, params = [], [], []
+        for f in WorkflowRun._meta.concrete_fields:
+            assert f.column is not None
+            columns.append(connection.ops.quote_name(f.column))
+            if f.column in varying:
+                exprs.append(varying[f.column])
+            else:
+                exprs.append("%s")
+                params.append(f.get_db_prep_save(getattr(template, f.attname), connection))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {WorkflowRun._meta.db_table} ({', '.join(columns)}) SELECT {', '.join(exprs)} "
+                f"FROM generate_series(1, {int(rows)}) AS g, "
+                f"LATERAL (SELECT now() - g * interval '13 seconds' AS t) AS x", params)
+
+    queue = settings.WORKFLOWS["QUEUE"]
+    finished = WorkflowRun(workflow="bench.noop", workflow_version="1", payload={"steps": 10}, attempt=1)
+    waiting = WorkflowRun(workflow="bench.wait", workflow_version="1", payload={}, attempt=1,
+                          wait_event_type="bench.go", wait_step="wait")
+    for template in (finished, waiting):
+        if hasattr(template, "queue"):
+            template.queue = queue
+    t0 = time.perf_counter()
+    failed, terminated = "mod(g, 20) = 0", "mod(g, 100) = 0"
+    insert(finished, {
+        "id": "gen_random_uuid()",
+        "status": f"CASE WHEN {terminated} THEN 'terminated' WHEN {failed} THEN 'failed' ELSE 'completed' END",
+        "result": f"CASE WHEN {failed} THEN NULL ELSE '10'::jsonb END",
+        "error": f"""CASE WHEN {failed} AND NOT {terminated} THEN '{{"type": "ValueError"}}'::jsonb END""",
+        "failure_reason": f"CASE WHEN {failed} AND NOT {terminated} THEN 'error' ELSE '' END",
+        "enqueued_at": "t", "created_at": "t", "started_at": "t",
+        "updated_at": "t + interval '2 seconds'", "finished_at": "t + interval '2 seconds'",
+    }, count)
+    insert(waiting, {
+        "id": "gen_random_uuid()", "status": "'waiting'", "wake_at": "now() + interval '1 day'",
+        "enqueued_at": "t", "created_at": "t", "started_at": "t", "updated_at": "t",
+    }, 1000)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {WorkflowRun._meta.db_table}")
+    return time.perf_counter() - t0
+
+
+def time_sweeps(count: int) -> tuple[list[float], list[str]]:
+    """Seconds per sweep() call, and the plan of each query one sweep makes."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from workflows.sweeper import sweep
+
+    durations = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        report = sweep()
+        durations.append(time.perf_counter() - t0)
+        if report.timers_fired or report.requeued:
+            raise RuntimeError(f"the sweep found work in a table that should have none: {report}")
+    with CaptureQueriesContext(connection) as captured:
+        sweep()
+    plans = []
+    with connection.cursor() as cursor:
+        for query in captured.captured_queries:
+            cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING ON, SUMMARY OFF) " + query["sql"])
+            lines = [row[0].strip() for row in cursor.fetchall()]
+            scans = [ln for ln in lines if "Scan" in ln]
+            plans.append("; ".join(scans or lines[:1]))
+    return durations, plans
+
+
+# --- where the time goes: in-process breakdown ---------------------------------------------------
+_SET_COLUMNS = re.compile(r'"(\w+)" = ')
+
+
+def classify(sql: str) -> str:
+    """A short label for a statement: verb, table, and for an UPDATE the columns it sets."""
+    words = sql.split()
+    verb = words[0].upper()
+    text = sql.replace('"', "")
+    if verb == "SELECT":
+        m = re.search(r"\bFROM (\w+)", text)
+        label = f"SELECT {m.group(1) if m else '?'}"
+        return label + (" FOR UPDATE" if "FOR UPDATE" in sql else "")
+    if verb == "UPDATE":
+        head = sql.split(" WHERE ")[0]
+        cols = _SET_COLUMNS.findall(head)
+        shown = ",".join(cols[:3]) + (",..." if len(cols) > 3 else "")
+        return f"UPDATE {words[1].strip(chr(34))} SET {shown}"
+    if verb == "INSERT":
+        return f"INSERT {words[2].strip(chr(34))}" + (" ON CONFLICT" if "ON CONFLICT" in sql else "")
+    if verb == "WITH":
+        writes = re.findall(r"\b(UPDATE|INSERT INTO|DELETE FROM) (\w+)", text)
+        return "WITH " + ", ".join(f"{v.split()[0]} {t}" for v, t in writes)
+    return verb
+
+
+@dataclass
+class Breakdown:
+    steps: int
+    runs: int
+    seconds: float
+    cpu: float  # CPU seconds this process used (the advancing thread and any helper threads)
+    sql: dict[str, list[float]]  # label -> [count, seconds]
+    publish: list[float]  # [count, seconds] of publish_status (SELECT + Redis + Channels)
+    group_send: list[float]  # [count, seconds] of its async_to_sync(channel_layer.group_send)
+    gaps: list[float]
+
+    @property
+    def sql_seconds(self) -> float:
+        return sum(v[1] for v in self.sql.values())
+
+
+def create_unqueued_runs(count: int, steps: int) -> list[Any]:
+    """Runs created directly, with no enqueue: this process advances them, not the worker."""
+    from django.utils import timezone
+
+    from workflows.models import RunAttempt, WorkflowRun
+
+    ids = []
+    for _ in range(count):
+        run = WorkflowRun.objects.create(workflow="bench.noop", workflow_version="1", payload={"steps": steps},
+                                         enqueued_at=timezone.now())
+        RunAttempt.objects.create(run=run, number=1)
+        ids.append(run.id)
+    CREATED.extend(ids)
+    return ids
+
+
+def _timed(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
+    """``fn`` adding its calls and seconds to ``into`` when called on the advancing (main) thread;
+    into[2] is 1 while it runs there."""
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            return fn(*args, **kwargs)  # off the advancing path: not this table's business
+        t0 = time.perf_counter()
+        into[2] = 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            into[2] = 0
+            into[0] += 1
+            into[1] += time.perf_counter() - t0
+
+    return call
+
+
+@contextmanager
+def timed_commits(sql: dict[str, list[float]]) -> Iterator[None]:
+    """Count the COMMIT that ends each atomic() block (autocommit statements commit inside their own
+    time; a transaction's BEGIN is sent by psycopg inside its first statement's time)."""
+    from django.db import connections
+
+    wrapper = connections["default"]
+    original = getattr(wrapper, "_commit")  # noqa: B009 (private: the one place every atomic() commits)
+
+    def commit() -> None:
+        t0 = time.perf_counter()
+        try:
+            original()
+        finally:
+            entry = sql["COMMIT (end of an atomic block)"]
+            entry[0] += 1
+            entry[1] += time.perf_counter() - t0
+
+    setattr(wrapper, "_commit", commit)  # noqa: B010
+    try:
+        yield
+    finally:
+        delattr(wrapper, "_commit")
+
+
+@contextmanager
+def timed_publish(publish: list[float], group_send: list[float]) -> Iterator[None]:
+    """Time publish_status (emit_status's send) and, inside it, the Channels group_send."""
+    from workflows import streams
+
+    originals = streams.publish_status, streams.async_to_sync
+    streams.publish_status = _timed(originals[0], publish)
+    streams.async_to_sync = lambda fn: _timed(originals[1](fn), group_send)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        streams.publish_status, streams.async_to_sync = originals
+
+
+def breakdown(runs: int, steps: int, *, synchronous_commit: bool = True,
+              profiler: cProfile.Profile | None = None) -> Breakdown:
+    """Advance ``runs`` runs in this process (workers idle) with every SQL statement timed."""
+    from django.db import connection
+
+    from workflows import engine
+
+    ids = create_unqueued_runs(runs, steps)
+    sql: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    publish = [0, 0.0, 0]
+    group_send = [0, 0.0, 0]
+
+    def wrapper(execute: Callable[..., Any], query: str, params: Any, many: bool, context: Any) -> Any:
+        if publish[2] or threading.current_thread() is not threading.main_thread():
+            # publish_status's own SELECT is counted in its row
+            return execute(query, params, many, context)
+        t0 = time.perf_counter()
+        try:
+            return execute(query, params, many, context)
+        finally:
+            entry = sql[classify(query)]
+            entry[0] += 1
+            entry[1] += time.perf_counter() - t0
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET synchronous_commit TO {'on' if synchronous_commit else 'off'}")
+    try:
+        with connection.execute_wrapper(wrapper), timed_publish(publish, group_send), timed_commits(sql):
+            if profiler:
+                profiler.enable()
+            t0, c0 = time.perf_counter(), time.process_time()
+            for run_id in ids:
+                outcome = engine.advance(run_id)
+                if outcome != "completed":
+                    raise RuntimeError(f"in-process advance of {run_id} ended {outcome!r}")
+            seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+            if profiler:
+                profiler.disable()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET synchronous_commit TO on")
+    return Breakdown(steps, runs, seconds, cpu, dict(sql), publish, group_send, step_overhead(ids).gaps)
+
+
+def print_breakdown(b: Breakdown, title: str) -> None:
+    total_steps = b.steps * b.runs
+    sql_seconds = b.sql_seconds
+    print(f"\n{title}")
+    print(f"  {b.runs} runs x {b.steps} steps advanced in this process: {b.seconds * 1000 / total_steps:.3f} ms "
+          f"per step all in ({b.seconds * 1000 / b.runs:.2f} ms per run); between-body gap "
+          f"p50 {percentile(b.gaps, 0.5) * 1000:.3f} ms, p99 {percentile(b.gaps, 0.99) * 1000:.3f} ms")
+    print(f"  CPU of this (advancing) process: {b.cpu * 1000 / total_steps:.3f} ms per step all in "
+          f"({b.cpu * 1000 / b.runs:.2f} ms per run)")
+    print(f"  {'statement':<62} {'per run':>8} {'mean ms':>8} {'ms/run':>8}")
+    for label, (count, seconds) in sorted(b.sql.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {label[:62]:<62} {count / b.runs:>8.1f} {seconds * 1000 / count:>8.3f} "
+              f"{seconds * 1000 / b.runs:>8.3f}")
+    statements = sum(v[0] for v in b.sql.values())
+    other = b.seconds - sql_seconds - b.publish[1]
+    label = "= SQL round trips (a BEGIN rides in the first statement)"
+    print(f"  {label:<62} {statements / b.runs:>8.1f} {'':>8} {sql_seconds * 1000 / b.runs:>8.3f}")
+    if b.publish[0]:
+        print(f"  {'emit_status -> publish_status (SELECT run + Redis + Channels)':<62} "
+              f"{b.publish[0] / b.runs:>8.1f} {b.publish[1] * 1000 / b.publish[0]:>8.3f} "
+              f"{b.publish[1] * 1000 / b.runs:>8.3f}")
+    if b.group_send[0]:
+        print(f"  {'  of which async_to_sync(channel_layer.group_send)':<62} "
+              f"{b.group_send[0] / b.runs:>8.1f} {b.group_send[1] * 1000 / b.group_send[0]:>8.3f} "
+              f"{b.group_send[1] * 1000 / b.runs:>8.3f}")
+    print(f"  {'Python (replay, Django ORM, engine; excl. the above)':<62} {'':>8} {'':>8} "
+          f"{other * 1000 / b.runs:>8.3f}")
+
+
+# --- output --------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    figure: str
+    value: str
+    target: str = ""
+    ok: bool | None = None
+
+
+def print_table(rows: list[Row]) -> None:
+    print(f"\n{'figure':<48} {'value':>16}   {'target':<22} result")
+    print("-" * 96)
+    for r in rows:
+        result = "" if r.ok is None else ("PASS" if r.ok else "MISS")
+        print(f"{r.figure:<48} {r.value:>16}   {r.target:<22} {result}")
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.3f} ms" if seconds < 0.01 else f"{seconds * 1000:.1f} ms"
+
+
+# --- main ----------------------------------------------------------------------------------------
+@dataclass
+class Results:
+    durable_s: list[float] = field(default_factory=list)
+    plain_s: list[float] = field(default_factory=list)
+    durable_cpu: list[dict[str, float]] = field(default_factory=list)  # CPU seconds per step, per round
+    plain_cpu: list[dict[str, float]] = field(default_factory=list)  # CPU seconds per task, per round
+    overhead: Overhead | None = None
+    latencies: list[float] = field(default_factory=list)  # open loop, the figure with targets
+    single_latencies: list[float] = field(default_factory=list)  # one event at a time
+    inproc: Breakdown | None = None
+    inproc_async: Breakdown | None = None
+    sweeps: list[float] = field(default_factory=list)
+    plans: list[str] = field(default_factory=list)
+    fill_seconds: float = 0.0
+    probes: list[str] = field(default_factory=list)
+
+
+def probe_environment(when: str) -> str:
+    """How slow this shared machine is right now: a read round trip, a committed write (its WAL
+    flush), and a Redis round trip, 50 each, p50."""
+    from django.db import connection
+
+    from workflows.streams import redis_client
+
+    def p50(fn: Callable[[], Any]) -> float:
+        samples = []
+        for _ in range(50):
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+        return percentile(samples, 0.5)
+
+    client = redis_client()
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS bench_probe (id int PRIMARY KEY, n int)")
+        cursor.execute("INSERT INTO bench_probe VALUES (1, 0) ON CONFLICT DO NOTHING")
+        read = p50(lambda: cursor.execute("SELECT 1"))
+        write = p50(lambda: cursor.execute("UPDATE bench_probe SET n = n + 1 WHERE id = 1"))
+    ping = p50(client.ping)
+    load = os.getloadavg()[0]
+    return (f"{when}: SELECT 1 {ms(read)}, autocommit UPDATE (WAL flush) {ms(write)}, "
+            f"Redis PING {ms(ping)}, load average {load:.2f}")
+
+
+def run(args: argparse.Namespace, worker: Worker | None) -> None:
+    res = Results()
+    res.probes.append(probe_environment("before"))
+    if worker is not None:
+        run_with_worker(args, worker, res)
+        worker.stop()
+    N = args.steps
+    # CPU time, not wall: waiting on PostgreSQL is in the statement table; this shows what burns CPU.
+    profiler = cProfile.Profile(time.process_time) if args.profile else None
+    if "breakdown" in args.phases:
+        say(f"breakdown: {args.breakdown_runs} runs advanced in this process")
+        res.inproc = breakdown(args.breakdown_runs, N, profiler=profiler)
+        res.inproc_async = breakdown(args.breakdown_runs, N, synchronous_commit=False)
+    if "sweep" in args.phases:
+        say(f"sweep: inserting {args.finished:,} finished runs")
+        res.fill_seconds = fill_finished_runs(args.finished)
+        res.sweeps, res.plans = time_sweeps(args.sweeps)
+    res.probes.append(probe_environment("after "))
+    report(args, res)
+    if profiler is not None and res.inproc is not None:
+        print("\ncProfile (CPU time) of the first in-process breakdown: engine functions by cumulative time")
+        stats = pstats.Stats(profiler, stream=sys.stdout)
+        stats.sort_stats("cumulative").print_stats(r"workflows/", 30)
+        print("cProfile (CPU time): top 25 by internal time")
+        stats.sort_stats("tottime").print_stats(25)
+
+
+def run_with_worker(args: argparse.Namespace, worker: Worker, res: Results) -> None:
+    M, N = args.runs, args.steps
+    say("warming up the worker (the first runs and chains also prove it is up)")
+    warm = start_runs("bench.noop", {"steps": N}, 4)
+    wait_for_runs(warm, worker, timeout=120)
+    plain_round(4, N, worker, f"bench:{os.getpid()}:warm")
+    if "throughput" in args.phases:
+        durable_ids: list[Any] = []
+        meter = CpuMeter(worker)
+        for r in range(args.rounds):
+            before = meter.snapshot()
+            seconds, ids = durable_round(M, N, worker)
+            res.durable_cpu.append(meter.per_unit(before, meter.snapshot(), M * N))
+            res.durable_s.append(seconds)
+            durable_ids += ids
+            say(f"round {r + 1}: durable {M * N / seconds:,.0f} steps/s ({seconds:.2f} s)")
+            before = meter.snapshot()
+            seconds = plain_round(M, N, worker, f"bench:{os.getpid()}:done")
+            res.plain_cpu.append(meter.per_unit(before, meter.snapshot(), M * N))
+            res.plain_s.append(seconds)
+            say(f"round {r + 1}: plain chain {M * N / seconds:,.0f} tasks/s ({seconds:.2f} s)")
+        res.overhead = step_overhead(durable_ids)
+    if "events" in args.phases:
+        say(f"event to resume: {args.waiters} waiting runs, one event every {args.event_interval * 1000:.0f} ms")
+        res.single_latencies, res.latencies = event_latencies(args.waiters, args.event_interval, worker)
+
+
+def server_line(args: argparse.Namespace) -> str:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('server_version'), current_setting('synchronous_commit'), "
+                       "current_setting('fsync'), current_setting('shared_buffers')")
+        version, sync_commit, fsync, shared_buffers = cursor.fetchone()
+    return (f"Durable engine benchmark  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
+            f"Python {platform.python_version()}, PostgreSQL {version.split()[0]} synchronous_commit={sync_commit} "
+            f"fsync={fsync} shared_buffers={shared_buffers})")
+
+
+def table_rows(args: argparse.Namespace, res: Results) -> list[Row]:
+    from workflows.models import WorkflowRun
+
+    M, N = args.runs, args.steps
+    rows: list[Row] = []
+    if res.durable_s:
+        durable, plain = M * N / median(res.durable_s), M * N / median(res.plain_s)
+        gaps = res.overhead.gaps if res.overhead else []
+        rows += [
+            Row("durable steps/s (median round)", f"{durable:,.0f}"),
+            Row("plain Celery chain tasks/s (median round)", f"{plain:,.0f}"),
+            Row("ratio durable / plain", f"{durable / plain:.2f}x", ">= 2.5x", durable / plain >= 2.5),
+            Row("CPU per durable step (all processes)", ms(cpu_total(res.durable_cpu))),
+            Row("CPU per plain task (all processes)", ms(cpu_total(res.plain_cpu))),
+            Row("CPU-bound ratio (plain CPU / durable CPU)",
+                f"{cpu_total(res.plain_cpu) / cpu_total(res.durable_cpu):.2f}x", "(>= 2.5x)"),
+            Row("per-step overhead p50 (under load)", ms(percentile(gaps, 0.5)), "<= 1 ms",
+                percentile(gaps, 0.5) <= 0.001),
+            Row("per-step overhead p99 (under load)", ms(percentile(gaps, 0.99))),
+        ]
+    if res.inproc is not None:
+        gaps = res.inproc.gaps
+        rows += [
+            Row("per-step overhead p50 (one run at a time)", ms(percentile(gaps, 0.5)), "<= 1 ms",
+                percentile(gaps, 0.5) <= 0.001),
+            Row("per-step overhead p99 (one run at a time)", ms(percentile(gaps, 0.99))),
+        ]
+    if res.overhead is not None:
+        rows += [
+            Row("no-op step body p50", ms(percentile(res.overhead.bodies, 0.5))),
+            Row("per-run fixed cost p50 (claim..finish)", ms(percentile(res.overhead.per_run, 0.5))),
+        ]
+    if res.latencies:
+        p50, p99 = percentile(res.latencies, 0.5), percentile(res.latencies, 0.99)
+        rate = f"{1 / args.event_interval:g} events/s"
+        rows += [
+            Row(f"event-to-resume p50 ({rate})", ms(p50), "<= 50 ms", p50 <= 0.050),
+            Row(f"event-to-resume p99 ({rate})", ms(p99), "<= 250 ms", p99 <= 0.250),
+            Row("event-to-resume p50 (one at a time)", ms(percentile(res.single_latencies, 0.5))),
+            Row("event-to-resume p99 (one at a time)", ms(percentile(res.single_latencies, 0.99))),
+        ]
+    if res.sweeps:
+        finished = WorkflowRun.objects.filter(status__in=TERMINAL).count()
+        p50, worst = percentile(res.sweeps, 0.5), max(res.sweeps)
+        rows += [
+            Row(f"sweep p50 ({finished:,} finished runs in the table)", ms(p50), "< 50 ms", p50 < 0.050),
+            Row(f"sweep max of {len(res.sweeps)}", ms(worst), "< 50 ms", worst < 0.050),
+        ]
+    return rows
+
+
+def cpu_total(rounds: list[dict[str, float]]) -> float:
+    """Median over rounds of the CPU seconds per unit, all parts summed."""
+    return median([sum(r.values()) for r in rounds])
+
+
+def print_cpu(res: Results) -> None:
+    print("CPU per unit, median of rounds (worker processes + PostgreSQL backends + Redis server + this process):")
+    for label, rounds in (("durable step", res.durable_cpu), ("plain task  ", res.plain_cpu)):
+        parts = " + ".join(f"{part} {median([r[part] for r in rounds]) * 1000:.3f}" for part in CPU_PARTS)
+        print(f"  {label}: {parts} = {cpu_total(rounds) * 1000:.3f} ms")
+
+
+def report(args: argparse.Namespace, res: Results) -> None:
+    M, N = args.runs, args.steps
+    print("\n" + server_line(args))
+    print(f"shape: {M} runs x {N} no-op steps per round, {args.rounds} rounds alternating durable/plain; one "
+          f"celery worker -P prefork -c {args.concurrency}, prefetch 1, acks_late, Redis broker {args.redis}")
+    for probe in res.probes:
+        print(f"machine {probe}")
+    if res.durable_s:
+        print("rounds (durable steps/s | plain tasks/s): "
+              + ", ".join(f"{M * N / d:,.0f} | {M * N / p:,.0f}" for d, p in zip(res.durable_s, res.plain_s)))
+        print_cpu(res)
+    print_table(table_rows(args, res))
+    print_method(args, res)
+    if res.inproc is not None and res.inproc_async is not None:
+        print_breakdown(res.inproc, "Where the time goes (synchronous_commit=on, as configured):")
+        print_breakdown(res.inproc_async,
+                        "What-if: the same with synchronous_commit=off for this session (WAL flush cost):")
+
+
+def print_method(args: argparse.Namespace, res: Results) -> None:
+    print("\nHow each figure is measured:")
+    if res.durable_s:
+        gaps = len(res.overhead.gaps) if res.overhead else 0
+        print(f"""\
+- steps/s: {args.runs} runs started in one commit (their enqueues leave together when it commits); clock from
+  before the first start() to the largest finished_at. Plain: {args.runs} chains of {args.steps} immutable no-op
+  task signatures sent in a loop; clock to when the last task of the last chain ran. Same worker, broker, queue,
+  Celery settings (acks_late, prefetch 1) and log level (WARNING). Redis here has no AOF and no snapshots: the
+  plain chain never waits for a disk; the engine commits to PostgreSQL (fsync on).
+- CPU per step/task: CPU seconds (/proc utime+stime) used during a round by the worker's process tree, the
+  PostgreSQL backends of the bench database, the Redis server (INFO cpu; shared with other users) and this
+  process, divided by the steps or tasks. Other load on the machine does not inflate it much, so the
+  "CPU-bound ratio" is what the throughput ratio tends to on an otherwise idle 2-core machine with the CPUs
+  saturated; the wall-clock ratio is also bounded by latency (two workers each waiting on a commit).
+- per-step overhead: started_at(step i) - finished_at(step i-1) within a run, from the step rows ({gaps:,} gaps).
+  finished_at is taken right after a body and started_at right before the next body, so the gap is all the
+  engine does between two bodies: write the result (INSERT .. ON CONFLICT, one commit), replay to the next
+  step, check and extend the lease (UPDATE, one commit). "Under load" = the throughput rounds above;
+  "one run at a time" = the in-process breakdown below (worker stopped).
+  per-run fixed cost = (run finished_at - started_at) - (first body start .. last body end): the claim,
+  loading stored steps, the first lease check and the last result write (not the finish's commit/push).""")
+    if res.latencies:
+        print(f"""\
+- event-to-resume: runs parked in wait_for_event; latency = time.time() returned by the step after the
+  wait, as its body starts, minus time.time() just before send_event() in this process. {len(res.latencies)} runs
+  get an event every {args.event_interval * 1000:.0f} ms (open loop: if a resume costs the two workers more than
+  that, the backlog is in the figure); first, {len(res.single_latencies)} runs get theirs one at a time, each
+  after the previous run completed (the resume path alone).""")
+    if res.inproc is not None:
+        print(f"""\
+- breakdown: {res.inproc.runs} runs of {res.inproc.steps} steps created without an enqueue and advanced by
+  workflows.engine.advance() in this process, worker stopped, twice (as configured; then with
+  synchronous_commit=off on this session). Every SQL statement on the advancing thread is timed by a
+  connection.execute_wrapper (network + server work + for an autocommit write its commit and WAL flush);
+  emit_status's publish_status and its async_to_sync(group_send) by wrapping them; Python = the rest.""")
+    if res.sweeps:
+        print(f"""\
+- sweep: {args.finished:,} finished runs + 1,000 waiting (not due) runs inserted with INSERT .. SELECT
+  generate_series ({res.fill_seconds:.1f} s), then ANALYZE; workflows.sweeper.sweep() timed {len(res.sweeps)}
+  times in this process (wall clock around the call; nothing is due). Its queries' plans:""")
+        for plan in res.plans:
+            print(f"    {plan}")
+
+
+def cleanup(args: argparse.Namespace) -> None:
+    """Drop the database and the Redis keys this run made (queue, bindings, streams, channel groups)."""
+    queue = os.environ.get("WORKFLOWS_QUEUE", "")
+    try:
+        from django.db import connections
+
+        from workflows.streams import redis_client
+
+        client = redis_client()
+        keys = [queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}",
+                f"bench:{os.getpid()}:done", f"bench:{os.getpid()}:warm"]
+        keys += [f"wf:run:{run_id.hex}:{part}" for run_id in CREATED for part in ("seq", "events")]
+        keys += list(client.scan_iter(match=f"{os.environ['CHANNELS_PREFIX']}*", count=1000))
+        if keys:
+            client.delete(*keys)
+        connections.close_all()
+    except Exception as exc:  # cleanup is best effort; the database is dropped regardless
+        say(f"redis cleanup skipped: {exc}")
+    if args.keep_db:
+        say(f"kept database {args.database}")
+    else:
+        recreate_database(args, drop_only=True)
+        say(f"dropped database {args.database}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Always 0 once the figures are printed, whether they meet their targets or not."""
+    args = parse_args(argv)
+    configure_environment(args)
+    say(f"creating database {args.database}")
+    recreate_database(args)
+    worker: Worker | None = None
+    ok = False
+    try:
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        if args.phases & {"throughput", "events"}:
+            worker = Worker(args.concurrency)
+        run(args, worker)
+        ok = True
+    finally:
+        if worker is not None:
+            worker.stop()
+            if ok:
+                worker.log.unlink(missing_ok=True)
+            else:
+                say(f"worker log kept: {worker.log}")
+        cleanup(args)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        say("interrupted")
+        sys.exit(130)

@@ -1,0 +1,55 @@
+"""What bench/engine.py runs in the worker processes (loaded through WORKFLOWS_MODULES=bench.workflows).
+
+- ``bench.noop``: ``payload["steps"]`` durable no-op steps, the throughput and overhead shape.
+- ``bench.wait``: waits for a ``bench.go`` event, then one step whose result is ``time.time()`` at the
+  moment its body starts: the resume half of the event-to-resume latency.
+- ``bench.noop`` the Celery task: the plain-chain baseline, the same shape without the engine. The last
+  task of a chain names a Redis list and appends the time it ran to it.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+from celery import shared_task
+from django.conf import settings
+
+from workflows import Workflow, workflow
+from workflows.registry import Event
+
+WAIT_EVENT = "bench.go"
+
+
+def noop() -> None:
+    return None
+
+
+@workflow("bench.noop")
+class NoopSteps(Workflow):
+    def run(self, event: Event, step: Any) -> int:
+        steps = int(event.payload["steps"])
+        for i in range(steps):
+            step.do(f"noop {i}", noop)
+        return steps
+
+
+@workflow("bench.wait")
+class WaitThenStep(Workflow):
+    def run(self, event: Event, step: Any) -> float:
+        step.wait_for_event("wait", type=WAIT_EVENT)
+        resumed: float = step.do("resumed", time.time)
+        return resumed
+
+
+_redis: redis.Redis | None = None
+
+
+@shared_task(name="bench.noop_task")
+def noop_task(done_key: str | None = None) -> None:
+    """A plain Celery no-op; the last of a chain records when it ran."""
+    global _redis
+    if done_key:
+        if _redis is None:
+            _redis = redis.Redis.from_url(settings.REDIS_URL)
+        _redis.rpush(done_key, repr(time.time()))
