@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from django.db import transaction
 
+if TYPE_CHECKING:
+    from workflows.models import WorkflowRun
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +39,10 @@ def enqueue_run(run_id: UUID, *, queue: str, countdown: float | None = None) -> 
     on_commit(send)
 
 
-def emit_status(run_id: UUID) -> None:
-    """Push the run's status to its stream once the current transaction commits."""
+def emit_status(run: WorkflowRun) -> None:
+    """Push the run's status, as it is in memory now, to its stream once the transaction commits."""
+    from workflows.selectors import status_summary
+    from workflows.streams import publish_later
 
-    def send() -> None:
-        from workflows.streams import publish_status
-
-        publish_status(run_id)
-
-    on_commit(send)
+    run_id, summary = run.id, status_summary(run)
+    on_commit(lambda: publish_later(run_id, "status", summary))

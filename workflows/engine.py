@@ -19,6 +19,7 @@ from uuid import UUID
 from django.db import transaction
 from django.utils import timezone
 
+from workflows import statements
 from workflows import steps as step_store
 from workflows.conf import conf
 from workflows.effects import emit_status, enqueue_run, on_commit
@@ -30,10 +31,9 @@ from workflows.exceptions import (
     UnknownWorkflow,
     WaitTimeout,
 )
-from workflows.lease import check_and_extend, claim, heartbeat, new_owner
+from workflows.lease import heartbeat, lease_duration, new_owner
 from workflows.models import (
     FailureReason,
-    RunAttempt,
     RunEvent,
     RunStatus,
     StepKind,
@@ -72,6 +72,7 @@ class Step:
         self._stored = {s.position: s for s in StepResult.objects.filter(run=run, attempt=run.attempt)}
         self._position = 0
         self._names: Counter[str] = Counter()
+        self._pending: step_store.StepWrite | None = None
 
     # --- public API -------------------------------------------------------------------------
     def do(
@@ -178,8 +179,20 @@ class Step:
         return key, self._position, stored
 
     def _boundary(self, key: str) -> None:
-        """Before a new step: stop if the lease is gone, pause if asked, else extend the lease."""
-        if check_and_extend(self._run.id, self._owner, key):
+        """Before a new step: stop if the lease is gone, pause if asked, else extend the lease.
+
+        The previous step's result rides in the same statement (one commit a step): it was held
+        back only while replay ran to here, so a crash in between loses no more than a crash
+        inside the step's body would.
+        """
+        write, self._pending = self._pending, None
+        may_continue, written = statements.checkpoint(
+            run_id=self._run.id, owner=self._owner, current_step=key,
+            lease_until=timezone.now() + lease_duration(), write=write,
+        )
+        if not written:
+            raise _LeaseLost  # another worker stored that step first: it owns the run now
+        if may_continue:
             return
         with self._owned() as run:
             if not run.pause_requested:
@@ -193,17 +206,28 @@ class Step:
     def _owned(self) -> Iterator[WorkflowRun]:
         """Lock the run row for a transition; raise _LeaseLost unless this worker still owns it."""
         with transaction.atomic():
+            self.flush()
             run = WorkflowRun.objects.select_for_update().get(pk=self._run.id)
             if run.lease_owner != self._owner or run.status != RunStatus.RUNNING:
                 raise _LeaseLost
             yield run
+
+    def flush(self) -> None:
+        """Store the held-back result of the last step now."""
+        write, self._pending = self._pending, None
+        if write is not None and not step_store.store(write):
+            raise _LeaseLost
+
+    def take_pending(self) -> step_store.StepWrite | None:
+        write, self._pending = self._pending, None
+        return write
 
     def _release(self, run: WorkflowRun) -> None:
         run.lease_owner = ""
         run.lease_expires_at = None
         run.current_step = ""
         run.save()
-        emit_status(run.id)
+        emit_status(run)
 
     def _set_suspended(
         self, run: WorkflowRun, status: str, *, wake_at: datetime, wait_step: str = "", wait_event_type: str = ""
@@ -223,11 +247,15 @@ class Step:
             self._set_suspended(run, status, wake_at=wake_at, wait_step=wait_step)
         raise _Suspended
 
-    def _store(self, key: str, position: int, kind: str, status: str, **fields: Any) -> bool:
-        return step_store.store(
+    def _write(self, key: str, position: int, kind: str, status: str, **fields: Any) -> step_store.StepWrite:
+        return step_store.StepWrite(
             run_id=self._run.id, attempt=self._run.attempt, position=position, name=key, kind=kind,
             status=status, **fields,
         )
+
+    def _store(self, key: str, position: int, kind: str, status: str, **fields: Any) -> bool:
+        self.flush()
+        return step_store.store(self._write(key, position, kind, status, **fields))
 
     # --- sleeps ---------------------------------------------------------------------------------
     def _sleep_new(self, key: str, position: int, wake_at: datetime) -> None:
@@ -246,6 +274,7 @@ class Step:
         assert stored.wake_at is not None
         if stored.wake_at > timezone.now():
             self._suspend(RunStatus.SLEEPING, wake_at=stored.wake_at, wait_step=key)
+        self.flush()
         StepResult.objects.filter(pk=stored.pk).update(status=StepStatus.COMPLETED, finished_at=timezone.now())
 
     # --- step bodies ----------------------------------------------------------------------------
@@ -273,9 +302,9 @@ class Step:
             return self._adopt(key, position)
         except Exception as exc:
             self._after_failure(key, position, tries, retries, step_store.error_record(exc), exc)
-        if not self._store(key, position, StepKind.DO, StepStatus.COMPLETED, result_json=text, tries=tries,
-                           started_at=started, finished_at=timezone.now()):
-            return self._adopt(key, position)
+        # Held back until the next boundary (or the run's end), which writes it in its statement.
+        self._pending = self._write(key, position, StepKind.DO, StepStatus.COMPLETED, result_json=text,
+                                    tries=tries, started_at=started, finished_at=timezone.now())
         return value
 
     def _adopt(self, key: str, position: int) -> Any:
@@ -349,10 +378,11 @@ def _seconds(value: timedelta | float) -> float:
 def advance(run_id: UUID | str) -> str:
     """Advance the run as far as it goes now. Returns what happened (for logs and tests)."""
     owner = new_owner()
-    run = claim(run_id, owner)
+    now = timezone.now()
+    run = statements.claim(run_id, owner, now, now + lease_duration())
     if run is None:
         return "not_claimed"
-    emit_status(run.id)
+    emit_status(run)
     heartbeat.register(run.id, owner)
     try:
         return _execute(run, owner)
@@ -372,50 +402,50 @@ def _execute(run: WorkflowRun, owner: str) -> str:
     instance = cls()
     instance.run_id = run.id
     event = Event(payload=run.payload, run_id=run.id, created_at=run.created_at, attempt=run.attempt)
+    step = Step(run, owner)
     try:
-        step = Step(run, owner)
         value = instance.run(event, step)
         value, _ = step_store.encode(value, what="the run's result")
     except _Suspended:
         return "suspended"
     except _LeaseLost:
+        try:
+            step.flush()  # a result this worker holds is still the step's: store it for the next
+        except _LeaseLost:
+            pass
         return "lease_lost"
     except NonDeterminismError as exc:
-        return _finish(run, owner, failed=step_store.error_record(exc), reason=FailureReason.NON_DETERMINISM)
+        return _finish(run, owner, failed=step_store.error_record(exc), reason=FailureReason.NON_DETERMINISM,
+                       step=step)
     except Exception as exc:
         error = step_store.error_record(exc)
         if not isinstance(exc, (StepError, NotSerializable, ResultTooLarge)):
             error["traceback"] = traceback.format_exc(limit=20)
-        return _finish(run, owner, failed=error, reason=FailureReason.ERROR)
-    return _finish(run, owner, result=value)
+        return _finish(run, owner, failed=error, reason=FailureReason.ERROR, step=step)
+    return _finish(run, owner, result=value, step=step)
 
 
 def _finish(
-    run: WorkflowRun, owner: str, *, result: Any = None, failed: dict[str, Any] | None = None, reason: str = ""
+    run: WorkflowRun, owner: str, *, result: Any = None, failed: dict[str, Any] | None = None, reason: str = "",
+    step: Step | None = None,
 ) -> str:
+    """End the run, with the last step's held-back result, in one conditional statement."""
     now = timezone.now()
-    try:
-        with transaction.atomic():
-            locked = WorkflowRun.objects.select_for_update().get(pk=run.id)
-            if locked.lease_owner != owner or locked.status != RunStatus.RUNNING:
-                return "lease_lost"
-            if failed is None:
-                locked.complete()
-                locked.result = result
-            else:
-                locked.fail()
-                locked.error = failed
-                locked.failure_reason = reason
-            locked.finished_at = now
-            locked.lease_owner, locked.lease_expires_at, locked.current_step = "", None, ""
-            locked.wake_at, locked.wait_step, locked.wait_event_type = None, "", ""
-            locked.save()
-            RunAttempt.objects.filter(run=locked, number=locked.attempt).update(
-                status=locked.status, result=locked.result, error=locked.error, finished_at=now
-            )
-            emit_status(locked.id)
-    except _LeaseLost:
+    if failed is None:
+        run.complete()  # the FSM checks the transition on the claimed (running) run
+        run.result = result
+    else:
+        run.fail()
+        run.error, run.failure_reason = failed, reason
+    finished, _ = statements.finish(
+        run=run, owner=owner, now=now, write=step.take_pending() if step is not None else None
+    )
+    if not finished:
         return "lease_lost"
+    run.finished_at = now
+    run.lease_owner, run.lease_expires_at, run.current_step = "", None, ""
+    run.wake_at, run.wait_step, run.wait_event_type = None, "", ""
+    emit_status(run)
     if failed is not None:
         logger.info("run %s failed (%s): %s", run.id, reason, failed.get("message"))
     return str(RunStatus.COMPLETED if failed is None else RunStatus.FAILED)

@@ -1,7 +1,8 @@
 """Leases: which worker may advance a run, for how long, and the heartbeat that extends them.
 
-A worker claims a run with one conditional UPDATE (free lease, claimable state). Every step
-boundary re-checks and extends the lease in the same statement, so a worker whose lease was taken
+A worker claims a run with one conditional UPDATE (free lease, claimable state; see
+``statements.claim``). Every step boundary re-checks and extends the lease in the statement that
+stores the previous step's result (``statements.checkpoint``), so a worker whose lease was taken
 over (or whose run was terminated or restarted) stops before its next step. A background thread
 extends the leases of runs whose current step takes longer than a third of the lease.
 """
@@ -17,12 +18,10 @@ from datetime import timedelta
 from uuid import UUID
 
 from django.db import close_old_connections, connection
-from django.db.models import Case, F, PositiveIntegerField, Q, When
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from workflows.conf import conf
-from workflows.models import CLAIMABLE, TIMED, RunStatus, WorkflowRun
+from workflows.models import WorkflowRun
 
 logger = logging.getLogger(__name__)
 
@@ -33,43 +32,6 @@ def lease_duration() -> timedelta:
 
 def new_owner() -> str:
     return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:10]}"
-
-
-def claim(run_id: UUID | str, owner: str) -> WorkflowRun | None:
-    """Take the run's lease if it is free and the run is ready to advance; None otherwise.
-
-    A lease that expired while still naming an owner means that worker died mid-run: the claim
-    counts one recovery (the engine fails the run past the cap).
-    """
-    now = timezone.now()
-    free = Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now)
-    ready = Q(status__in=CLAIMABLE) | Q(status__in=TIMED, wake_at__lte=now)
-    claimed = WorkflowRun.objects.filter(free, ready, pk=run_id).update(
-        status=RunStatus.RUNNING,
-        lease_owner=owner,
-        lease_expires_at=now + lease_duration(),
-        recovery_count=Case(
-            When(~Q(lease_owner=""), then=F("recovery_count") + 1),
-            default=F("recovery_count"),
-            output_field=PositiveIntegerField(),
-        ),
-        started_at=Coalesce("started_at", now),
-        wake_at=None,
-        wait_event_type="",
-        wait_step="",
-    )
-    if not claimed:
-        return None
-    return WorkflowRun.objects.get(pk=run_id)
-
-
-def check_and_extend(run_id: UUID, owner: str, current_step: str) -> bool:
-    """At a step boundary: still ours, still running, no pause asked? Extends the lease if so."""
-    return bool(
-        WorkflowRun.objects.filter(
-            pk=run_id, lease_owner=owner, status=RunStatus.RUNNING, pause_requested=False
-        ).update(lease_expires_at=timezone.now() + lease_duration(), current_step=current_step)
-    )
 
 
 class Heartbeat:

@@ -63,8 +63,11 @@ def waiting_for(run: WorkflowRun) -> dict[str, Any] | None:
 
 def run_status_summary(*, run_id: UUID | str) -> StatusSummary | None:
     run = WorkflowRun.objects.filter(pk=run_id).first()
-    if run is None:
-        return None
+    return status_summary(run) if run is not None else None
+
+
+def status_summary(run: WorkflowRun) -> StatusSummary:
+    """The status event of the run's stream, from the run as it is in memory."""
     return {
         "status": run.status,
         "attempt": run.attempt,

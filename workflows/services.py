@@ -131,7 +131,7 @@ def wake_locked_run(run: WorkflowRun) -> None:
     run.enqueued_at = timezone.now()
     run.save()
     enqueue_run(run.id, queue=run.queue)
-    emit_status(run.id)
+    emit_status(run)
 
 
 def _locked(run_id: UUID) -> WorkflowRun:
@@ -155,7 +155,7 @@ def run_pause(*, run_id: UUID) -> WorkflowRun:
         else:
             raise _refuse(run, "pause")
         run.save()
-        emit_status(run.id)
+        emit_status(run)
     return run
 
 
@@ -172,7 +172,7 @@ def run_resume(*, run_id: UUID) -> WorkflowRun:
         else:
             raise _refuse(run, "resume")
         run.save()
-        emit_status(run.id)
+        emit_status(run)
     return run
 
 
@@ -190,7 +190,7 @@ def run_terminate(*, run_id: UUID) -> WorkflowRun:
         run.pause_requested = False
         run.save()
         RunAttempt.objects.filter(run=run, number=run.attempt).update(status=run.status, finished_at=now)
-        emit_status(run.id)
+        emit_status(run)
     return run
 
 
@@ -216,5 +216,5 @@ def run_restart(*, run_id: UUID) -> WorkflowRun:
         run.save()
         RunAttempt.objects.create(run=run, number=run.attempt)
         enqueue_run(run.id, queue=run.queue)
-        emit_status(run.id)
+        emit_status(run)
     return run

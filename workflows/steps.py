@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -34,16 +35,42 @@ def encode(value: Any, *, what: str) -> tuple[Any, str]:
     return json.loads(text), text
 
 
-def _upsert_sql() -> str:
+@dataclass(frozen=True)
+class StepWrite:
+    """One step row to write (see ``store``)."""
+
+    run_id: UUID
+    attempt: int
+    position: int
+    name: str
+    kind: str
+    status: str
+    result_json: str | None = None
+    error: dict[str, Any] | None = None
+    call: dict[str, Any] | None = None
+    tries: int = 0
+    wake_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+def json_param() -> str:
+    return "%s::jsonb" if connection.vendor == "postgresql" else "%s"
+
+
+def upsert_sql() -> str:
+    """INSERT of a step row that never overwrites a final one, RETURNING id only if it wrote.
+
+    A final row (completed or failed) stays as it is: the loser of a race gets no row back and
+    adopts the stored one.
+    """
     table = StepResult._meta.db_table
-    json_param = "%s::jsonb" if connection.vendor == "postgresql" else "%s"
-    # A final row (completed or failed) is never overwritten: the loser of a race gets no row
-    # back and adopts the stored one.
+    j = json_param()
     return f"""
         INSERT INTO {table}
             (run_id, attempt, position, name, kind, status, result, error, call, tries, wake_at,
              started_at, finished_at)
-        VALUES (%s, %s, %s, %s, %s, %s, {json_param}, {json_param}, {json_param}, %s, %s, %s, %s)
+        VALUES (%s, %s, %s, %s, %s, %s, {j}, {j}, {j}, %s, %s, %s, %s)
         ON CONFLICT (run_id, attempt, position) DO UPDATE SET
             name = EXCLUDED.name, kind = EXCLUDED.kind, status = EXCLUDED.status,
             result = EXCLUDED.result, error = EXCLUDED.error, call = EXCLUDED.call, tries = EXCLUDED.tries,
@@ -53,41 +80,29 @@ def _upsert_sql() -> str:
     """
 
 
-def store(
-    *,
-    run_id: UUID,
-    attempt: int,
-    position: int,
-    name: str,
-    kind: str,
-    status: str,
-    result_json: str | None = None,
-    error: dict[str, Any] | None = None,
-    call: dict[str, Any] | None = None,
-    tries: int = 0,
-    wake_at: datetime | None = None,
-    started_at: datetime | None = None,
-    finished_at: datetime | None = None,
-) -> bool:
-    """Write the step's row unless a final one is already stored. True if this call wrote it."""
+def upsert_params(write: StepWrite) -> list[Any]:
     ops = connection.ops
-    params = [
-        StepResult._meta.get_field("run").get_db_prep_value(run_id, connection),
-        attempt,
-        position,
-        name,
-        kind,
-        status,
-        result_json,
-        json.dumps(error) if error is not None else None,
-        json.dumps(call) if call is not None else None,
-        tries,
-        ops.adapt_datetimefield_value(wake_at),
-        ops.adapt_datetimefield_value(started_at),
-        ops.adapt_datetimefield_value(finished_at),
+    return [
+        StepResult._meta.get_field("run").get_db_prep_value(write.run_id, connection),
+        write.attempt,
+        write.position,
+        write.name,
+        write.kind,
+        write.status,
+        write.result_json,
+        json.dumps(write.error) if write.error is not None else None,
+        json.dumps(write.call) if write.call is not None else None,
+        write.tries,
+        ops.adapt_datetimefield_value(write.wake_at),
+        ops.adapt_datetimefield_value(write.started_at),
+        ops.adapt_datetimefield_value(write.finished_at),
     ]
+
+
+def store(write: StepWrite) -> bool:
+    """Write the step's row unless a final one is already stored. True if this call wrote it."""
     with connection.cursor() as cursor:
-        cursor.execute(_upsert_sql(), params)
+        cursor.execute(upsert_sql(), upsert_params(write))
         return cursor.fetchone() is not None
 
 

@@ -6,9 +6,12 @@ run's Channels group. The database stays the authority: a client's snapshot come
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import queue
+import threading
 from typing import Any, TypedDict, cast
 from uuid import UUID
 
@@ -51,7 +54,21 @@ def _keys(run_id: UUID | str) -> tuple[str, str]:
 
 
 def publish(run_id: UUID | str, kind: str, data: Any) -> int | None:
-    """Append an event to the run's stream and push it live. Returns its seq, or None on failure."""
+    """Append an event to the run's stream and push it live, now. Returns its seq, or None."""
+    event = _store(run_id, kind, data)
+    if event is None:
+        return None
+    layer = get_channel_layer()
+    if layer is not None:
+        try:
+            async_to_sync(layer.group_send)(group_name(run_id), {"type": "run.event", "event": event})
+        except Exception:  # best effort: a live push lost is recovered by resume
+            logger.warning("live push for run %s failed", run_id, exc_info=True)
+    return event["seq"]
+
+
+def _store(run_id: UUID | str, kind: str, data: Any) -> StreamEvent | None:
+    """Give the event the run's next seq and keep it for resuming clients. None if Redis failed."""
     conf_ = conf()
     seq_key, events_key = _keys(run_id)
     try:
@@ -77,16 +94,74 @@ def publish(run_id: UUID | str, kind: str, data: Any) -> int | None:
     except redis.RedisError:
         logger.warning("progress stream of run %s unavailable; event dropped", run_id, exc_info=True)
         return None
-    layer = get_channel_layer()
-    if layer is not None:
-        try:
-            async_to_sync(layer.group_send)(group_name(run_id), {"type": "run.event", "event": event})
-        except Exception:  # best effort: a live push lost is recovered by resume
-            logger.warning("live push for run %s failed", run_id, exc_info=True)
-    return seq
+    return event
 
 
-def publish_progress(run_id: UUID | str, data: Any) -> int | None:
+class _Publisher:
+    """One daemon thread per process that publishes events in the order they were handed over.
+
+    Engine and services hand events here instead of publishing inline: a Redis round trip and a
+    channel-layer send (which from sync code means an event loop per call) stay off the worker's
+    path between steps. The thread keeps one event loop, so the channel layer keeps its
+    connections. Best effort, like every progress event: a crash loses what was not yet sent, and
+    a resuming client finds the gap closed by the next snapshot.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[str, str, Any]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._idle = threading.Event()
+        self._idle.set()
+
+    def submit(self, run_id: UUID | str, kind: str, data: Any) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # first use, or a forked worker child
+                self._pid = os.getpid()
+                self._queue = queue.SimpleQueue()
+                threading.Thread(target=self._loop, name="workflows-publisher", daemon=True).start()
+            self._idle.clear()
+            self._queue.put((str(run_id), kind, data))
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until everything submitted so far is published (for tests and shutdown)."""
+        return self._idle.wait(timeout)
+
+    def _loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        pending = self._queue
+        while True:
+            run_id, kind, data = pending.get()
+            try:
+                event = _store(run_id, kind, data)
+                layer = get_channel_layer()
+                if event is not None and layer is not None:
+                    loop.run_until_complete(layer.group_send(group_name(run_id), {"type": "run.event", "event": event}))
+            except Exception:
+                logger.warning("publishing %s for run %s failed", kind, run_id, exc_info=True)
+            if pending.empty():
+                self._idle.set()
+
+
+publisher = _Publisher()
+
+
+def publish_later(run_id: UUID | str, kind: str, data: Any) -> None:
+    """Publish from the background thread, in order with everything else this process publishes."""
+    publisher.submit(run_id, kind, data)
+
+
+def publish_status_later(run_id: UUID | str) -> None:
+    """Publish the run's status as the database has it (for callers without the run in memory)."""
+    from workflows.selectors import run_status_summary
+
+    summary = run_status_summary(run_id=run_id)
+    if summary is not None:
+        publish_later(run_id, "status", summary)
+
+
+def publish_progress(run_id: UUID | str, data: Any) -> None:
     from workflows.models import WorkflowRun
 
     data = json.loads(json.dumps(data, default=str))
@@ -94,16 +169,7 @@ def publish_progress(run_id: UUID | str, data: Any) -> int | None:
         WorkflowRun.objects.filter(pk=run_id).update(progress=data)
     except Exception:
         logger.warning("could not store progress of run %s", run_id, exc_info=True)
-    return publish(run_id, "progress", data)
-
-
-def publish_status(run_id: UUID | str) -> int | None:
-    from workflows.selectors import run_status_summary
-
-    summary = run_status_summary(run_id=run_id)
-    if summary is None:
-        return None
-    return publish(run_id, "status", summary)
+    publish_later(run_id, "progress", data)
 
 
 def current_seq(run_id: UUID | str) -> int:

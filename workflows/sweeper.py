@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 
 from django.db.models import Q
 from django.utils import timezone
 
 from workflows.conf import conf
-from workflows.effects import emit_status, enqueue_run
+from workflows.effects import enqueue_run, on_commit
 from workflows.models import CLAIMABLE, TIMED, RunStatus, WorkflowRun
+from workflows.streams import publish_status_later
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ def _fire_due_timers(now: datetime, batch: int) -> int:
     )
     for run_id, queue in due:
         enqueue_run(run_id, queue=queue)
-        emit_status(run_id)
+        on_commit(partial(publish_status_later, run_id))
     return len(due)
 
 

@@ -57,17 +57,14 @@ def test_two_workers_on_one_run_run_each_step_once(tmp_path: Path, monkeypatch: 
 
 def test_the_loser_of_a_store_race_adopts_the_winners_result() -> None:
     run = wf.start("test.echo", {})
-    written = race(
-        lambda: step_store.store(
-            run_id=run.id, attempt=1, position=1, name="echo", kind=StepKind.DO, status=StepStatus.COMPLETED,
-            result_json=f'"{threading.get_ident()}"', tries=1,
-        ),
-        n=4,
-    )
+    def write(result_json: str) -> step_store.StepWrite:
+        return step_store.StepWrite(run_id=run.id, attempt=1, position=1, name="echo", kind=StepKind.DO,
+                                    status=StepStatus.COMPLETED, result_json=result_json, tries=1)
+
+    written = race(lambda: step_store.store(write(f'"{threading.get_ident()}"')), n=4)
     assert sorted(written) == [False, False, False, True]
     rows = StepResult.objects.filter(run=run)
     assert rows.count() == 1
     # a final row is never overwritten by a later writer
-    assert not step_store.store(run_id=run.id, attempt=1, position=1, name="echo", kind=StepKind.DO,
-                                status=StepStatus.COMPLETED, result_json='"late"', tries=1)
+    assert not step_store.store(write('"late"'))
     assert rows.get().result != "late"
