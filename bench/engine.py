@@ -6,7 +6,7 @@
 It creates its own PostgreSQL database (dropped at the end), migrates it, starts one Celery worker
 with two prefork processes on a queue of its own, and measures, in one run:
 
-1. durable steps per second: M runs of N no-op steps started in one commit, until the last finishes;
+1. durable steps per second: M runs of N no-op steps, each started in its own commit, until the last finishes;
 2. the baseline: M plain Celery chains of N no-op tasks on the same worker, broker and settings;
 3. per-step overhead: from the step rows of (1), the gap between one step's body and the next's;
 4. event-to-resume latency: send_event until the step after wait_for_event starts;
@@ -227,13 +227,12 @@ class CpuMeter:
 
 # --- durable runs and plain chains ---------------------------------------------------------------
 def start_runs(workflow: str, payload: dict[str, Any], count: int) -> list[Any]:
-    """``count`` runs created in one commit: their enqueues all leave when it commits."""
-    from django.db import transaction
-
+    """``count`` runs, each started in its own commit as a client would: a run's enqueue leaves
+    when its start() commits, so workers begin while later runs are still being started (as
+    the plain chains are sent in a loop)."""
     from workflows import public as wf
 
-    with transaction.atomic():
-        ids = [wf.start(workflow, payload).id for _ in range(count)]
+    ids = [wf.start(workflow, payload).id for _ in range(count)]
     CREATED.extend(ids)
     return ids
 
@@ -533,16 +532,17 @@ def timed_commits(sql: dict[str, list[float]]) -> Iterator[None]:
 
 @contextmanager
 def timed_publish(publish: list[float], group_send: list[float]) -> Iterator[None]:
-    """Time publish_status (emit_status's send) and, inside it, the Channels group_send."""
+    """Time what status pushes cost the advancing thread: the hand-off to the publisher thread
+    (emit_status -> publish_later). The Redis write and the Channels send happen on that thread,
+    off the path between steps; ``group_send`` stays empty."""
     from workflows import streams
 
-    originals = streams.publish_status, streams.async_to_sync
-    streams.publish_status = _timed(originals[0], publish)
-    streams.async_to_sync = lambda fn: _timed(originals[1](fn), group_send)  # type: ignore[assignment]
+    original = streams.publish_later
+    streams.publish_later = _timed(original, publish)
     try:
         yield
     finally:
-        streams.publish_status, streams.async_to_sync = originals
+        streams.publish_later = original
 
 
 def breakdown(runs: int, steps: int, *, synchronous_commit: bool = True,
@@ -607,7 +607,7 @@ def print_breakdown(b: Breakdown, title: str) -> None:
     label = "= SQL round trips (a BEGIN rides in the first statement)"
     print(f"  {label:<62} {statements / b.runs:>8.1f} {'':>8} {sql_seconds * 1000 / b.runs:>8.3f}")
     if b.publish[0]:
-        print(f"  {'emit_status -> publish_status (SELECT run + Redis + Channels)':<62} "
+        print(f"  {'emit_status -> publish_later (hand-off to the publisher thread)':<62} "
               f"{b.publish[0] / b.runs:>8.1f} {b.publish[1] * 1000 / b.publish[0]:>8.3f} "
               f"{b.publish[1] * 1000 / b.runs:>8.3f}")
     if b.group_send[0]:
@@ -837,7 +837,7 @@ def print_method(args: argparse.Namespace, res: Results) -> None:
     if res.durable_s:
         gaps = len(res.overhead.gaps) if res.overhead else 0
         print(f"""\
-- steps/s: {args.runs} runs started in one commit (their enqueues leave together when it commits); clock from
+- steps/s: {args.runs} runs, each started in its own commit (its enqueue leaves when it commits); clock from
   before the first start() to the largest finished_at. Plain: {args.runs} chains of {args.steps} immutable no-op
   task signatures sent in a loop; clock to when the last task of the last chain ran. Same worker, broker, queue,
   Celery settings (acks_late, prefetch 1) and log level (WARNING). Redis here has no AOF and no snapshots: the
@@ -867,7 +867,7 @@ def print_method(args: argparse.Namespace, res: Results) -> None:
   workflows.engine.advance() in this process, worker stopped, twice (as configured; then with
   synchronous_commit=off on this session). Every SQL statement on the advancing thread is timed by a
   connection.execute_wrapper (network + server work + for an autocommit write its commit and WAL flush);
-  emit_status's publish_status and its async_to_sync(group_send) by wrapping them; Python = the rest.""")
+  emit_status's hand-off to the publisher thread by wrapping publish_later; Python = the rest.""")
     if res.sweeps:
         print(f"""\
 - sweep: {args.finished:,} finished runs + 1,000 waiting (not due) runs inserted with INSERT .. SELECT

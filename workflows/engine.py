@@ -66,10 +66,13 @@ class _LostRace(BaseException):
 class Step:
     """The ``step`` argument of ``run()``: durable steps, sleeps and waits."""
 
-    def __init__(self, run: WorkflowRun, owner: str) -> None:
+    def __init__(self, run: WorkflowRun, owner: str, *, first_claim: bool = False) -> None:
         self._run = run
         self._owner = owner
-        self._stored = {s.position: s for s in StepResult.objects.filter(run=run, attempt=run.attempt)}
+        # A run claimed for the first time has stored nothing yet: no need to ask.
+        self._stored = {} if first_claim else {
+            s.position: s for s in StepResult.objects.filter(run=run, attempt=run.attempt)
+        }
         self._position = 0
         self._names: Counter[str] = Counter()
         self._pending: step_store.StepWrite | None = None
@@ -385,12 +388,13 @@ def advance(run_id: UUID | str) -> str:
     emit_status(run)
     heartbeat.register(run.id, owner)
     try:
-        return _execute(run, owner)
+        # claim sets started_at only if it was empty: equal to now means no worker ran it before.
+        return _execute(run, owner, first_claim=run.started_at == now and run.attempt == 1)
     finally:
         heartbeat.unregister(run.id)
 
 
-def _execute(run: WorkflowRun, owner: str) -> str:
+def _execute(run: WorkflowRun, owner: str, *, first_claim: bool = False) -> str:
     if run.recovery_count > conf()["MAX_RECOVERY_ATTEMPTS"]:
         error = {"type": "MaxRecoveryAttempts", "message": f"the run's worker was lost {run.recovery_count} times"
                  f" (limit {conf()['MAX_RECOVERY_ATTEMPTS']}); it is not retried again"}
@@ -402,7 +406,7 @@ def _execute(run: WorkflowRun, owner: str) -> str:
     instance = cls()
     instance.run_id = run.id
     event = Event(payload=run.payload, run_id=run.id, created_at=run.created_at, attempt=run.attempt)
-    step = Step(run, owner)
+    step = Step(run, owner, first_claim=first_claim)
     try:
         value = instance.run(event, step)
         value, _ = step_store.encode(value, what="the run's result")

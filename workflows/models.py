@@ -146,7 +146,8 @@ class WorkflowRun(FSMModelMixin, models.Model):
 class RunAttempt(models.Model):
     """One execution of a run from its first step; restart adds one and keeps the others."""
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="attempts")
+    # No index of its own: the unique (run, number) index serves lookups by run.
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="attempts", db_index=False)
     number = models.PositiveIntegerField()
     status = models.CharField(max_length=20, default=RunStatus.QUEUED)
     result = models.JSONField(null=True, blank=True)
@@ -180,7 +181,9 @@ class StepResult(models.Model):
     Unique on (run, attempt, position): a worker that loses a race adopts the stored row.
     """
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: the unique (run, attempt, position) index serves lookups by run, and
+    # one index fewer to maintain on the insert every step makes.
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="steps", db_index=False)
     attempt = models.PositiveIntegerField()
     position = models.PositiveIntegerField()
     name = models.CharField(max_length=200)
@@ -208,7 +211,7 @@ class StepResult(models.Model):
 class RunEvent(models.Model):
     """An event sent to a run; a waiting step consumes the oldest unconsumed one of its type."""
 
-    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events")
+    run = models.ForeignKey(WorkflowRun, on_delete=models.CASCADE, related_name="events", db_index=False)
     type = models.CharField(max_length=200)
     payload = models.JSONField(default=dict)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)

@@ -11,30 +11,129 @@ transitions on its in-memory run before calling ``finish``.
 """
 from __future__ import annotations
 
+import functools
 import json
+import threading
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from workflows.models import CLAIMABLE, TIMED, RunAttempt, RunStatus, WorkflowRun
-from workflows.steps import StepWrite, json_param, upsert_params, upsert_sql
+from workflows.steps import StepWrite, adapt, json_param, upsert_params, upsert_sql
 
 RUNS = WorkflowRun._meta.db_table
 ATTEMPTS = RunAttempt._meta.db_table
+RUN_COLUMNS = [str(f.column) for f in WorkflowRun._meta.concrete_fields]
+RUN_ATTNAMES = [f.attname for f in WorkflowRun._meta.concrete_fields]
 
 
-def _id(run_id: UUID | str) -> Any:
-    return WorkflowRun._meta.pk.get_db_prep_value(UUID(str(run_id)), connection)
+class _PreparedCursor:
+    """A server-binding psycopg cursor that prepares what it runs, on Django's connection (so in
+    Django's transaction). Kept for the life of the connection.
+
+    A worker runs the same few statements on every step; planning them each time cost as much as
+    running them. Django's own cursors stay as configured (client-side binding, nothing
+    prepared), which keeps connection poolers and the ORM's SQL working as usual.
+    """
+
+    def __init__(self, raw: Any) -> None:
+        import psycopg
+
+        if raw.prepare_threshold is None:
+            # Django turns preparing off for the connection; only cursors of this class ask
+            # for it, and Django's client-side-binding cursors never prepare anyway.
+            raw.prepare_threshold = 5
+        self.raw = raw
+        self._cursor = psycopg.Cursor(raw)
+
+    def __enter__(self) -> _PreparedCursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def execute(self, sql: str, params: list[Any]) -> None:
+        self._cursor.execute(sql, params, prepare=True)
+
+    def fetchone(self) -> Any:
+        return self._cursor.fetchone()
 
 
-def _dt(value: datetime | None) -> Any:
-    return connection.ops.adapt_datetimefield_value(value)
+_prepared = threading.local()
+
+
+def _db() -> BaseDatabaseWrapper:
+    """This thread's connection wrapper, looked up once per statement (each lookup of
+    ``django.db.connection`` goes through a context-local proxy)."""
+    return connections[DEFAULT_DB_ALIAS]
+
+
+def _cursor(db: BaseDatabaseWrapper) -> Any:
+    if db.vendor != "postgresql":
+        return db.cursor()
+    db.ensure_connection()
+    cursor = getattr(_prepared, "cursor", None)
+    if cursor is None or cursor.raw is not db.connection:
+        cursor = _prepared.cursor = _PreparedCursor(db.connection)
+    return cursor
 
 
 def _in(values: list[RunStatus]) -> str:
     return ", ".join(f"'{v}'" for v in values)
+
+
+@functools.cache
+def _sql(vendor: str) -> dict[str, str]:
+    """The statements, built once per database vendor."""
+    j = json_param(vendor)
+    extend = f"""
+        UPDATE {RUNS} SET lease_expires_at = %s, current_step = %s
+        WHERE id = %s AND lease_owner = %s AND status = '{RunStatus.RUNNING}' AND NOT pause_requested
+        RETURNING id
+    """
+    finish = f"""
+        UPDATE {RUNS} SET status = %s, result = {j}, error = {j}, failure_reason = %s, finished_at = %s,
+            updated_at = %s, lease_owner = '', lease_expires_at = NULL, current_step = '',
+            wake_at = NULL, wait_step = '', wait_event_type = ''
+        WHERE id = %s AND lease_owner = %s AND status = '{RunStatus.RUNNING}'
+        RETURNING attempt
+    """
+    attempt = f"UPDATE {ATTEMPTS} SET status = %s, result = {j}, error = {j}, finished_at = %s " \
+              f"WHERE run_id = %s AND number = %s"
+    return {
+        "claim": f"""
+            UPDATE {RUNS} SET
+                status = '{RunStatus.RUNNING}', lease_owner = %s, lease_expires_at = %s,
+                recovery_count = CASE WHEN lease_owner <> '' THEN recovery_count + 1 ELSE recovery_count END,
+                started_at = COALESCE(started_at, %s), updated_at = %s,
+                wake_at = NULL, wait_event_type = '', wait_step = ''
+            WHERE id = %s
+              AND (lease_expires_at IS NULL OR lease_expires_at < %s)
+              AND (status IN ({_in(CLAIMABLE)}) OR (status IN ({_in(TIMED)}) AND wake_at <= %s))
+            RETURNING {", ".join(RUN_COLUMNS)}
+        """,
+        "extend": extend,
+        "upsert": upsert_sql(vendor),
+        "store_and_extend": f"""
+            WITH stored AS ({upsert_sql(vendor)}), extended AS ({extend})
+            SELECT (SELECT count(*) FROM extended), (SELECT count(*) FROM stored)
+        """,
+        "finish": finish,
+        "attempt": attempt,
+        "finish_all": f"""
+            WITH finished AS ({finish}),
+                 attempt AS ({attempt} AND EXISTS (SELECT 1 FROM finished) RETURNING 1)
+            SELECT (SELECT count(*) FROM finished), 1
+        """,
+        "store_and_finish_all": f"""
+            WITH stored AS ({upsert_sql(vendor)}), finished AS ({finish}),
+                 attempt AS ({attempt} AND EXISTS (SELECT 1 FROM finished) RETURNING 1)
+            SELECT (SELECT count(*) FROM finished), (SELECT count(*) FROM stored)
+        """,
+    }
 
 
 def claim(run_id: UUID | str, owner: str, now: datetime, lease_until: datetime) -> WorkflowRun | None:
@@ -43,28 +142,20 @@ def claim(run_id: UUID | str, owner: str, now: datetime, lease_until: datetime) 
     A lease that expired while still naming an owner means that worker died mid-run: the claim
     counts one recovery.
     """
-    sql = f"""
-        UPDATE {RUNS} SET
-            status = '{RunStatus.RUNNING}', lease_owner = %s, lease_expires_at = %s,
-            recovery_count = CASE WHEN lease_owner <> '' THEN recovery_count + 1 ELSE recovery_count END,
-            started_at = COALESCE(started_at, %s), updated_at = %s,
-            wake_at = NULL, wait_event_type = '', wait_step = ''
-        WHERE id = %s
-          AND (lease_expires_at IS NULL OR lease_expires_at < %s)
-          AND (status IN ({_in(CLAIMABLE)}) OR (status IN ({_in(TIMED)}) AND wake_at <= %s))
-        RETURNING *
-    """
-    params = [owner, _dt(lease_until), _dt(now), _dt(now), _id(run_id), _dt(now), _dt(now)]
-    rows = list(WorkflowRun.objects.raw(sql, params))
-    return rows[0] if rows else None
-
-
-def _extend_sql() -> str:
-    return f"""
-        UPDATE {RUNS} SET lease_expires_at = %s, current_step = %s
-        WHERE id = %s AND lease_owner = %s AND status = '{RunStatus.RUNNING}' AND NOT pause_requested
-        RETURNING id
-    """
+    db = _db()
+    run_id = run_id if isinstance(run_id, UUID) else UUID(run_id)
+    n, u = adapt(db, now), adapt(db, lease_until)
+    with _cursor(db) as cursor:
+        cursor.execute(_sql(db.vendor)["claim"], [owner, u, n, n, adapt(db, run_id), n, n])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    # Through the fields' converters, as a queryset would (SQLite returns text for some types).
+    values = list(row)
+    for i, field in enumerate(WorkflowRun._meta.concrete_fields):
+        for converter in field.get_db_converters(db):
+            values[i] = converter(values[i], None, db)
+    return WorkflowRun.from_db(db.alias, RUN_ATTNAMES, values)
 
 
 def checkpoint(
@@ -76,23 +167,22 @@ def checkpoint(
     worker's, the run is not running, or a pause was asked; written is False when a final row was
     already stored for the previous step (another worker's).
     """
-    extend_params = [_dt(lease_until), current_step, _id(run_id), owner]
-    with connection.cursor() as cursor:
-        if write is None:
-            cursor.execute(_extend_sql(), extend_params)
+    db = _db()
+    sql = _sql(db.vendor)
+    extend_params = [adapt(db, lease_until), current_step, adapt(db, run_id), owner]
+    if write is None:
+        with _cursor(db) as cursor:
+            cursor.execute(sql["extend"], extend_params)
             return cursor.fetchone() is not None, True
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                f"""WITH stored AS ({upsert_sql()}), extended AS ({_extend_sql()})
-                    SELECT (SELECT count(*) FROM extended), (SELECT count(*) FROM stored)""",
-                upsert_params(write) + extend_params,
-            )
+    if db.vendor == "postgresql":
+        with _cursor(db) as cursor:
+            cursor.execute(sql["store_and_extend"], upsert_params(write, db) + extend_params)
             extended, stored = cursor.fetchone()
             return bool(extended), bool(stored)
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(upsert_sql(), upsert_params(write))
+    with transaction.atomic(), _cursor(db) as cursor:
+        cursor.execute(sql["upsert"], upsert_params(write, db))
         stored = cursor.fetchone() is not None
-        cursor.execute(_extend_sql(), extend_params)
+        cursor.execute(sql["extend"], extend_params)
         return cursor.fetchone() is not None, stored
 
 
@@ -105,38 +195,28 @@ def finish(
     finished is False if the run was no longer this worker's to finish (its pending step result is
     stored all the same).
     """
-    j = json_param()
+    db = _db()
+    sql = _sql(db.vendor)
     result = json.dumps(run.result) if run.result is not None else None
     error = json.dumps(run.error) if run.error is not None else None
-    run_sql = f"""
-        UPDATE {RUNS} SET status = %s, result = {j}, error = {j}, failure_reason = %s, finished_at = %s,
-            updated_at = %s, lease_owner = '', lease_expires_at = NULL, current_step = '',
-            wake_at = NULL, wait_step = '', wait_event_type = ''
-        WHERE id = %s AND lease_owner = %s AND status = '{RunStatus.RUNNING}'
-        RETURNING attempt
-    """
-    run_params = [run.status, result, error, run.failure_reason, _dt(now), _dt(now), _id(run.id), owner]
-    attempt_sql = f"UPDATE {ATTEMPTS} SET status = %s, result = {j}, error = {j}, finished_at = %s " \
-                  f"WHERE run_id = %s AND number = %s"
-    attempt_params = [run.status, result, error, _dt(now), _id(run.id), run.attempt]
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            stored_cte = f"stored AS ({upsert_sql()})," if write is not None else ""
-            cursor.execute(
-                f"""WITH {stored_cte} finished AS ({run_sql}),
-                    attempt AS ({attempt_sql} AND EXISTS (SELECT 1 FROM finished) RETURNING 1)
-                    SELECT (SELECT count(*) FROM finished), {'(SELECT count(*) FROM stored)' if write else '1'}""",
-                (upsert_params(write) if write is not None else []) + run_params + attempt_params,
-            )
+    n, run_id = adapt(db, now), adapt(db, run.id)
+    run_params = [run.status, result, error, run.failure_reason, n, n, run_id, owner]
+    attempt_params = [run.status, result, error, n, run_id, run.attempt]
+    if db.vendor == "postgresql":
+        with _cursor(db) as cursor:
+            if write is None:
+                cursor.execute(sql["finish_all"], run_params + attempt_params)
+            else:
+                cursor.execute(sql["store_and_finish_all"], upsert_params(write, db) + run_params + attempt_params)
             finished, stored = cursor.fetchone()
             return bool(finished), bool(stored)
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(), _cursor(db) as cursor:
         stored = True
         if write is not None:
-            cursor.execute(upsert_sql(), upsert_params(write))
+            cursor.execute(sql["upsert"], upsert_params(write, db))
             stored = cursor.fetchone() is not None
-        cursor.execute(run_sql, run_params)
+        cursor.execute(sql["finish"], run_params)
         finished = cursor.fetchone() is not None
         if finished:
-            cursor.execute(attempt_sql, attempt_params)
+            cursor.execute(sql["attempt"], attempt_params)
         return finished, stored

@@ -12,7 +12,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from workflows.conf import conf
 from workflows.exceptions import NotSerializable, ResultTooLarge, StepTimeout
@@ -54,18 +55,30 @@ class StepWrite:
     finished_at: datetime | None = None
 
 
-def json_param() -> str:
-    return "%s::jsonb" if connection.vendor == "postgresql" else "%s"
+def json_param(vendor: str | None = None) -> str:
+    return "%s::jsonb" if (vendor or connection.vendor) == "postgresql" else "%s"
 
 
-def upsert_sql() -> str:
+def adapt(db: BaseDatabaseWrapper, value: Any) -> Any:
+    """A UUID or datetime as the database wants it in a raw statement (psycopg takes both as they
+    are; SQLite stores UUIDs as hex and datetimes as text)."""
+    if db.vendor == "postgresql" or value is None:
+        return value
+    if isinstance(value, UUID):
+        return value.hex
+    if isinstance(value, datetime):
+        return db.ops.adapt_datetimefield_value(value)
+    return value
+
+
+def upsert_sql(vendor: str | None = None) -> str:
     """INSERT of a step row that never overwrites a final one, RETURNING id only if it wrote.
 
     A final row (completed or failed) stays as it is: the loser of a race gets no row back and
     adopts the stored one.
     """
     table = StepResult._meta.db_table
-    j = json_param()
+    j = json_param(vendor)
     return f"""
         INSERT INTO {table}
             (run_id, attempt, position, name, kind, status, result, error, call, tries, wake_at,
@@ -80,10 +93,10 @@ def upsert_sql() -> str:
     """
 
 
-def upsert_params(write: StepWrite) -> list[Any]:
-    ops = connection.ops
+def upsert_params(write: StepWrite, db: BaseDatabaseWrapper | None = None) -> list[Any]:
+    db = db or connections[DEFAULT_DB_ALIAS]
     return [
-        StepResult._meta.get_field("run").get_db_prep_value(write.run_id, connection),
+        adapt(db, write.run_id),
         write.attempt,
         write.position,
         write.name,
@@ -93,9 +106,9 @@ def upsert_params(write: StepWrite) -> list[Any]:
         json.dumps(write.error) if write.error is not None else None,
         json.dumps(write.call) if write.call is not None else None,
         write.tries,
-        ops.adapt_datetimefield_value(write.wake_at),
-        ops.adapt_datetimefield_value(write.started_at),
-        ops.adapt_datetimefield_value(write.finished_at),
+        adapt(db, write.wake_at),
+        adapt(db, write.started_at),
+        adapt(db, write.finished_at),
     ]
 
 
