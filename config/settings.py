@@ -29,6 +29,8 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI assets served locally: /api/docs/ works offline
     "channels",
     "workflows",
+    "ledger",
+    "approvals",
     "examples.demo",
 ]
 

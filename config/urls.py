@@ -7,5 +7,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/", include("workflows.apis.urls")),
+    path("api/", include("ledger.urls")),
+    path("api/", include("approvals.urls")),
     path("", include("workflows.urls")),
 ]
