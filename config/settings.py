@@ -165,6 +165,11 @@ WORKFLOWS: dict[str, Any] = {
     "QUEUE": WORKFLOWS_QUEUE,
     "STREAM_TTL_SECONDS": envint("WORKFLOWS_STREAM_TTL", 24 * 3600),
     "STREAM_MAX_EVENTS": envint("WORKFLOWS_STREAM_MAX_EVENTS", 1000),
+    # "sync": a step's result is flushed to disk before the next step starts. "async" (PostgreSQL):
+    # the step-result commit does not wait for the flush; a worker crash loses nothing, but a
+    # PostgreSQL or machine crash may lose the last fraction of a second of step results, and
+    # those steps run again (atomic steps stay all-or-nothing; ledger effects stay single).
+    "STEP_COMMIT": envstr("WORKFLOWS_STEP_COMMIT", "sync"),
 }
 
 LOGGING = {

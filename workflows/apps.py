@@ -10,6 +10,7 @@ class WorkflowsConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
+        from workflows import checks  # noqa: F401  (registers the system checks)
         from workflows.registry import import_workflow_modules
 
         autodiscover_modules("workflows")

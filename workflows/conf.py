@@ -17,6 +17,7 @@ class WorkflowsSettings(TypedDict):
     QUEUE: str
     STREAM_TTL_SECONDS: int
     STREAM_MAX_EVENTS: int
+    STEP_COMMIT: str
 
 
 def conf() -> WorkflowsSettings:

@@ -21,6 +21,7 @@ from uuid import UUID
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from workflows.conf import conf
 from workflows.models import CLAIMABLE, TIMED, RunAttempt, RunStatus, WorkflowRun
 from workflows.steps import StepWrite, adapt, json_param, upsert_params, upsert_sql
 
@@ -121,6 +122,13 @@ def _sql(vendor: str) -> dict[str, str]:
             WITH stored AS ({upsert_sql(vendor)}), extended AS ({extend})
             SELECT (SELECT count(*) FROM extended), (SELECT count(*) FROM stored)
         """,
+        # WORKFLOWS_STEP_COMMIT=async: this statement's commit does not wait for the WAL flush.
+        "store_and_extend_async": f"""
+            WITH stored AS ({upsert_sql(vendor)}), extended AS ({extend}),
+                 async_commit AS (SELECT set_config('synchronous_commit', 'off', true))
+            SELECT (SELECT count(*) FROM extended), (SELECT count(*) FROM stored),
+                   (SELECT count(*) FROM async_commit)
+        """,
         "finish": finish,
         "attempt": attempt,
         "finish_all": f"""
@@ -175,9 +183,10 @@ def checkpoint(
             cursor.execute(sql["extend"], extend_params)
             return cursor.fetchone() is not None, True
     if db.vendor == "postgresql":
+        statement = "store_and_extend_async" if conf()["STEP_COMMIT"] == "async" else "store_and_extend"
         with _cursor(db) as cursor:
-            cursor.execute(sql["store_and_extend"], upsert_params(write, db) + extend_params)
-            extended, stored = cursor.fetchone()
+            cursor.execute(sql[statement], upsert_params(write, db) + extend_params)
+            extended, stored = cursor.fetchone()[:2]
             return bool(extended), bool(stored)
     with transaction.atomic(), _cursor(db) as cursor:
         cursor.execute(sql["upsert"], upsert_params(write, db))
