@@ -1,0 +1,68 @@
+"""Fault injection: the faults a request can be told to suffer, and how they are written.
+
+A fault is written as in the ``X-Sandbox-Fault`` header or the ``fault`` field of
+``POST /v1/faults``:
+
+- ``delay=<seconds>``: sleep, then answer normally.
+- ``timeout`` or ``timeout=<seconds>``: do what the request asks (store the refund), then sleep
+  long enough that the client's read timeout fires (the server's ``--timeout-seconds`` unless
+  given), then answer normally to whoever is still listening.
+- ``error``: answer 500 and do nothing.
+- ``error-after-commit``: do what the request asks, then answer 503 instead of the real answer.
+- ``reject``: answer 402 ``declined`` and do nothing.
+
+On a lookup (``GET /v1/refunds?key=``) only ``delay``, ``timeout`` and ``error`` make sense.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+FaultKind = Literal["delay", "timeout", "error", "error-after-commit", "reject"]
+
+KINDS: tuple[FaultKind, ...] = ("delay", "timeout", "error", "error-after-commit", "reject")
+LOOKUP_KINDS: frozenset[str] = frozenset({"delay", "timeout", "error"})
+MAX_SECONDS = 600.0
+
+
+class FaultError(ValueError):
+    """The fault is not written as this module expects."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    seconds: float | None = None  # delay and timeout only; None means the server's default
+
+    @property
+    def before_commit(self) -> bool:
+        """Faults that act before the request is processed (delay, error, reject)."""
+        return self.kind in ("delay", "error", "reject")
+
+    def __str__(self) -> str:
+        if self.seconds is None:
+            return self.kind
+        return f"{self.kind}={self.seconds:g}"
+
+
+def parse_fault(text: str) -> Fault:
+    """``"delay=1.5"`` → ``Fault("delay", 1.5)``; raises FaultError on anything else."""
+    name, sep, value = text.strip().partition("=")
+    name = name.strip().lower()
+    kind = next((k for k in KINDS if k == name), None)
+    if kind is None:
+        raise FaultError(f"unknown fault {name!r}; expected one of {', '.join(KINDS)}")
+    if not sep:
+        if kind == "delay":
+            raise FaultError("delay needs seconds: delay=<seconds>")
+        return Fault(kind)
+    if kind not in ("delay", "timeout"):
+        raise FaultError(f"fault {kind!r} takes no value")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise FaultError(f"{kind} needs a number of seconds, not {value.strip()!r}") from None
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_SECONDS:
+        raise FaultError(f"{kind} seconds must be between 0 and {MAX_SECONDS:g}")
+    return Fault(kind, seconds)
