@@ -10,6 +10,7 @@ from django.utils import timezone
 from django_fsm import TransitionNotAllowed as FSMTransitionNotAllowed
 
 from workflows.conf import conf
+from workflows import hooks
 from workflows.effects import emit_status, enqueue_run
 from workflows.exceptions import IdempotencyConflict, InvalidPayload, PayloadTooLarge, TransitionNotAllowed
 from workflows.models import PAUSABLE, RunAttempt, RunEvent, RunStatus, WorkflowRun
@@ -190,6 +191,7 @@ def run_terminate(*, run_id: UUID) -> WorkflowRun:
         run.pause_requested = False
         run.save()
         RunAttempt.objects.filter(run=run, number=run.attempt).update(status=run.status, finished_at=now)
+        hooks.run_terminated(run)  # e.g. approvals cancels the run's pending requests
         emit_status(run)
     return run
 

@@ -1,0 +1,28 @@
+"""Explicit extension points for the apps above the engine.
+
+The engine may not import them (apps import only from layers below), so an app that must act
+when a run changes registers a function here from its ``AppConfig.ready``. The hooks are called
+inside the engine's transaction, with the run row locked, and must only write to the database
+(anything that leaves it goes through ``workflows.effects.on_commit``).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from workflows.models import WorkflowRun
+
+RunHook = Callable[[WorkflowRun], None]
+
+_on_terminated: list[RunHook] = []
+
+
+def on_run_terminated(hook: RunHook) -> RunHook:
+    """Register ``hook(run)`` to be called when a run is terminated (usable as a decorator)."""
+    if hook not in _on_terminated:
+        _on_terminated.append(hook)
+    return hook
+
+
+def run_terminated(run: WorkflowRun) -> None:
+    for hook in _on_terminated:
+        hook(run)
