@@ -38,7 +38,7 @@ cat <<INFO
   Admin            http://127.0.0.1:$PORT/admin/           (admin / admin)
   API docs         http://127.0.0.1:$PORT/api/docs/
   Runs (API)       http://127.0.0.1:$PORT/api/runs
-  Demo run page    printed by seed_demo above, e.g. http://127.0.0.1:$PORT/runs/<id>/  (alice / alice)
+  Demo run page    http://127.0.0.1:$PORT/runs/<id>/ with the id seed_demo printed above (alice / alice)
 
   Ctrl-C stops everything.
 INFO

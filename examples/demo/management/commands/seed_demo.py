@@ -44,6 +44,7 @@ class Command(BaseCommand):
         state = "started" if run_new else f"already exists, {run.status}"
         self.stdout.write(f"Demo run {run.id} (demo.onboarding, owner alice): {state}.")
         self.stdout.write(
+            f"  Live page (log in as alice): /runs/{run.id}/\n"
             "  Admin: /admin/workflows/workflowrun/   Approve it with:\n"
             f"  manage.py workflows send-event {run.id} approve --payload '{{\"by\": \"admin\"}}'"
         )
