@@ -1,0 +1,32 @@
+"""Versioned approval requests decided by people, waited for durably by workflows.
+
+    from approvals import wait_for_approval, approve_current, decide
+    from approvals import ApprovalRejected, ApprovalExpired, ApprovalRefused, ApprovalDecision, Proposal
+
+The functions are imported lazily so that importing this package does not need Django's app
+registry to be ready (workflow modules import it at app-loading time).
+"""
+from typing import Any
+
+from approvals.exceptions import ApprovalError, ApprovalExpired, ApprovalRefused, ApprovalRejected, RefusalCode
+from approvals.types import ApprovalDecision, Proposal
+
+_WAITS = ("wait_for_approval", "approve_current")
+_PUBLIC = ("decide",)
+
+__all__ = [
+    "ApprovalDecision", "ApprovalError", "ApprovalExpired", "ApprovalRefused", "ApprovalRejected", "Proposal",
+    "RefusalCode", *_WAITS, *_PUBLIC,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WAITS:
+        from approvals import waits
+
+        return getattr(waits, name)
+    if name in _PUBLIC:
+        from approvals import public
+
+        return getattr(public, name)
+    raise AttributeError(f"module 'approvals' has no attribute {name!r}")

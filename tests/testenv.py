@@ -3,7 +3,7 @@ process and the worker and server processes it starts all share."""
 import os
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable")
-os.environ.setdefault("WORKFLOWS_MODULES", "tests.workflows_fixtures")
+os.environ.setdefault("WORKFLOWS_MODULES", "tests.workflows_fixtures,approvals.tests.workflows")
 os.environ.setdefault("WORKFLOWS_QUEUE", f"test-{os.getpid()}")
 os.environ.setdefault("WORKFLOWS_LEASE_SECONDS", "2")
 os.environ.setdefault("WORKFLOWS_ENQUEUE_GRACE_SECONDS", "2")

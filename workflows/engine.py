@@ -77,6 +77,14 @@ class Step:
         self._names: Counter[str] = Counter()
         self._pending: step_store.StepWrite | None = None
 
+    @property
+    def run_id(self) -> UUID:
+        return self._run.id
+
+    @property
+    def attempt(self) -> int:
+        return int(self._run.attempt)
+
     # --- public API -------------------------------------------------------------------------
     def do(
         self,

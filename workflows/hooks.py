@@ -14,6 +14,7 @@ from workflows.models import WorkflowRun
 RunHook = Callable[[WorkflowRun], None]
 
 _on_terminated: list[RunHook] = []
+_on_restarted: list[RunHook] = []
 
 
 def on_run_terminated(hook: RunHook) -> RunHook:
@@ -23,6 +24,19 @@ def on_run_terminated(hook: RunHook) -> RunHook:
     return hook
 
 
+def on_run_restarted(hook: RunHook) -> RunHook:
+    """Register ``hook(run)`` to be called when a run starts a new attempt (``run.attempt`` is the
+    new one; whatever the earlier attempt left waiting is now orphaned)."""
+    if hook not in _on_restarted:
+        _on_restarted.append(hook)
+    return hook
+
+
 def run_terminated(run: WorkflowRun) -> None:
     for hook in _on_terminated:
+        hook(run)
+
+
+def run_restarted(run: WorkflowRun) -> None:
+    for hook in _on_restarted:
         hook(run)

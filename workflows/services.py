@@ -9,8 +9,8 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_fsm import TransitionNotAllowed as FSMTransitionNotAllowed
 
-from workflows.conf import conf
 from workflows import hooks
+from workflows.conf import conf
 from workflows.effects import emit_status, enqueue_run
 from workflows.exceptions import IdempotencyConflict, InvalidPayload, PayloadTooLarge, TransitionNotAllowed
 from workflows.models import PAUSABLE, RunAttempt, RunEvent, RunStatus, WorkflowRun
@@ -217,6 +217,7 @@ def run_restart(*, run_id: UUID) -> WorkflowRun:
         run.enqueued_at = now
         run.save()
         RunAttempt.objects.create(run=run, number=run.attempt)
+        hooks.run_restarted(run)
         enqueue_run(run.id, queue=run.queue)
         emit_status(run)
     return run

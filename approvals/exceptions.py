@@ -1,0 +1,64 @@
+"""What approvals raise: to workflow code (rejected, expired) and to deciders (refused)."""
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from approvals.types import ApprovalDecision
+
+
+class ApprovalError(Exception):
+    """Base class of the approvals errors."""
+
+
+class ApprovalRejected(ApprovalError):
+    """Raised into ``run()`` by ``wait_for_approval`` when the reviewer rejected the request.
+
+    The same way on every replay (it is rebuilt from the stored decision event).
+    """
+
+    def __init__(self, decision: ApprovalDecision) -> None:
+        by = decision.decided_by or "a reviewer"
+        note = f": {decision.note}" if decision.note else ""
+        super().__init__(f"approval request {decision.request_id} (version {decision.version}) "
+                         f"was rejected by {by}{note}")
+        self.decision = decision
+
+
+class ApprovalExpired(ApprovalError):
+    """Raised into ``run()`` when nobody decided before the request's timeout."""
+
+    def __init__(self, request_id: int, *, status: str = "expired") -> None:
+        super().__init__(f"approval request {request_id} got no decision in time ({status})")
+        self.request_id = request_id
+        self.status = status
+
+
+class RefusalCode(StrEnum):
+    """Why ``decide`` changed nothing. The API answers 403 for the first two, 409 for the rest."""
+
+    NOT_AUTHORISED = "not_authorised"  # not in the approvers group and no approvals.decide_any
+    FOUR_EYES = "four_eyes"  # the reviewer requested the action
+    STALE_VERSION = "stale_version"  # the version sent is not the request's: review the current one
+    NOT_PENDING = "not_pending"  # already decided, expired, superseded or cancelled (named)
+    EXPIRED = "expired"  # past expires_at; the workflow's timer moves it to expired
+    RUN_FINISHED = "run_finished"  # the run that waited for it has ended or was restarted
+
+
+FORBIDDEN = frozenset({RefusalCode.NOT_AUTHORISED, RefusalCode.FOUR_EYES})
+
+
+class ApprovalRefused(ApprovalError):
+    """``decide`` refused: nothing changed (no transition, no event). ``status`` is the request's."""
+
+    def __init__(self, code: RefusalCode, message: str, *, status: str, version: str,
+                 superseded_by: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+        self.version = version
+        self.superseded_by = superseded_by
+
+    @property
+    def detail(self) -> dict[str, Any]:
+        return {"status": self.status, "version": self.version, "superseded_by": self.superseded_by}

@@ -1,0 +1,394 @@
+"""decide() against DESIGN.md section 5's table, expiry, re-check, cancellation, and ten concurrent
+decisions on one request (real threads on PostgreSQL).
+
+Most tests run in one transaction each, so the decision's on-commit enqueue is never sent: the
+run stays as decide() left it (woken: queued) and no worker is involved.
+"""
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from approvals import ApprovalRefused, RefusalCode, decide
+from approvals.models import ApprovalRequest, ApprovalStatus, DecisionAction, DecisionLog, DecisionResult
+from approvals.services import (
+    approval_expire,
+    approval_recheck,
+    approval_request_create,
+    cancel_for_run,
+    cancel_orphans,
+    subject_ref,
+)
+from approvals.tests.conftest import Cast
+from approvals.tests.support import GROUP, assert_still_waiting, state, waiting_request
+from approvals.types import Proposal
+from workflows import services as wf_services
+from workflows.exceptions import InvalidPayload, NonRetryableError
+from workflows.models import RunEvent, RunStatus, WorkflowRun
+
+
+def refused(request: ApprovalRequest, user: User, *, approve: bool = True, version: str | None = None,
+            code: RefusalCode) -> ApprovalRefused:
+    """decide() is refused with ``code``; nothing changes but a 'refused' line in the log."""
+    before = state(request)
+    logged = DecisionLog.objects.filter(request=request).count()
+    with pytest.raises(ApprovalRefused) as info:
+        decide(request, by=user, approve=approve, version=version or request.version, note="n")
+    assert info.value.code == code
+    assert_still_waiting(request, before)
+    last = DecisionLog.objects.filter(request=request).last()
+    assert DecisionLog.objects.filter(request=request).count() == logged + 1
+    assert last is not None and (last.result, last.code, last.actor_id) == (DecisionResult.REFUSED, code, user.pk)
+    return info.value
+
+
+@pytest.mark.django_db
+class TestDecisionTable:
+    def test_current_version_and_authorised_reviewer_decides_and_wakes_the_run(self, cast: Cast) -> None:
+        # given
+        request = waiting_request(requested_by=cast["bob"])
+
+        # when
+        decided = decide(request, by=cast["carol"], approve=True, version="v1", note="within policy")
+
+        # then the transition
+        request.refresh_from_db()
+        assert decided.created and decided.request.pk == request.pk
+        assert (request.status, request.decided_by, request.note) == (ApprovalStatus.APPROVED, cast["carol"],
+                                                                      "within policy")
+        assert request.decided_at is not None
+        # and, in the same transaction, the one event that wakes the run
+        event = RunEvent.objects.get(run=request.run)
+        assert decided.event_id == event.pk
+        assert (event.type, event.idempotency_key) == (f"approval:{request.pk}", f"approval:{request.pk}:decision")
+        assert event.payload == {
+            "request_id": request.pk, "approved": True, "version": "v1", "decided_by": "carol",
+            "decided_by_id": cast["carol"].pk, "decided_at": request.decided_at.isoformat(),
+            "note": "within policy",
+        }
+        run = WorkflowRun.objects.get(pk=request.run_id)
+        assert run.status == RunStatus.QUEUED and run.wait_event_type == ""
+        log = DecisionLog.objects.get(request=request)
+        assert (log.actor, log.action, log.version, log.result, log.channel) == (
+            cast["carol"], DecisionAction.APPROVE, "v1", DecisionResult.ACCEPTED, "python")
+
+    def test_a_rejection_is_a_transition_too(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"])
+
+        decide(request.pk, by=cast["carol"], approve=False, version="v1", note="over the limit")
+
+        request.refresh_from_db()
+        assert request.status == ApprovalStatus.REJECTED
+        assert RunEvent.objects.get(run=request.run).payload["approved"] is False
+
+    def test_decide_any_permission_stands_in_for_the_group(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"])
+
+        decide(request, by=cast["erin"], approve=True, version="v1")
+
+        assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.APPROVED
+
+    def test_another_version_is_refused_review_the_current_version(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"], version="v2")
+
+        refusal = refused(request, cast["carol"], version="v1", code=RefusalCode.STALE_VERSION)
+
+        assert "review the current version" in str(refusal)
+        assert refusal.detail == {"status": "pending", "version": "v2", "superseded_by": None}
+
+    @pytest.mark.parametrize("approve", [True, False])
+    def test_the_same_decision_again_is_the_established_result_without_a_second_event(
+        self, cast: Cast, approve: bool
+    ) -> None:
+        request = waiting_request(requested_by=cast["bob"])
+        first = decide(request, by=cast["carol"], approve=approve, version="v1", note="first")
+        before = state(request)
+
+        again = decide(request, by=cast["carol"], approve=approve, version="v1", note="double click")
+
+        assert first.created and not again.created
+        assert again.request.note == "first" and again.event_id is None
+        assert state(request) == before  # no second transition, no second event
+        assert RunEvent.objects.filter(run=request.run).count() == 1
+        assert list(DecisionLog.objects.filter(request=request).values_list("result", flat=True)) == [
+            DecisionResult.ACCEPTED, DecisionResult.REPEATED]
+
+    def test_a_reviewer_outside_the_group_without_the_permission_is_refused(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"])
+
+        for outsider in ("alice", "dave", "mallory"):  # dave may view every request, but not decide
+            refused(request, cast[outsider], code=RefusalCode.NOT_AUTHORISED)
+
+    def test_a_group_of_another_name_does_not_count(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"], approvers="finance-approvers")
+
+        refused(request, cast["carol"], code=RefusalCode.NOT_AUTHORISED)
+
+    def test_an_inactive_reviewer_is_refused(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"])
+        cast["carol"].is_active = False
+        cast["carol"].save()
+
+        refused(request, cast["carol"], code=RefusalCode.NOT_AUTHORISED)
+
+    def test_the_requester_may_not_decide_four_eyes(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"])  # bob is in the group
+
+        refused(request, cast["bob"], code=RefusalCode.FOUR_EYES)
+
+    def test_four_eyes_binds_superusers_too(self, cast: Cast) -> None:
+        boss = User.objects.create_superuser("boss", "boss@example.com", "pw")
+        request = waiting_request(requested_by=boss)
+
+        refused(request, boss, code=RefusalCode.FOUR_EYES)
+
+    @pytest.mark.parametrize("status", [ApprovalStatus.EXPIRED, ApprovalStatus.REJECTED,
+                                        ApprovalStatus.SUPERSEDED, ApprovalStatus.CANCELLED])
+    def test_a_closed_request_is_refused_naming_its_state(self, cast: Cast, status: str) -> None:
+        request = waiting_request(requested_by=cast["bob"], status=status)
+
+        refusal = refused(request, cast["carol"], approve=True, code=RefusalCode.NOT_PENDING)
+
+        assert f"the request is {status}" in str(refusal)
+        assert refusal.status == status
+
+    def test_the_opposite_decision_after_a_decision_is_refused_naming_the_state(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"])
+        decide(request, by=cast["carol"], approve=True, version="v1")
+
+        refusal = refused(request, cast["erin"], approve=False, code=RefusalCode.NOT_PENDING)
+
+        assert "the request is approved" in str(refusal)
+        assert RunEvent.objects.filter(run=request.run).count() == 1
+
+    def test_a_superseded_request_points_at_its_replacement(self, cast: Cast) -> None:
+        old = waiting_request(requested_by=cast["bob"], status=ApprovalStatus.SUPERSEDED)
+        new = ApprovalRequest.objects.create(
+            run=old.run, attempt=1, step_name="refund approval", subject_type="shop.order", subject_id="1042",
+            version="v2", summary="Refund £90", approvers=GROUP, replaces=old,
+            expires_at=timezone.now() + timedelta(hours=1),
+        )
+
+        refusal = refused(old, cast["carol"], code=RefusalCode.NOT_PENDING)
+
+        assert "review the current version (v2" in str(refusal)
+        assert refusal.superseded_by == new.pk
+
+    def test_past_its_expiry_a_pending_request_is_refused_as_expired(self, cast: Cast) -> None:
+        # The workflow's timer has not moved it to expired yet; a decision now would come too late.
+        request = waiting_request(requested_by=cast["bob"], expires_in=timedelta(seconds=-1))
+
+        refusal = refused(request, cast["carol"], code=RefusalCode.EXPIRED)
+
+        assert "expired at" in str(refusal)
+
+    def test_a_request_of_a_finished_run_is_refused(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"], run_status=RunStatus.FAILED)
+
+        refused(request, cast["carol"], code=RefusalCode.RUN_FINISHED)
+
+    def test_bad_input_is_refused_before_anything(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"])
+        before = state(request)
+
+        with pytest.raises(InvalidPayload):
+            decide(request, by=cast["carol"], approve=True, version="")
+        with pytest.raises(InvalidPayload):
+            decide(request, by=cast["carol"], approve=True, version="v1", note="x" * 5000)
+
+        assert_still_waiting(request, before)
+        assert not DecisionLog.objects.exists()
+
+
+@pytest.mark.django_db
+class TestWorkflowSide:
+    def test_subject_is_a_saved_instance_or_a_type_and_id(self, cast: Cast) -> None:
+        group = Group.objects.create(name="g")
+        assert subject_ref(group) == ("auth.group", str(group.pk))
+        assert subject_ref(("shop.order", 1042)) == ("shop.order", "1042")
+        with pytest.raises(ValueError, match="not saved"):
+            subject_ref(Group(name="unsaved"))
+        for bad in [("shop.order",), ("", 1), ("shop.order", True), "shop.order:1", ("shop.order", None)]:
+            with pytest.raises(TypeError):
+                subject_ref(bad)  # type: ignore[arg-type]
+
+    def test_a_request_names_the_version_and_its_consequence(self, cast: Cast) -> None:
+        run = waiting_request().run
+        request = approval_request_create(
+            run_id=run.id, attempt=1, step_name="refund approval", subject=("shop.order", "7"),
+            proposal=Proposal(version="3", content={"amount": "120.00"}, summary="Refund £120"),
+            approvers=GROUP, timeout=timedelta(hours=48), requested_by_id=cast["bob"].pk,
+        )
+        assert (request.status, request.version, request.summary, request.content, request.requested_by) == (
+            ApprovalStatus.PENDING, "3", "Refund £120", {"amount": "120.00"}, cast["bob"])
+        assert timedelta(hours=47) < request.expires_at - timezone.now() <= timedelta(hours=48)
+        with pytest.raises(InvalidPayload, match="approval content"):
+            approval_request_create(
+                run_id=run.id, attempt=1, step_name="x", subject=("shop.order", "7"),
+                proposal=Proposal(version="3", content={1, 2}), approvers=GROUP, timeout=timedelta(hours=1),
+            )
+
+    def test_no_request_is_raised_for_a_run_that_has_ended(self, cast: Cast) -> None:
+        run = waiting_request(run_status=RunStatus.TERMINATED).run
+
+        with pytest.raises(NonRetryableError, match="the run is terminated"):
+            approval_request_create(
+                run_id=run.id, attempt=1, step_name="late", subject=("shop.order", "7"),
+                proposal=Proposal(version="1"), approvers=GROUP, timeout=timedelta(hours=1),
+            )
+
+        assert ApprovalRequest.objects.filter(run=run).count() == 1  # only the fixture's
+
+    def test_expiry_moves_a_pending_request_to_expired_once(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"])
+
+        assert approval_expire(request_id=request.pk) == {"status": "expired", "decision": None}
+        assert approval_expire(request_id=request.pk) == {"status": "expired", "decision": None}
+
+        assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.EXPIRED
+        assert DecisionLog.objects.filter(request=request, action=DecisionAction.EXPIRE).count() == 1
+
+    def test_a_decision_that_won_the_race_with_the_timer_stands(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"])
+        decide(request, by=cast["carol"], approve=True, version="v1")
+
+        expiry = approval_expire(request_id=request.pk)
+
+        assert expiry["status"] == ApprovalStatus.APPROVED
+        assert expiry["decision"] == RunEvent.objects.get(run=request.run).payload
+        assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.APPROVED
+
+    def test_recheck_supersedes_an_approval_of_a_version_no_longer_current(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"])
+        decide(request, by=cast["carol"], approve=True, version="v1")
+
+        same = approval_recheck(request_id=request.pk, current=Proposal(version="v1"))
+        assert same == {"changed": False, "approved_version": "v1", "current_version": "v1"}
+        assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.APPROVED
+
+        changed = approval_recheck(request_id=request.pk, current=Proposal(version="v2"))
+        assert changed == {"changed": True, "approved_version": "v1", "current_version": "v2"}
+        assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.SUPERSEDED
+        log = DecisionLog.objects.get(request=request, action=DecisionAction.SUPERSEDE)
+        assert log.version == "v2" and "from version v1 to v2" in log.message
+
+    def test_proposals_from_load_are_checked(self) -> None:
+        assert Proposal.of(("2", {"a": 1}, "s")) == Proposal(version="2", content={"a": 1}, summary="s")
+        assert Proposal.of({"version": "2"}) == Proposal(version="2")
+        for bad in [("2", {}), (2, {}, "s"), ("", None, ""), None]:
+            with pytest.raises(TypeError):
+                Proposal.of(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.django_db
+class TestCancellation:
+    def test_terminating_the_run_cancels_its_pending_requests(self, cast: Cast) -> None:
+        # given a pending request and an approved one on the same run
+        pending = waiting_request(requested_by=cast["bob"])
+        decided = ApprovalRequest.objects.create(
+            run=pending.run, attempt=1, step_name="earlier", subject_type="shop.order", subject_id="1",
+            version="v0", summary="s", approvers=GROUP, status=ApprovalStatus.APPROVED,
+            expires_at=timezone.now() + timedelta(hours=1),
+        )
+
+        # when the run is terminated (the engine calls the hook inside run_terminate)
+        wf_services.run_terminate(run_id=pending.run_id)
+
+        # then only the pending one is cancelled, once
+        assert ApprovalRequest.objects.get(pk=pending.pk).status == ApprovalStatus.CANCELLED
+        assert ApprovalRequest.objects.get(pk=decided.pk).status == ApprovalStatus.APPROVED
+        assert cancel_for_run(pending.run_id) == 0  # idempotent
+        log = DecisionLog.objects.get(request=pending, action=DecisionAction.CANCEL)
+        assert (log.message, log.channel) == ("the run is terminated", "system")
+        refused(pending, cast["carol"], code=RefusalCode.NOT_PENDING)
+
+    def test_cancel_for_run_leaves_a_live_runs_current_requests_alone(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"])
+
+        assert cancel_for_run(request.run_id) == 0
+        assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.PENDING
+
+    def test_after_a_restart_the_earlier_attempts_requests_are_cancelled(self, cast: Cast) -> None:
+        request = waiting_request(requested_by=cast["bob"])
+
+        wf_services.run_restart(run_id=request.run_id)  # the restart hook cancels in its transaction
+
+        assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.CANCELLED
+        assert "restarted (attempt 2)" in DecisionLog.objects.get(action=DecisionAction.CANCEL).message
+        assert cancel_for_run(request.run_id) == 0  # nothing left for the sweep
+
+    def test_the_sweep_cancels_what_the_hook_does_not_see_and_only_that(self, cast: Cast) -> None:
+        live = waiting_request(requested_by=cast["bob"])
+        failed = waiting_request(requested_by=cast["bob"], run_status=RunStatus.FAILED)
+        restarted = waiting_request(requested_by=cast["bob"])
+        wf_services.run_restart(run_id=restarted.run_id)
+
+        call_command("approvals", "sweep")
+
+        assert ApprovalRequest.objects.get(pk=live.pk).status == ApprovalStatus.PENDING
+        assert ApprovalRequest.objects.get(pk=failed.pk).status == ApprovalStatus.CANCELLED
+        assert ApprovalRequest.objects.get(pk=restarted.pk).status == ApprovalStatus.CANCELLED
+        assert cancel_orphans() == 0
+
+
+@pytest.mark.django_db
+def test_the_command_lists_the_queue(cast: Cast, capsys: pytest.CaptureFixture[str]) -> None:
+    pending = waiting_request(requested_by=cast["bob"], version="v9")
+    waiting_request(status=ApprovalStatus.APPROVED)
+
+    call_command("approvals", "list")
+
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1 and out[0].startswith(f"{pending.pk}\tpending\tshop.order:1042 version v9\trefund-approvers")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ten_concurrent_decisions_make_exactly_one_transition_and_one_event(
+    cast: Cast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given ten reviewers in the group, five approving and five rejecting at the same instant
+    monkeypatch.setattr(wf_services, "enqueue_run", lambda run_id, **kw: None)  # no worker advances the run
+    group = Group.objects.get(name=GROUP)
+    reviewers = [User.objects.create_user(f"reviewer{i}", password="pw") for i in range(10)]
+    group.user_set.add(*reviewers)
+    request = waiting_request(requested_by=cast["bob"])
+    barrier = threading.Barrier(len(reviewers))
+    outcomes: list[Any] = [None] * len(reviewers)
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait()
+            decided = decide(request.pk, by=reviewers[i], approve=i % 2 == 0, version="v1")
+            outcomes[i] = ("created" if decided.created else "repeated", i % 2 == 0)
+        except ApprovalRefused as refusal:
+            outcomes[i] = (str(refusal.code), i % 2 == 0)
+        finally:
+            connection.close()
+
+    # when
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(len(reviewers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+
+    # then exactly one made the transition and sent the one event
+    request.refresh_from_db()
+    winner_approved = request.status == ApprovalStatus.APPROVED
+    assert [o[0] for o in outcomes].count("created") == 1
+    assert RunEvent.objects.filter(run=request.run).count() == 1
+    assert DecisionLog.objects.filter(request=request, result=DecisionResult.ACCEPTED).count() == 1
+    assert DecisionLog.objects.filter(request=request).count() == 10
+    # the others saw its result: the same decision is repeated, the opposite one refused naming it
+    for kind, approving in outcomes:
+        if kind != "created":
+            assert kind == ("repeated" if approving == winner_approved else RefusalCode.NOT_PENDING)
+    winner = next(reviewers[i] for i, o in enumerate(outcomes) if o[0] == "created")
+    assert request.decided_by == winner
