@@ -116,6 +116,8 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": envfloat("WORKFLOWS_SWEEP_INTERVAL", 1.0),
         "options": {"expires": 30},
     },
+    # Backstop for approvals left pending by runs that failed or restarted.
+    "approvals-sweep": {"task": "approvals.sweep", "schedule": 60.0, "options": {"expires": 120}},
 }
 
 # --- Channels ---------------------------------------------------------------------------------
@@ -170,6 +172,28 @@ WORKFLOWS: dict[str, Any] = {
     # PostgreSQL or machine crash may lose the last fraction of a second of step results, and
     # those steps run again (atomic steps stay all-or-nothing; ledger effects stay single).
     "STEP_COMMIT": envstr("WORKFLOWS_STEP_COMMIT", "sync"),
+}
+
+# --- The ledger: external side effects and operational records (DESIGN.md section 4) ------------
+LEDGER: dict[str, Any] = {
+    # Per HTTP call to an external system. A connect timeout means nothing was sent (safe to send
+    # again); a read timeout means the request may have taken effect (the outcome is unknown).
+    "CONNECT_TIMEOUT": envfloat("LEDGER_CONNECT_TIMEOUT", 5.0),
+    "READ_TIMEOUT": envfloat("LEDGER_READ_TIMEOUT", 30.0),
+    # A submitted operation older than this is no longer in flight (its worker died mid-call):
+    # the next perform, `manage.py reconcile` and the admin look it up. Must exceed
+    # CONNECT_TIMEOUT + 2 * READ_TIMEOUT (checked at start-up, ledger.E001).
+    "STALE_SUBMITTED_SECONDS": envfloat("LEDGER_STALE_SUBMITTED_SECONDS", 120.0),
+    # Keys whose values never reach operational records or logs, matched case-insensitively at
+    # any depth, ignoring "_" and "-" (so cardNumber matches card_number). Whole keys only.
+    "REDACT_KEYS": envlist("LEDGER_REDACT_KEYS", [
+        "address", "billing_address", "shipping_address", "street", "postcode", "zip",
+        "email", "phone", "phone_number", "mobile",
+        "card", "card_number", "pan", "cvc", "cvv", "iban", "account_number", "sort_code",
+        "full_name", "first_name", "last_name", "date_of_birth", "dob", "ssn", "national_id", "tax_id",
+    ]),
+    # `manage.py purge_records` deletes operational records older than this by default.
+    "RETENTION_DAYS": envint("LEDGER_RETENTION_DAYS", 90),
 }
 
 LOGGING = {

@@ -1,0 +1,56 @@
+"""The ledger: external side effects done at most once, and what a colleague needs to answer for them.
+
+    from ledger import perform, OutcomeUnknown, IdempotencyConflict, OperationFailed
+    from ledger import register_adapter, HttpAdapter, record_create
+
+The services are imported lazily so that importing this package does not need Django's app
+registry to be ready (an app's ready() registers its adapters through it).
+"""
+from typing import Any
+
+from ledger.adapters import (
+    Adapter,
+    Failed,
+    LookupOutcome,
+    NoEffect,
+    NotFound,
+    SubmitOutcome,
+    Succeeded,
+    Unknown,
+    register_adapter,
+    unregister_adapter,
+)
+from ledger.exceptions import (
+    IdempotencyConflict,
+    InvalidOperation,
+    LedgerError,
+    OperationFailed,
+    OperationInProgress,
+    OutcomeUnknown,
+    PerformInTransaction,
+    ProviderUnavailable,
+    UnknownSystem,
+)
+from ledger.http import HttpAdapter
+from ledger.redaction import redact
+
+_LAZY = {
+    "perform": ("ledger.services", "operation_perform"),
+    "record_create": ("ledger.services", "record_create"),
+}
+
+__all__ = [
+    "Adapter", "Failed", "HttpAdapter", "IdempotencyConflict", "InvalidOperation", "LedgerError", "LookupOutcome",
+    "NoEffect", "NotFound", "OperationFailed", "OperationInProgress", "OutcomeUnknown", "PerformInTransaction",
+    "ProviderUnavailable", "SubmitOutcome", "Succeeded", "Unknown", "UnknownSystem", "redact", "register_adapter",
+    "unregister_adapter", *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
+    raise AttributeError(f"module 'ledger' has no attribute {name!r}")

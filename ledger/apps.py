@@ -1,6 +1,30 @@
+from __future__ import annotations
+
+from typing import Any
+
 from django.apps import AppConfig
+from django.core import checks
 
 
 class LedgerConfig(AppConfig):
     name = "ledger"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        checks.register(check_timeouts)
+
+
+def check_timeouts(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A submit younger than its own timeouts may still be in flight: taking it for stale would let a
+    lookup answer "not found" for a request still on its way, and the ledger send it a second time."""
+    from ledger.conf import conf
+
+    settings = conf()
+    longest_call = settings["CONNECT_TIMEOUT"] + 2 * settings["READ_TIMEOUT"]  # connect, write, read
+    if settings["STALE_SUBMITTED_SECONDS"] <= longest_call:
+        return [checks.Error(
+            f"LEDGER_STALE_SUBMITTED_SECONDS ({settings['STALE_SUBMITTED_SECONDS']:g}) must exceed "
+            f"LEDGER_CONNECT_TIMEOUT + 2 * LEDGER_READ_TIMEOUT ({longest_call:g}), the longest a call may last",
+            id="ledger.E001",
+        )]
+    return []

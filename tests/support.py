@@ -7,10 +7,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from django.db import connection
@@ -153,3 +154,25 @@ def wait_for_status(run_id: UUID | str, *statuses: str, timeout: float = 30.0) -
 
 def wait_for_terminal(run_id: UUID | str, timeout: float = 30.0) -> WorkflowRun:
     return wait_for_status(run_id, "completed", "failed", "terminated", timeout=timeout)
+
+
+def race(fn: Callable[[], Any], n: int = 2) -> list[Any]:
+    """Call fn in n threads released together by a barrier; return what each returned or raised."""
+    barrier = threading.Barrier(n)
+    results: list[Any] = [None] * n
+
+    def body(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = fn()
+        except Exception as exc:
+            results[i] = exc
+        finally:
+            connection.close()  # each thread has its own connection; the test database must not keep it
+
+    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results

@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-from django.db import connection
 
+from tests.support import race
 from tests.workflows_fixtures import lines
 from workflows import engine
 from workflows import public as wf
@@ -17,26 +15,6 @@ from workflows import steps as step_store
 from workflows.models import RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def race(fn: Callable[[], Any], n: int = 2) -> list[Any]:
-    """Call fn in n threads released together by a barrier; return what each returned."""
-    barrier = threading.Barrier(n)
-    results: list[Any] = [None] * n
-
-    def body(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = fn()
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return results
 
 
 def test_two_workers_on_one_run_run_each_step_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,103 @@
+"""Adapters: how the ledger talks to one external system, and the typed outcomes they return.
+
+An adapter is registered per system, in every process that performs or reconciles (web, workers,
+management commands), typically from an ``AppConfig.ready()``::
+
+    register_adapter("payments", HttpAdapter(base_url=settings.PAYMENTS_URL))
+
+``submit(op)`` sends the operation with ``op.key`` as the provider's idempotency key and says what
+happened; ``lookup(op)`` asks the provider what happened to ``op.key``. Neither touches the
+database: the services record what they return. An adapter must not raise for an answer it
+understands; an exception from ``submit`` is taken as "may have been sent" (unknown).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ledger.exceptions import UnknownSystem
+
+if TYPE_CHECKING:
+    from ledger.models import ExternalOperation
+
+
+@dataclass(frozen=True)
+class Succeeded:
+    """The provider did it; ``response`` (JSON) is what ``perform`` returns, now and from storage."""
+
+    response: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A definitive rejection: the provider will not do it with this request."""
+
+    reason: str
+    detail: Any = None
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """From ``submit``: sent, but no usable answer (read timeout, connection lost, 5xx): it may
+    have taken effect. From ``lookup``: the lookup itself could not tell (it failed, timed out,
+    or the provider says the operation is still processing)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class NoEffect:
+    """From ``submit`` only: the provider certainly did not act on it (the connection was never
+    made, or it refused before acting, e.g. 429). Sending again with the same key is safe."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class NotFound:
+    """From ``lookup`` only: the provider has no record of the key, so it never took effect."""
+
+
+SubmitOutcome = Succeeded | Failed | Unknown | NoEffect
+LookupOutcome = Succeeded | Failed | NotFound | Unknown
+
+
+class Adapter(Protocol):
+    @property
+    def can_lookup(self) -> bool:
+        """False for systems that cannot say what happened to a key: their unknown operations
+        wait for a person (the admin's manual resolution). A plain class attribute will do."""
+
+    def submit(self, op: ExternalOperation) -> SubmitOutcome: ...
+
+    def lookup(self, op: ExternalOperation) -> LookupOutcome: ...
+
+
+_adapters: dict[str, Adapter] = {}
+_lock = threading.Lock()
+
+
+def register_adapter(system: str, adapter: Adapter) -> None:
+    """Use ``adapter`` for ``system`` in this process (replacing any earlier one)."""
+    if not system or not isinstance(system, str):
+        raise ValueError("system must be a non-empty string")
+    with _lock:
+        _adapters[system] = adapter
+
+
+def unregister_adapter(system: str) -> None:
+    with _lock:
+        _adapters.pop(system, None)
+
+
+def get_adapter(system: str) -> Adapter:
+    try:
+        return _adapters[system]
+    except KeyError:
+        known = ", ".join(sorted(_adapters)) or "none"
+        raise UnknownSystem(f"no adapter is registered for system {system!r} (registered: {known})") from None
+
+
+def has_adapter(system: str) -> bool:
+    return system in _adapters

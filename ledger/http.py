@@ -1,0 +1,177 @@
+"""``HttpAdapter``: a JSON-over-HTTP adapter configured by a base URL and two paths.
+
+What each failure means, which is the whole point of the ledger:
+
+- **Connect error or connect timeout** (refused, unreachable, DNS, TLS handshake, no pooled
+  connection in time): the request never left this machine, so the provider cannot have acted.
+  ``NoEffect``: the operation goes back to ``pending`` and ``perform`` raises
+  ``ProviderUnavailable``, which is safe to retry with the same key.
+- **Read or write timeout, connection dropped, malformed answer** after the connection was made:
+  the provider may have received the request and acted on it. ``Unknown``: never sent again
+  without a lookup first.
+- **5xx, 408, 409, 425**: the provider got the request and said something went wrong, but a 500
+  can come after the effect was committed and a 502/504 from a gateway says nothing about the
+  service behind it. ``Unknown`` too; with a lookup-capable provider the next attempt finds out
+  at once (not found → sent again, found → resolved), so this costs one lookup, never a double
+  effect.
+- **429**: refused before acting (rate limit): ``NoEffect``.
+- **Other 4xx**: a definitive rejection (declined, invalid): ``Failed``; the key is spent.
+
+Every call uses a fresh connection (one ``httpx.Client`` per call): a reused keep-alive
+connection that the server had closed fails *after* the request was written, which would blur
+the line between "never sent" and "sent, no answer" that the first two cases depend on.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+import httpx
+
+from ledger.adapters import Failed, LookupOutcome, NoEffect, NotFound, SubmitOutcome, Succeeded, Unknown
+from ledger.conf import conf
+
+if TYPE_CHECKING:
+    from ledger.models import ExternalOperation
+
+logger = logging.getLogger(__name__)
+
+# Values of a "status" field in a provider's answer.
+FAILED_STATES = frozenset({"failed", "declined", "rejected", "canceled", "cancelled"})
+PENDING_STATES = frozenset({"pending", "processing", "queued", "in_progress", "accepted"})
+UNKNOWN_HTTP = frozenset({408, 409, 425})
+
+
+class HttpAdapter:
+    """POST ``base_url + submit_path`` with the request as JSON and ``Idempotency-Key: <op.key>``;
+    GET ``base_url + lookup_path`` to ask what happened to the key (200 with the operation, 404 if
+    the provider never saw it). Paths may use ``{action}`` and ``{key}`` (URL-quoted).
+
+    Timeouts default to settings.LEDGER CONNECT_TIMEOUT and READ_TIMEOUT, read at call time.
+    Subclass and override ``submit_body``, ``submit_outcome``, ``lookup_outcome`` or
+    ``body_outcome`` for a provider with another shape.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        submit_path: str = "/{action}",
+        lookup_path: str | None = "/{action}/{key}",
+        headers: Mapping[str, str] | None = None,
+        connect_timeout: float | None = None,
+        read_timeout: float | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.submit_path = submit_path
+        self.lookup_path = lookup_path
+        self.headers = dict(headers or {})
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+
+    @property
+    def can_lookup(self) -> bool:
+        return self.lookup_path is not None
+
+    # --- the two calls ---
+    def submit(self, op: ExternalOperation) -> SubmitOutcome:
+        url = self.url(self.submit_path, op)
+        try:
+            response = self._send("POST", url, json=self.submit_body(op), headers={"Idempotency-Key": op.key})
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            # No connection, so no byte of the request reached the provider.
+            return NoEffect(f"could not connect to {self.base_url}: {_describe(exc)}")
+        except httpx.TimeoutException as exc:
+            # Connected and (at least partly) sent: the provider may be acting on it right now.
+            return Unknown(f"no answer from {self.base_url} in time: {_describe(exc)}")
+        except httpx.HTTPError as exc:
+            return Unknown(f"the request to {self.base_url} failed after it was sent: {_describe(exc)}")
+        return self.submit_outcome(response)
+
+    def lookup(self, op: ExternalOperation) -> LookupOutcome:
+        if self.lookup_path is None:
+            return Unknown(f"{self.base_url} cannot look operations up")
+        try:
+            response = self._send("GET", self.url(self.lookup_path, op))
+        except httpx.HTTPError as exc:
+            # A lookup changes nothing at the provider: whatever went wrong, we simply do not know.
+            return Unknown(f"the lookup at {self.base_url} failed: {_describe(exc)}")
+        return self.lookup_outcome(response)
+
+    # --- what answers mean ---
+    def submit_body(self, op: ExternalOperation) -> Any:
+        return op.request
+
+    def submit_outcome(self, response: httpx.Response) -> SubmitOutcome:
+        status = response.status_code
+        if response.is_success:
+            return self.body_outcome(_json(response))
+        if status == 429:
+            return NoEffect("the provider refused it before acting (HTTP 429, too many requests)")
+        if status in UNKNOWN_HTTP or status >= 500:
+            return Unknown(f"the provider answered HTTP {status}; it may or may not have acted")
+        if 400 <= status < 500:
+            body = _json(response)
+            return Failed(reason=_error_code(body) or f"http_{status}", detail=body)
+        return Unknown(f"unexpected HTTP {status} from the provider")
+
+    def lookup_outcome(self, response: httpx.Response) -> LookupOutcome:
+        if response.status_code == 404:
+            return NotFound()
+        if response.status_code == 200:
+            return self.body_outcome(_json(response))
+        return Unknown(f"the lookup answered HTTP {response.status_code}")
+
+    def body_outcome(self, body: Any) -> Succeeded | Failed | Unknown:
+        """A 2xx answer (to a submit or a lookup) by its ``status`` field, if it has one."""
+        state = str(body.get("status", "")).lower() if isinstance(body, dict) else ""
+        if state in FAILED_STATES:
+            reason = body.get("reason") or body.get("failure_reason") or _error_code(body) or state
+            return Failed(reason=str(reason), detail=body)
+        if state in PENDING_STATES:
+            return Unknown(f"the provider says the operation is {state}")
+        return Succeeded(response=body)
+
+    # --- plumbing ---
+    def url(self, path: str, op: ExternalOperation) -> str:
+        return self.base_url + path.format(action=quote(op.action, safe=""), key=quote(op.key, safe=""))
+
+    def timeout(self) -> httpx.Timeout:
+        settings = conf()
+        connect = self.connect_timeout if self.connect_timeout is not None else settings["CONNECT_TIMEOUT"]
+        read = self.read_timeout if self.read_timeout is not None else settings["READ_TIMEOUT"]
+        return httpx.Timeout(connect=connect, read=read, write=read, pool=connect)
+
+    def _send(self, method: str, url: str, *, json: Any = None, headers: Mapping[str, str] | None = None
+              ) -> httpx.Response:
+        all_headers = {"Accept": "application/json", **self.headers, **(headers or {})}
+        # A client per call: a fresh connection, see the module docstring.
+        with httpx.Client(timeout=self.timeout()) as client:
+            response = client.request(method, url, json=json, headers=all_headers)
+        # Method, URL and status only: bodies may hold personal data (the services log them redacted).
+        logger.debug("%s %s → HTTP %s", method, url, response.status_code)
+        return response
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        return {"body": response.text[:2000]}
+
+
+def _error_code(body: Any) -> str | None:
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error")
+    if isinstance(error, dict) and error.get("code"):
+        return str(error["code"])
+    if isinstance(error, str) and error:
+        return error
+    return str(body["code"]) if body.get("code") else None
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -1,0 +1,14 @@
+"""Writes of the ledger: perform, reconcile, resolve by hand, records and their retention."""
+from ledger.services.operations import check_operation, operation_perform, request_fingerprint
+from ledger.services.reconciliation import (
+    ReconcileResult,
+    operation_reconcile,
+    operation_resolve,
+    operations_reconcile,
+)
+from ledger.services.records import PurgeResult, record_create, record_purge
+
+__all__ = [
+    "PurgeResult", "ReconcileResult", "check_operation", "operation_perform", "operation_reconcile",
+    "operation_resolve", "operations_reconcile", "record_create", "record_purge", "request_fingerprint",
+]

@@ -1,0 +1,129 @@
+"""What the ledger's services share: the row lock, staleness, the audit trail and redacted logging."""
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from ledger.adapters import Adapter, Failed, LookupOutcome, NoEffect, NotFound, SubmitOutcome, Succeeded, Unknown
+from ledger.conf import stale_after
+from ledger.models import EventKind, EventOutcome, ExternalOperation, OperationEvent, OperationStatus
+from ledger.redaction import redact
+
+# One logger for the whole ledger, so an operator can route it; it only ever sees redacted data.
+logger = logging.getLogger("ledger")
+
+
+def lock(operation_id: int) -> ExternalOperation:
+    """The operation, its row locked until the transaction ends. Call inside atomic().
+
+    Every status change takes this lock first, so two workers (or a worker and the reconcile
+    command, or a person in the admin) never decide from the same stale read.
+    """
+    return ExternalOperation.objects.select_for_update().get(pk=operation_id)
+
+
+def is_stale(op: ExternalOperation, *, now: datetime | None = None, age: timedelta | None = None) -> bool:
+    """A submitted operation whose worker can no longer be waiting for the answer: the call would
+    have timed out long ago (LEDGER STALE_SUBMITTED_SECONDS, or ``age``), so the worker died."""
+    if op.status != OperationStatus.SUBMITTED:
+        return False
+    if op.submitted_at is None:
+        return True
+    return op.submitted_at < (now or timezone.now()) - (stale_after() if age is None else age)
+
+
+def outcome_code(outcome: SubmitOutcome | LookupOutcome) -> str:
+    return {
+        Succeeded: EventOutcome.SUCCEEDED, Failed: EventOutcome.FAILED, Unknown: EventOutcome.UNKNOWN,
+        NoEffect: EventOutcome.NO_EFFECT, NotFound: EventOutcome.NOT_FOUND,
+    }[type(outcome)]
+
+
+def outcome_detail(outcome: SubmitOutcome | LookupOutcome) -> Any:
+    """What an outcome says, as JSON (unredacted: callers redact before storing or logging)."""
+    if isinstance(outcome, Succeeded):
+        return {"response": outcome.response}
+    if isinstance(outcome, Failed):
+        return {"reason": outcome.reason, "detail": outcome.detail}
+    if isinstance(outcome, Unknown | NoEffect):
+        return {"reason": outcome.reason}
+    return None
+
+
+def safe_lookup(adapter: Adapter, op: ExternalOperation) -> LookupOutcome:
+    """The adapter's lookup; a bug in it is an Unknown with the reason, never a crash of the
+    reconciliation of every other operation."""
+    try:
+        return adapter.lookup(op)
+    except Exception as exc:  # any failure to look up means "we still do not know"
+        logger.exception("lookup of %s at %s raised", op.key, op.system)
+        return Unknown(f"the lookup raised {type(exc).__name__}: {exc}")
+
+
+def record_event(
+    op: ExternalOperation, *, kind: str, outcome: str, before: str, detail: Any = None, note: str = "",
+    log_note: bool = True,
+) -> OperationEvent:
+    """Append to the operation's audit trail (detail redacted) and log the same, redacted."""
+    detail = redact(detail)
+    event = OperationEvent.objects.create(
+        operation=op, kind=kind, outcome=outcome, status_before=before, status_after=op.status,
+        detail=detail, note=note,
+    )
+    level = logging.WARNING if op.status == OperationStatus.UNKNOWN or outcome == EventOutcome.UNKNOWN else logging.INFO
+    logger.log(
+        level, "%s %s %s: %s answered %s; %s → %s%s%s", op.system, op.action, op.key, kind, outcome, before,
+        op.status, f" ({note})" if note and log_note else "",
+        f" {json.dumps(detail, default=str)}" if detail is not None else "",
+    )
+    return event
+
+
+def apply_lookup(op: ExternalOperation, outcome: LookupOutcome, *, now: datetime) -> str:
+    """Record what a lookup found and return a note for people. Call inside atomic() with the row
+    locked (``lock``), the operation unknown or stale submitted.
+
+    Found → succeeded or failed. Not found → pending (it never took effect; sending again is safe).
+    The lookup could not tell → an unknown operation stays unknown; a stale submitted one becomes
+    unknown, so it shows among those that need attention.
+    """
+    before = op.status
+    op.lookup_count += 1
+    op.looked_up_at = now
+    if isinstance(outcome, Succeeded):
+        op.reconcile_succeeded()
+        op.response, op.error, op.finished_at = outcome.response, None, now
+        note = "the provider has it as succeeded"
+    elif isinstance(outcome, Failed):
+        op.reconcile_failed()
+        op.error, op.finished_at = {"reason": outcome.reason, "detail": outcome.detail}, now
+        note = f"the provider has it as failed: {outcome.reason}"
+    elif isinstance(outcome, NotFound):
+        op.reconcile_not_found()
+        note = "the provider never received it, so it never took effect: safe to send again"
+    else:
+        if op.status == OperationStatus.SUBMITTED:
+            op.lose_track()
+        note = f"the lookup could not tell: {outcome.reason}"
+    op.note = note
+    op.save()
+    record_event(op, kind=EventKind.LOOKUP, outcome=outcome_code(outcome), before=before,
+                 detail=outcome_detail(outcome), note=note)
+    return note
+
+
+def ago(when: datetime | None, *, now: datetime | None = None) -> str:
+    if when is None:
+        return "at an unknown time"
+    seconds = int(((now or timezone.now()) - when).total_seconds())
+    if seconds < 120:
+        return f"{seconds}s ago"
+    if seconds < 7200:
+        return f"{seconds // 60}m ago"
+    if seconds < 172800:
+        return f"{seconds // 3600}h ago"
+    return f"{seconds // 86400}d ago"

@@ -1,0 +1,176 @@
+"""Resolving operations whose outcome is not known: by asking the provider (``operation_reconcile``,
+``operations_reconcile``: the reconcile command and the admin's "reconcile now"), or by a person
+with a note (``operation_resolve``: the admin's manual resolution).
+
+Reconciliation never submits: a key the provider never saw goes back to ``pending``, and the
+next ``perform`` (the workflow's retry) sends it. Lookups run outside any transaction; what they
+found is recorded with the row locked, and only if nobody moved the operation in between.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Literal
+
+from django.db import transaction
+from django.utils import timezone
+
+from ledger.adapters import Failed, LookupOutcome, NotFound, Succeeded, get_adapter, has_adapter
+from ledger.exceptions import ResolutionRefused
+from ledger.models import RECONCILABLE, EventKind, EventOutcome, ExternalOperation, OperationStatus
+from ledger.selectors import can_resolve_operations, operations_to_reconcile
+from ledger.services.common import ago, apply_lookup, is_stale, lock, logger, record_event, safe_lookup
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AbstractUser, AnonymousUser
+
+# resolved: the outcome is now known. flagged: it still needs a person. skipped: nothing to do
+# yet (already final, or a submit that may still be in flight).
+Verdict = Literal["resolved", "flagged", "skipped"]
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    operation_id: int
+    key: str
+    system: str
+    before: str
+    after: str
+    verdict: Verdict
+    note: str
+    dry_run: bool = False
+
+
+def operations_reconcile(
+    *, system: str | None = None, older_than: timedelta | None = None, dry_run: bool = False
+) -> list[ReconcileResult]:
+    """Reconcile every unknown operation and every stale submitted one (see
+    ``selectors.operations_to_reconcile``), oldest submit first; one result per operation.
+
+    One operation's failure (a provider down, an adapter bug) is its own flagged row, never the
+    end of the others'.
+    """
+    results = []
+    ids = list(operations_to_reconcile(system=system, older_than=older_than).values_list("pk", flat=True))
+    for operation_id in ids:
+        try:
+            results.append(operation_reconcile(operation_id=operation_id, min_age=older_than, dry_run=dry_run))
+        except Exception as exc:
+            logger.exception("reconcile of operation %s raised", operation_id)
+            op = ExternalOperation.objects.get(pk=operation_id)
+            results.append(_result(op, op.status, "flagged", f"reconciling raised {type(exc).__name__}: {exc}",
+                                   dry_run=dry_run))
+    return results
+
+
+def operation_reconcile(
+    *, operation_id: int, min_age: timedelta | None = None, dry_run: bool = False
+) -> ReconcileResult:
+    """Look one operation up and record what the provider says, if it is unknown or a submit
+    older than ``min_age`` (default LEDGER STALE_SUBMITTED_SECONDS). ``dry_run`` looks up (a read
+    at the provider) but changes nothing here, and says what it would have done."""
+    op = ExternalOperation.objects.get(pk=operation_id)
+    now = timezone.now()
+    if op.status not in RECONCILABLE:
+        return _result(op, op.status, "skipped", f"nothing to reconcile: it is {op.status}", dry_run=dry_run)
+    if op.status == OperationStatus.SUBMITTED and not is_stale(op, now=now, age=min_age):
+        return _result(op, op.status, "skipped",
+                       f"sent {ago(op.submitted_at, now=now)}; may still be in flight, not checked", dry_run=dry_run)
+    if not has_adapter(op.system):
+        return _result(op, op.status, "flagged", f"no adapter for {op.system!r} in this process", dry_run=dry_run)
+    adapter = get_adapter(op.system)
+    if not adapter.can_lookup:
+        return _cannot_look_up(op, dry_run=dry_run)
+    outcome = safe_lookup(adapter, op)  # outside any transaction: a network call
+    if dry_run:
+        after, would, note = _would_be(op, outcome)
+        return _result(op, after, would, note, dry_run=True, before=op.status)
+    with transaction.atomic():
+        current = lock(op.pk)
+        if (current.status, current.submit_count) != (op.status, op.submit_count):
+            return _result(current, current.status, "skipped",
+                           f"changed while it was looked up (it was {op.status}); left as it is", before=op.status)
+        note = apply_lookup(current, outcome, now=timezone.now())
+    verdict: Verdict = "flagged" if current.status == OperationStatus.UNKNOWN else "resolved"
+    return _result(current, current.status, verdict, note, before=op.status)
+
+
+def _cannot_look_up(op: ExternalOperation, *, dry_run: bool) -> ReconcileResult:
+    """A system that cannot say what happened: a stale submit becomes unknown (so the admin lists
+    it among those needing attention); either way a person has to resolve it."""
+    note = f"{op.system} cannot look operations up: resolve it by hand in the admin"
+    before = op.status
+    if op.status == OperationStatus.SUBMITTED and not dry_run:
+        with transaction.atomic():
+            current = lock(op.pk)
+            if current.status == OperationStatus.SUBMITTED and current.submit_count == op.submit_count:
+                current.lose_track()
+                current.note = note
+                current.save()
+                record_event(current, kind=EventKind.LOOKUP, outcome=EventOutcome.UNKNOWN, before=before, note=note)
+            op = current
+    after = OperationStatus.UNKNOWN if dry_run else op.status
+    return _result(op, after, "flagged", note, dry_run=dry_run, before=before)
+
+
+def _would_be(op: ExternalOperation, outcome: LookupOutcome) -> tuple[str, Verdict, str]:
+    if isinstance(outcome, Succeeded):
+        return OperationStatus.SUCCEEDED, "resolved", "the provider has it as succeeded"
+    if isinstance(outcome, Failed):
+        return OperationStatus.FAILED, "resolved", f"the provider has it as failed: {outcome.reason}"
+    if isinstance(outcome, NotFound):
+        return OperationStatus.PENDING, "resolved", "the provider never received it: safe to send again"
+    return OperationStatus.UNKNOWN, "flagged", f"the lookup could not tell: {outcome.reason}"
+
+
+def _result(
+    op: ExternalOperation, after: str, verdict: Verdict, note: str, *, dry_run: bool = False, before: str | None = None
+) -> ReconcileResult:
+    return ReconcileResult(
+        operation_id=op.pk, key=op.key, system=op.system, before=before or op.status, after=after,
+        verdict=verdict, note=note, dry_run=dry_run,
+    )
+
+
+# --- by hand ------------------------------------------------------------------------------------
+def operation_resolve(
+    *, operation_id: int, outcome: Literal["succeeded", "failed"], note: str,
+    user: AbstractUser | AnonymousUser, now: datetime | None = None,
+) -> ExternalOperation:
+    """A person's resolution of an unknown (or stale submitted) operation, after checking with the
+    provider some other way. Requires the ``ledger.resolve_externaloperation`` permission and a
+    note saying how they know; records who and when. Refusals (ResolutionRefused) change nothing.
+    """
+    note = (note or "").strip()
+    if not note:
+        raise ResolutionRefused("a note is required: say how you know the outcome")
+    if not can_resolve_operations(user):
+        raise ResolutionRefused("you may not resolve external operations")
+    if outcome not in ("succeeded", "failed"):
+        raise ResolutionRefused(f"the outcome must be succeeded or failed, not {outcome!r}")
+    now = now or timezone.now()
+    username = user.get_username()
+    with transaction.atomic():
+        op = lock(operation_id)
+        before = op.status
+        if before != OperationStatus.UNKNOWN and not is_stale(op, now=now):
+            raise ResolutionRefused(
+                f"only unknown operations (or submits gone stale) are resolved by hand; this one is {before}",
+                status=before,
+            )
+        by_hand = {"by": username, "at": now.isoformat(), "note": note}
+        if outcome == "succeeded":
+            op.reconcile_succeeded()
+            op.response = {"resolved_by_hand": by_hand}
+        else:
+            op.reconcile_failed()
+            op.error = {"reason": "resolved_by_hand", "detail": by_hand}
+        op.resolved_by_id = user.pk
+        op.resolved_at = op.finished_at = now
+        op.resolution_note = note
+        op.note = f"resolved by hand as {outcome} by {username}"
+        op.save()
+        # The note is free text a person typed: stored for the audit, not logged (no key to redact by).
+        record_event(op, kind=EventKind.RESOLVE, outcome=outcome, before=before, note=f"{username}: {note}",
+                     log_note=False)
+    return op

@@ -1,0 +1,210 @@
+"""``manage.py reconcile`` and the reconcile services, against a real HTTP provider.
+
+Operations are set up in the database in the state under test; the provider knows what it knows
+(``seed``). Lookups are real HTTP calls; nothing here submits.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from ledger import HttpAdapter, register_adapter, unregister_adapter
+from ledger.durations import InvalidDuration, describe, parse_duration
+from ledger.models import ExternalOperation, OperationEvent, OperationStatus
+from ledger.services import operation_reconcile
+from ledger.tests.provider import FakeProvider, Fault
+from ledger.tests.support import make_operation, snapshot
+
+pytestmark = pytest.mark.django_db
+
+
+def reconcile(*args: str) -> str:
+    out = StringIO()
+    call_command("reconcile", *args, stdout=out)
+    return out.getvalue()
+
+
+def row_of(output: str, key: str) -> str:
+    [row] = [line for line in output.splitlines() if f" {key} " in f" {line} "]
+    return row
+
+
+def status_of(op: ExternalOperation) -> str:
+    return str(ExternalOperation.objects.get(pk=op.pk).status)
+
+
+@pytest.fixture
+def scene(payments: FakeProvider) -> dict[str, ExternalOperation]:
+    """One operation of each kind reconciliation meets, and what the provider knows of them."""
+    payments.seed("paid")
+    payments.seed("declined", status="failed", reason="card_declined")
+    payments.seed("fresh")
+    payments.inject("lookup", "provider-down", Fault("error", status=503))
+    return {
+        "paid": make_operation("paid"),  # unknown; the provider did it
+        "declined": make_operation("declined"),  # unknown; the provider declined it
+        "never-sent": make_operation("never-sent", OperationStatus.SUBMITTED),  # stale; the provider never got it
+        "provider-down": make_operation("provider-down"),  # unknown; the lookup fails
+        "fresh": make_operation("fresh", OperationStatus.SUBMITTED, sent_ago=timedelta(seconds=1)),  # in flight
+        "done": make_operation("done", OperationStatus.SUCCEEDED),
+    }
+
+
+def test_reconcile_resolves_what_the_provider_knows_and_flags_the_rest(
+    scene: dict[str, ExternalOperation], payments: FakeProvider
+) -> None:
+    # when
+    output = reconcile()
+
+    # then each operation is where the provider's answer puts it
+    assert status_of(scene["paid"]) == OperationStatus.SUCCEEDED
+    assert ExternalOperation.objects.get(key="paid").response == payments.records["paid"]
+    assert status_of(scene["declined"]) == OperationStatus.FAILED
+    assert ExternalOperation.objects.get(key="declined").error["reason"] == "card_declined"
+    assert status_of(scene["never-sent"]) == OperationStatus.PENDING  # the next perform sends it
+    assert status_of(scene["provider-down"]) == OperationStatus.UNKNOWN
+    assert status_of(scene["fresh"]) == OperationStatus.SUBMITTED  # its worker may still answer
+    # and nothing was submitted, the fresh and finished ones not even looked up
+    assert payments.submits() == 0
+    assert {c.key for c in payments.calls} == {"paid", "declined", "never-sent", "provider-down"}
+
+    # and the table says what it did, one row each, the unresolved one flagged
+    header, rule, *_ = output.splitlines()
+    assert header.split() == ["KEY", "SYSTEM", "BEFORE", "→", "AFTER", "NOTE"]
+    assert set(rule) <= {"-", " "}
+    assert row_of(output, "paid").split()[:6] == ["✓", "paid", "payments", "unknown", "→", "succeeded"]
+    assert "card_declined" in row_of(output, "declined")
+    assert "submitted → pending" in row_of(output, "never-sent")
+    assert "safe to send again" in row_of(output, "never-sent")
+    flagged = row_of(output, "provider-down")
+    assert flagged.startswith("!") and "unknown → unknown" in flagged and "HTTP 503" in flagged
+    assert "fresh" not in output and "done" not in output
+    assert "4 operation(s): 3 resolved, 1 flagged, 0 skipped." in output
+    assert "1 need a person" in output
+
+
+def test_dry_run_looks_up_but_changes_nothing(scene: dict[str, ExternalOperation], payments: FakeProvider) -> None:
+    # given
+    before = snapshot(*scene.values())
+    events = OperationEvent.objects.count()
+
+    # when
+    output = reconcile("--dry-run")
+
+    # then
+    assert snapshot(*scene.values()) == before
+    assert OperationEvent.objects.count() == events
+    assert "unknown would be succeeded" in row_of(output, "paid")
+    assert "submitted would be pending" in row_of(output, "never-sent")
+    assert row_of(output, "provider-down").startswith("!")
+    assert output.count("Dry run, nothing changed.") == 1
+    assert payments.submits() == 0
+
+
+def test_system_and_older_than_narrow_what_is_reconciled(payments: FakeProvider) -> None:
+    # given
+    payments.seed("old")
+    payments.seed("recent")
+    old = make_operation("old", sent_ago=timedelta(hours=2))
+    recent = make_operation("recent", sent_ago=timedelta(minutes=5))
+    elsewhere = make_operation("elsewhere", system="mail", sent_ago=timedelta(hours=2))
+    before = snapshot(recent, elsewhere)
+
+    # when
+    output = reconcile("--system", "payments", "--older-than", "10m")
+
+    # then
+    assert status_of(old) == OperationStatus.SUCCEEDED
+    assert snapshot(recent, elsewhere) == before
+    assert "recent" not in output and "elsewhere" not in output
+    assert reconcile("--system", "payments", "--older-than", "10m").startswith(
+        "Nothing to reconcile: no unknown or stale submitted operations of payments sent more than 10m ago."
+    )
+
+
+def test_an_operator_may_reconcile_a_submit_younger_than_the_stale_setting(
+    payments: FakeProvider, ledger_settings: Any
+) -> None:
+    # given a submit one minute old, not stale by the setting (10 minutes)
+    ledger_settings.LEDGER = {**ledger_settings.LEDGER, "STALE_SUBMITTED_SECONDS": 600.0}
+    payments.seed("minute-old")
+    op = make_operation("minute-old", OperationStatus.SUBMITTED, sent_ago=timedelta(minutes=1))
+    assert "Nothing to reconcile" in reconcile()
+
+    # when the operator says 30 seconds is old enough
+    reconcile("--older-than", "30s")
+
+    # then
+    assert status_of(op) == OperationStatus.SUCCEEDED
+
+
+def test_what_cannot_be_looked_up_is_flagged_for_a_person(provider: FakeProvider, ledger_settings: Any) -> None:
+    # given a system that cannot look up, and one with no adapter in this process
+    register_adapter("blind", HttpAdapter(base_url=provider.url, lookup_path=None))
+    stale = make_operation("blind-stale", OperationStatus.SUBMITTED, system="blind")
+    unknown = make_operation("blind-unknown", system="blind")
+    orphan = make_operation("orphan", system="retired")
+    try:
+        # when
+        output = reconcile()
+    finally:
+        unregister_adapter("blind")
+
+    # then the stale submit is now unknown (so the admin lists it), and every row is flagged
+    assert status_of(stale) == OperationStatus.UNKNOWN
+    assert status_of(unknown) == OperationStatus.UNKNOWN
+    assert status_of(orphan) == OperationStatus.UNKNOWN
+    for key in ("blind-stale", "blind-unknown", "orphan"):
+        assert row_of(output, key).startswith("!")
+    assert "resolve it by hand in the admin" in row_of(output, "blind-stale")
+    assert "no adapter for 'retired'" in row_of(output, "orphan")
+    assert "3 need a person" in output
+    assert provider.calls == []
+
+
+def test_reconciling_one_operation_that_needs_nothing_changes_nothing(payments: FakeProvider) -> None:
+    done = make_operation("done", OperationStatus.SUCCEEDED)
+    fresh = make_operation("fresh", OperationStatus.SUBMITTED, sent_ago=timedelta(seconds=1))
+    before = snapshot(done, fresh)
+
+    results = [operation_reconcile(operation_id=op.pk) for op in (done, fresh)]
+
+    assert [r.verdict for r in results] == ["skipped", "skipped"]
+    assert "may still be in flight" in results[1].note
+    assert snapshot(done, fresh) == before
+    assert payments.calls == []
+
+
+@pytest.mark.parametrize("bad", ["10x", "ten minutes", "-5m", "5", "1.5h", ""])
+def test_bad_durations_are_usage_errors_that_change_nothing(payments: FakeProvider, bad: str) -> None:
+    op = make_operation("untouched")
+    payments.seed("untouched")
+    before = snapshot(op)
+
+    with pytest.raises(CommandError, match="--older-than"):
+        reconcile("--older-than", bad)
+
+    assert snapshot(op) == before
+    assert payments.calls == []
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("30s", timedelta(seconds=30)), ("10m", timedelta(minutes=10)), ("2h", timedelta(hours=2)),
+    ("90d", timedelta(days=90)), ("2w", timedelta(weeks=2)), (" 10M ", timedelta(minutes=10)),
+    ("0s", timedelta(0)),
+])
+def test_parse_duration(text: str, expected: timedelta) -> None:
+    assert parse_duration(text) == expected
+
+
+def test_parse_duration_says_what_it_expected() -> None:
+    with pytest.raises(InvalidDuration, match="use a whole number and a unit, e.g. 30s, 10m, 2h, 90d"):
+        parse_duration("10 minutes")
+    with pytest.raises(InvalidDuration, match="too long"):
+        parse_duration("99999999999999d")
+    assert [describe(parse_duration(t)) for t in ("90d", "36h", "10m", "45s", "2w")] == ["90d", "36h", "10m", "45s",
+                                                                                       "2w"]
