@@ -32,6 +32,8 @@ INSTALLED_APPS = [
     "ledger",
     "approvals",
     "examples.demo",
+    "examples.refunds",
+    "examples.suppliers",
 ]
 
 MIDDLEWARE = [
