@@ -107,18 +107,11 @@ class AttemptView(TypedDict):
     finished_at: str | None
 
 
-class RunSnapshot(TypedDict):
-    """The run as the page and the socket show it. The status keys are those of StatusSummary."""
+class RunSnapshot(StatusSummary):
+    """The run as the page and the socket show it: its status summary and the rest."""
 
     id: str
     workflow: str
-    status: str
-    attempt: int
-    current_step: str
-    waiting_for: dict[str, Any] | None
-    pause_requested: bool
-    terminal: bool
-    failure_reason: str
     progress: Any
     result: Any
     error: Any
