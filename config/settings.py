@@ -198,6 +198,12 @@ LEDGER: dict[str, Any] = {
     "RETENTION_DAYS": envint("LEDGER_RETENTION_DAYS", 90),
 }
 
+# --- The refund example (examples/refunds) ------------------------------------------------------
+# The payment provider the "payments" ledger adapter talks to (examples/sandbox in development).
+SANDBOX_PAYMENTS_URL = envstr("SANDBOX_PAYMENTS_URL", "http://127.0.0.1:8765")
+# Refunds above this amount wait for a person in the "refund-approvers" group.
+REFUND_APPROVAL_LIMIT = envstr("REFUND_APPROVAL_LIMIT", "100.00")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

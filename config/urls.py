@@ -9,5 +9,6 @@ urlpatterns = [
     path("api/", include("workflows.apis.urls")),
     path("api/", include("ledger.urls")),
     path("api/", include("approvals.urls")),
+    path("api/", include("examples.refunds.urls")),
     path("", include("workflows.urls")),
 ]

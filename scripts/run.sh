@@ -28,17 +28,22 @@ setsid .venv/bin/celery -A config worker -c 2 -l INFO --without-gossip --without
 pids+=($!)
 setsid .venv/bin/celery -A config beat -l INFO -s var/celerybeat-schedule >var/beat.log 2>&1 &
 pids+=($!)
+setsid .venv/bin/python -m examples.sandbox --port 8765 --data var/sandbox.sqlite3 >var/sandbox.log 2>&1 &
+pids+=($!)
 setsid .venv/bin/daphne -b 127.0.0.1 -p "$PORT" config.asgi:application >var/web.log 2>&1 &
 pids+=($!)
 
 cat <<INFO
 
-  The system is running (logs in var/web.log, var/worker.log, var/beat.log).
+  The system is running (logs in var/web.log, var/worker.log, var/beat.log, var/sandbox.log).
 
   Admin            http://127.0.0.1:$PORT/admin/           (admin / admin)
   API docs         http://127.0.0.1:$PORT/api/docs/
   Runs (API)       http://127.0.0.1:$PORT/api/runs
   Demo run page    http://127.0.0.1:$PORT/runs/<id>/ with the id seed_demo printed above (alice / alice)
+
+  Payments sandbox http://127.0.0.1:8765/v1/stats        (refund provider; SANDBOX_PAYMENTS_URL)
+  Refunds (API)    POST http://127.0.0.1:$PORT/api/orders/1042/refunds as alice; GET /api/refunds/<id>
 
   Ctrl-C stops everything.
 INFO

@@ -5,3 +5,15 @@ class RefundsConfig(AppConfig):
     name = "examples.refunds"
     label = "refunds"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Every process that performs or reconciles (web, workers, commands) needs the adapter.
+        from django.conf import settings
+
+        from ledger import HttpAdapter, register_adapter
+
+        register_adapter("payments", HttpAdapter(
+            base_url=settings.SANDBOX_PAYMENTS_URL,
+            submit_path="/v1/{action}s",  # POST /v1/refunds with Idempotency-Key
+            lookup_path="/v1/{action}s?key={key}",  # GET /v1/refunds?key=K: 200 found, 404 never seen
+        ))

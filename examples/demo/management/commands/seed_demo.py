@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
@@ -19,6 +21,25 @@ if TYPE_CHECKING:
 ADMIN = ("admin", "admin")
 CUSTOMER = ("alice", "alice")
 RUN_KEY = "seed-demo-onboarding"
+REFUND_APPROVERS = "refund-approvers"
+VIEW_ORDERS = ["refunds.view_order", "refunds.view_refundrequest"]
+VIEW_OPERATIONS = ["ledger.view_externaloperation", "ledger.view_operationalrecord"]
+# (username, password, staff, permissions): the refund example's cast.
+REFUND_CAST: list[tuple[str, str, bool, list[str]]] = [
+    ("bob", "bob", True, VIEW_ORDERS),
+    ("carol", "carol", True, ["approvals.view_approvalrequest", *VIEW_OPERATIONS, *VIEW_ORDERS,
+                              "workflows.view_workflowrun"]),
+    ("dave", "dave", True, ["workflows.view_workflowrun", "approvals.view_approvalrequest", *VIEW_OPERATIONS,
+                            *VIEW_ORDERS]),
+    ("mallory", "mallory", False, []),
+]
+ROLES = {
+    "bob": "colleague: sees orders and refund requests in the admin",
+    "carol": "refund approver: decides refund approvals in the admin (group refund-approvers)",
+    "dave": "auditor: sees runs, operations, records and approvals, changes nothing",
+    "mallory": "another customer: sees none of alice's refunds",
+}
+DEMO_ORDERS = [("1041", "25.00", [{"sku": "MUG", "qty": 1}]), ("1042", "150.00", [{"sku": "KETTLE", "qty": 1}])]
 # Fixed, because the key is: the same key with another payload is an IdempotencyConflict.
 RUN_PAYLOAD = {"customer": "alice", "plan": "team", "settle_seconds": 3, "approval_timeout_seconds": 3600}
 
@@ -48,6 +69,52 @@ class Command(BaseCommand):
             "  Admin: /admin/workflows/workflowrun/   Approve it with:\n"
             f"  manage.py workflows send-event {run.id} approve --payload '{{\"by\": \"admin\"}}'"
         )
+        self.seed_refunds(alice)
+
+    def seed_refunds(self, alice: User) -> None:
+        """The refund example's cast and alice's orders (examples/refunds). Refunds themselves are
+        asked for by alice (POST /api/orders/<number>/refunds), so a reseed starts none."""
+        from django.contrib.auth.models import Group
+
+        from examples.refunds.models import Order
+        from examples.refunds.services import order_create
+
+        with transaction.atomic():
+            approvers, _ = Group.objects.get_or_create(name=REFUND_APPROVERS)
+            created = {}
+            for username, password, staff, perms in REFUND_CAST:
+                user, created[username] = ensure_user(username, password, superuser=False)
+                if staff and not user.is_staff:
+                    user.is_staff = True
+                    user.save(update_fields=["is_staff"])
+                user.user_permissions.add(*permissions(perms))
+                if username == "carol":
+                    user.groups.add(approvers)
+            for number, amount, items in DEMO_ORDERS:
+                if not Order.objects.filter(number=number).exists():
+                    order_create(number=number, customer=alice, amount=amount, items=items,
+                                 shipping_address={"street": "1 Demo Lane", "postcode": "AB1 2CD"})
+        self.stdout.write("Refund example logins (local demo only):")
+        for username, password, _staff, _perms in REFUND_CAST:
+            note = "" if created[username] else "  (already existed; password left as it was)"
+            self.stdout.write(f"  {username:<7} / {password:<7} {ROLES[username]}{note}")
+        self.stdout.write(
+            "  alice's orders: " + ", ".join(f"{n} (£{a})" for n, a, _ in DEMO_ORDERS)
+            + f"; refunds above £{settings.REFUND_APPROVAL_LIMIT} wait for {REFUND_APPROVERS}.\n"
+            "  Ask for one as alice: POST /api/orders/<number>/refunds {\"amount\": \"120.00\"}"
+        )
+
+
+def permissions(names: list[str]) -> list[Permission]:
+    """Permissions by "app_label.codename"; a name that does not exist is an error, not a silent gap."""
+    found = []
+    for name in names:
+        app_label, codename = name.split(".")
+        try:
+            found.append(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+        except Permission.DoesNotExist:
+            raise CommandError(f"no permission {name}: run migrate first") from None
+    return found
 
 
 def ensure_user(username: str, password: str, *, superuser: bool) -> tuple[User, bool]:

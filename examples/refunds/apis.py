@@ -1,0 +1,69 @@
+"""/api/orders/<number>/refunds (POST: ask for a refund) and /api/refunds/<id> (GET: its state in
+words). Customers see only their own: anything else is a 404, never a 403."""
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions, serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from examples.refunds.models import Order, RefundRequest
+from examples.refunds.selectors import refund_request_get, refund_status
+from examples.refunds.services import refund_request_create
+from workflows.apis.common import ApiBase, StrictCharField, StrictSerializer, idempotency_key_header
+from workflows.apis.errors import error_responses
+
+TAGS = ["refunds"]
+
+
+class RefundSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    order = serializers.CharField(source="order.number")
+    amount = serializers.DecimalField(max_digits=12, decimal_places=2)
+    reason = serializers.CharField()
+    status = serializers.SerializerMethodField()
+    run = serializers.UUIDField(source="run_id", allow_null=True)
+    created_at = serializers.DateTimeField()
+
+    def get_status(self, obj: RefundRequest) -> str:
+        return refund_status(obj)
+
+
+class RefundCreateApi(ApiBase):
+    class InputSerializer(StrictSerializer):
+        amount = StrictCharField(help_text='The amount to refund, e.g. "120.00".')
+        reason = StrictCharField(required=False, allow_blank=True, default="", max_length=500)
+
+    @extend_schema(operation_id="refund_create", tags=TAGS, request=InputSerializer,
+                   responses={201: RefundSerializer, 200: RefundSerializer, **error_responses(400, 401, 404, 409)})
+    def post(self, request: Request, number: str) -> Response:
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data: dict[str, Any] = serializer.validated_data
+        order = Order.objects.filter(number=number, customer_id=request.user.pk).first()
+        if order is None:
+            raise exceptions.NotFound()
+        try:
+            refund, created = refund_request_create(
+                order=order, customer=request.user,  # type: ignore[arg-type]  # authenticated
+                amount=data["amount"], reason=data["reason"], idempotency_key=idempotency_key_header(request),
+            )
+        except DjangoValidationError as exc:
+            raise exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages) \
+                from None
+        return Response(RefundSerializer(refund).data,
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+                        headers={"Location": f"/api/refunds/{refund.pk}"})
+
+
+class RefundDetailApi(ApiBase):
+    @extend_schema(operation_id="refund_get", tags=TAGS, responses={200: RefundSerializer,
+                                                                    **error_responses(401, 404)})
+    def get(self, request: Request, refund_id: int) -> Response:
+        refund = refund_request_get(user=request.user, request_id=refund_id)
+        if refund is None:
+            raise exceptions.NotFound()
+        return Response(RefundSerializer(refund).data)

@@ -1,0 +1,59 @@
+"""Orders and the refunds customers ask for. Changes go through ``services`` (which bump
+``Order.version``), so an approval names exactly the version a reviewer saw."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+
+class OrderStatus(models.TextChoices):
+    PLACED = "placed", "placed"
+    REFUNDED = "refunded", "refunded"
+
+
+class Order(models.Model):
+    number = models.CharField(max_length=40, unique=True)
+    customer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="orders")
+    amount = models.DecimalField(max_digits=12, decimal_places=2)
+    currency = models.CharField(max_length=3, default="GBP")
+    status = models.CharField(max_length=20, choices=OrderStatus.choices, default=OrderStatus.PLACED)
+    # Bumped by every service that changes the order: approvals are for one exact version.
+    version = models.PositiveIntegerField(default=1)
+    items = models.JSONField(default=list, blank=True)
+    # Personal data: redacted from operational records (LEDGER REDACT_KEYS has shipping_address).
+    shipping_address = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"order {self.number}"
+
+
+class RefundRequest(models.Model):
+    order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="refund_requests")
+    customer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="refund_requests")
+    amount = models.DecimalField(max_digits=12, decimal_places=2)
+    reason = models.TextField(blank=True)
+    # The customer's Idempotency-Key ("" when none was given): a replayed POST finds its request.
+    idempotency_key = models.CharField(max_length=255, blank=True)
+    run = models.ForeignKey("workflows.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL,
+                            related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["customer", "idempotency_key"], condition=~Q(idempotency_key=""),
+                                    name="refund_request_customer_key"),
+        ]
+
+    def __str__(self) -> str:
+        return f"refund request {self.pk} on order {self.order.number}"
+
+    @property
+    def operation_key(self) -> str:
+        """The ledger key of this request's refund: one refund per request, whatever retries."""
+        return operation_key(self.order.number, self.pk)
+
+
+def operation_key(order_number: str, request_id: int) -> str:
+    return f"refund:{order_number}:{request_id}"

@@ -1,0 +1,106 @@
+"""Writes: orders (every change bumps the version) and refund requests (which start the workflow)."""
+from __future__ import annotations
+
+from decimal import Decimal, InvalidOperation
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from examples.refunds.models import Order, OrderStatus, RefundRequest
+from workflows import services as workflow_services
+from workflows.exceptions import IdempotencyConflict
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+WORKFLOW = "refund"
+CHANGEABLE = frozenset({"amount", "currency", "items", "shipping_address", "status"})
+# Payload keys a caller (tests, the demo) may set to shorten the workflow's waits.
+OPTIONS = frozenset({"approval_timeout_seconds", "retry_delay_seconds", "check_interval_seconds"})
+
+
+def order_create(*, number: str, customer: User, amount: Decimal | str, currency: str = "GBP",
+                 items: list[Any] | None = None, shipping_address: dict[str, Any] | None = None) -> Order:
+    return Order.objects.create(number=number, customer=customer, amount=Decimal(amount), currency=currency,
+                                items=items or [], shipping_address=shipping_address or {})
+
+
+def order_change(*, order_id: int, **changes: Any) -> Order:
+    """Apply ``changes`` and bump the version, with the row locked (two changes never share a version)."""
+    unknown = set(changes) - CHANGEABLE
+    if unknown:
+        raise ValueError(f"cannot change {', '.join(sorted(unknown))} of an order")
+    with transaction.atomic():
+        order = Order.objects.select_for_update().get(pk=order_id)
+        for field, value in changes.items():
+            setattr(order, field, Decimal(value) if field == "amount" else value)
+        order.version += 1
+        order.save()
+    return order
+
+
+def order_mark_refunded(*, order_id: int) -> Order:
+    return order_change(order_id=order_id, status=OrderStatus.REFUNDED)
+
+
+def parse_amount(value: Any) -> Decimal:
+    try:
+        amount = Decimal(str(value))
+    except InvalidOperation:
+        raise ValidationError({"amount": "not a number"}) from None
+    if not amount.is_finite() or amount <= 0 or amount.as_tuple().exponent < -2:  # type: ignore[operator]
+        raise ValidationError({"amount": "a positive amount with at most two decimal places"})
+    return amount
+
+
+def refund_request_create(
+    *, order: Order, customer: User, amount: Decimal | str, reason: str = "", idempotency_key: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> tuple[RefundRequest, bool]:
+    """Ask for a refund of ``amount`` on ``order`` (the customer's own) and start its workflow.
+
+    Returns (request, created). The same Idempotency-Key with the same order, amount and reason
+    returns the existing request; with anything else raises IdempotencyConflict. ValidationError
+    for an amount above the order's, or an order already refunded.
+    """
+    value = parse_amount(amount)
+    key = idempotency_key or ""
+    if key:
+        existing = RefundRequest.objects.filter(customer=customer, idempotency_key=key).first()
+        if existing is not None:
+            return _same(existing, order=order, amount=value, reason=reason), False
+    if order.customer_id != customer.pk:
+        raise Order.DoesNotExist("no such order")
+    if value > order.amount:
+        raise ValidationError({"amount": f"at most the order's amount ({order.amount})"})
+    if order.status == OrderStatus.REFUNDED:
+        raise ValidationError({"order": "this order is already refunded"})
+    extra = {k: v for k, v in (options or {}).items() if k in OPTIONS}
+    try:
+        with transaction.atomic():
+            request = RefundRequest.objects.create(order=order, customer=customer, amount=value, reason=reason,
+                                                   idempotency_key=key)
+            # The run and its request commit together: no request without its run.
+            run, _ = workflow_services.run_start(
+                workflow=WORKFLOW, payload={"request_id": request.pk, "order": order.number, **extra},
+                idempotency_key=f"refund-request:{request.pk}", owner=customer,
+            )
+            request.run = run
+            request.save(update_fields=["run"])
+    except IntegrityError:
+        # Two requests with one key at once: the other committed first; answer as for a replay.
+        existing = RefundRequest.objects.filter(customer=customer, idempotency_key=key).first()
+        if not key or existing is None:
+            raise
+        return _same(existing, order=order, amount=value, reason=reason), False
+    return request, True
+
+
+def _same(existing: RefundRequest, *, order: Order, amount: Decimal, reason: str) -> RefundRequest:
+    if (existing.order_id, existing.amount, existing.reason) != (order.pk, amount, reason):
+        raise IdempotencyConflict(
+            f"Idempotency-Key {existing.idempotency_key!r} was used for another refund request "
+            f"({existing.pk}); nothing was changed"
+        )
+    return existing

@@ -1,0 +1,232 @@
+"""The refund process end to end: real workers, PostgreSQL, Redis and the sandbox provider over HTTP."""
+from __future__ import annotations
+
+import io
+import json
+from decimal import Decimal
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.core.management import call_command
+from django.db import transaction
+from rest_framework.test import APIClient
+
+from approvals import ApprovalRefused, decide
+from approvals.models import ApprovalRequest, ApprovalStatus
+from examples.refunds.models import Order, OrderStatus, RefundRequest
+from examples.refunds.selectors import refund_status, run_pending_operations
+from examples.refunds.services import order_change, order_create, refund_request_create
+from examples.sandbox.process import SandboxProcess
+from ledger.models import ExternalOperation, OperationalRecord, OperationStatus
+from tests.support import wait_for, wait_for_status, wait_for_terminal
+from workflows import terminate
+from workflows.models import StepResult
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+ADDRESS = {"street": "221B Baker Street", "postcode": "NW1 6XE"}
+
+
+def new_order(customer: Any, number: str, amount: str = "300.00") -> Order:
+    return order_create(number=number, customer=customer, amount=amount, items=[{"sku": "KETTLE", "qty": 1}],
+                        shipping_address=ADDRESS)
+
+
+def ask(order: Order, amount: str, *, sandbox: SandboxProcess | None = None, faults: tuple[tuple[str, str, int, str],
+        ...] = (), **options: Any) -> RefundRequest:
+    """Request a refund; faults are armed for its key before the run can start (its enqueue
+    leaves on commit), so the worker never sees the key unarmed."""
+    with transaction.atomic():
+        request, _ = refund_request_create(order=order, customer=order.customer, amount=amount, reason="broken",
+                                           options=options)
+        for fault, on, times, _why in faults:
+            assert sandbox is not None
+            sandbox.arm(request.operation_key, fault, times=times, on=on)
+    return request
+
+
+def status_of(request: RefundRequest) -> str:
+    return refund_status(RefundRequest.objects.select_related("order", "run").get(pk=request.pk))
+
+
+def wait_status(request: RefundRequest, expected: str, timeout: float = 40) -> None:
+    wait_for(lambda: status_of(request) == expected, timeout=timeout, what=f"status {expected!r}")
+
+
+def pending_approval(request: RefundRequest, timeout: float = 40) -> ApprovalRequest:
+    found: ApprovalRequest = wait_for(
+        lambda: ApprovalRequest.objects.filter(run_id=request.run_id, status=ApprovalStatus.PENDING).first(),
+        timeout=timeout, what="a pending approval")
+    return found
+
+
+def drain_lookup_faults(sandbox: SandboxProcess, key: str) -> None:
+    """Use up the armed lookup errors: the provider answers lookups of ``key`` again."""
+    for _ in range(200):
+        status, _body = sandbox.request("GET", f"/v1/refunds?key={quote(key, safe='')}")
+        if status == 200:
+            return
+    raise AssertionError("the lookup faults did not run out")
+
+
+def assert_confirmed(request: RefundRequest, sandbox: SandboxProcess, timeout: float = 60) -> None:
+    run = wait_for_terminal(request.run_id, timeout=timeout)  # type: ignore[arg-type]
+    assert run.status == "completed", (run.status, run.error)
+    assert run.result["outcome"] == "refunded"
+    assert status_of(request) == "confirmed"
+    assert sandbox.stats()["refunds"] == 1  # exactly one refund at the provider
+    assert Order.objects.get(pk=request.order_id).status == OrderStatus.REFUNDED
+
+
+def test_small_refund_needs_no_approval_and_is_recorded_without_personal_data(world: dict[str, Any]) -> None:
+    order = new_order(world["alice"], "1001", amount="80.00")
+    request = ask(order, "20.00")
+
+    assert_confirmed(request, world["sandbox"])
+    assert not ApprovalRequest.objects.filter(run_id=request.run_id).exists()
+    record = OperationalRecord.objects.get(request_id=f"refund-request:{request.pk}")
+    assert (record.tool, record.step, record.approval_pending) == ("payments.refund", "refund", False)
+    assert record.run_id == request.run_id and record.observed_at is not None
+    assert record.operation is not None and record.operation.key == request.operation_key
+    text = json.dumps(record.response)
+    assert "Baker Street" not in text and "NW1" not in text
+    assert record.response["order"]["shipping_address"] == "[redacted]"
+    assert record.response["provider"]["amount"] == "20.00"
+    assert Order.objects.get(pk=order.pk).version == 2  # marking it refunded is a change
+
+
+def test_large_refund_waits_for_approval_then_is_confirmed(world: dict[str, Any]) -> None:
+    order = new_order(world["alice"], "1042")
+    request = ask(order, "120.00")
+
+    approval = pending_approval(request)
+    wait_status(request, "awaiting approval")
+    assert approval.summary == "Refund £120.00 on order 1042"
+    assert (approval.approvers, approval.version) == ("refund-approvers", "1")
+    assert approval.content["refund_amount"] == "120.00"
+    assert world["sandbox"].stats()["refunds"] == 0
+
+    decide(approval, by=world["carol"], approve=True, version=approval.version)
+    assert_confirmed(request, world["sandbox"])
+
+
+def test_rejected_refund_completes_as_rejected(world: dict[str, Any]) -> None:
+    request = ask(new_order(world["alice"], "1043"), "150.00")
+    approval = pending_approval(request)
+    decide(approval, by=world["carol"], approve=False, version=approval.version, note="no")
+    run = wait_for_terminal(request.run_id)  # type: ignore[arg-type]
+    assert (run.status, run.result["outcome"]) == ("completed", "rejected")
+    assert status_of(request) == "rejected"
+    assert world["sandbox"].stats()["refunds"] == 0
+
+
+def test_timeout_leaves_outcome_unknown_until_reconcile_confirms_one_refund(world: dict[str, Any]) -> None:
+    sandbox: SandboxProcess = world["sandbox"]
+    # The provider stores the refund, then answers too late; its lookups fail until drained.
+    request = ask(new_order(world["alice"], "1100", "50.00"), "30.00", sandbox=sandbox,
+                  faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")),
+                  retry_delay_seconds=0.2, check_interval_seconds=3)
+    key = request.operation_key
+
+    wait_for(lambda: StepResult.objects.filter(run_id=request.run_id, name__startswith="check outcome").exists(),
+             timeout=60, what="the run to check the outcome periodically")
+    assert ExternalOperation.objects.get(key=key).status == OperationStatus.UNKNOWN
+    assert status_of(request) == "outcome being checked"
+
+    drain_lookup_faults(sandbox, key)
+    out = io.StringIO()
+    call_command("reconcile", stdout=out)
+    assert ExternalOperation.objects.get(key=key).status == OperationStatus.SUCCEEDED, out.getvalue()
+
+    assert_confirmed(request, sandbox)
+
+
+def test_worker_killed_inside_the_provider_call_refunds_once(world: dict[str, Any]) -> None:
+    sandbox: SandboxProcess = world["sandbox"]
+    # The provider takes 0.8 s before it stores the refund: long enough to kill the worker mid-call.
+    request = ask(new_order(world["alice"], "1200", "50.00"), "25.00", sandbox=sandbox,
+                  faults=(("delay=0.8", "create", 1, ""),), retry_delay_seconds=1)
+    key = request.operation_key
+    wait_for(lambda: ExternalOperation.objects.filter(key=key, status=OperationStatus.SUBMITTED).exists(),
+             timeout=40, interval=0.01, what="the refund to be in flight")
+    world["workers"].replace()  # SIGKILL the process group, then a fresh worker (with beat)
+
+    assert_confirmed(request, sandbox, timeout=90)
+    op = ExternalOperation.objects.get(key=key)
+    assert op.lookup_count >= 1  # recovery asked the provider before anything else
+
+
+def test_approval_of_an_old_version_is_not_acted_on(world: dict[str, Any]) -> None:
+    sandbox: SandboxProcess = world["sandbox"]
+    order = new_order(world["alice"], "1300")
+    request = ask(order, "150.00")
+    first = pending_approval(request)
+    assert first.version == "1"
+
+    order_change(order_id=order.pk, shipping_address={"street": "1 New Road", "postcode": "E1 1AA"})
+    # carol's page still shows version 1: her approval is of that version, which is no longer current.
+    decide(first, by=world["carol"], approve=True, version="1")
+    second: ApprovalRequest = wait_for(
+        lambda: ApprovalRequest.objects.filter(run_id=request.run_id, version="2", status="pending").first(),
+        timeout=40, what="a request for the new version")
+    first.refresh_from_db()
+    assert first.status == ApprovalStatus.SUPERSEDED
+    assert status_of(request) == "awaiting approval"
+    with pytest.raises(ApprovalRefused):
+        decide(second, by=world["carol"], approve=True, version="1")  # stale page: refused
+    assert sandbox.stats()["refunds"] == 0  # nothing refunded on the old version
+
+    decide(second, by=world["carol"], approve=True, version="2")
+    assert_confirmed(request, sandbox)
+
+
+def test_terminated_run_shows_its_in_flight_refund_until_reconciled(world: dict[str, Any]) -> None:
+    sandbox: SandboxProcess = world["sandbox"]
+    request = ask(new_order(world["alice"], "1400", "50.00"), "10.00", sandbox=sandbox,
+                  faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")), retry_delay_seconds=1)
+    key = request.operation_key
+    wait_for(lambda: ExternalOperation.objects.filter(key=key, status=OperationStatus.UNKNOWN).exists(),
+             timeout=40, what="the refund's outcome to be unknown")
+    terminate(request.run_id)  # type: ignore[arg-type]
+    run = wait_for_status(request.run_id, "terminated")  # type: ignore[arg-type]
+
+    assert [op.key for op in run_pending_operations(run)] == [key]
+    assert status_of(request) == "outcome being checked"
+
+    drain_lookup_faults(sandbox, key)
+    call_command("reconcile", stdout=io.StringIO())
+    assert list(run_pending_operations(run)) == []
+    assert status_of(request) == "confirmed"  # the money went out, though the run was stopped
+    assert sandbox.stats()["refunds"] == 1
+
+
+def test_api_requests_a_refund_idempotently_and_shows_it_to_its_owner_only(world: dict[str, Any]) -> None:
+    new_order(world["alice"], "1500", "60.00")
+    alice, mallory = APIClient(), APIClient()
+    alice.force_authenticate(world["alice"])
+    mallory.force_authenticate(world["mallory"])
+    url = "/api/orders/1500/refunds"
+
+    first = alice.post(url, {"amount": "15.00", "reason": "late"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    assert first.status_code == 201, first.json()
+    again = alice.post(url, {"amount": "15.00", "reason": "late"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    assert (again.status_code, again.json()["id"]) == (200, first.json()["id"])
+    conflict = alice.post(url, {"amount": "16.00", "reason": "late"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    assert conflict.status_code == 409 and conflict.json()["error"]["code"] == "idempotency_conflict"
+    too_much = alice.post(url, {"amount": "61.00"}, format="json", HTTP_IDEMPOTENCY_KEY="k-2")
+    assert too_much.status_code == 400 and too_much.json()["error"]["code"] == "invalid"
+    assert RefundRequest.objects.count() == 1
+
+    refund_id = first.json()["id"]
+    shown = alice.get(f"/api/refunds/{refund_id}")
+    assert shown.status_code == 200
+    assert shown.json()["order"] == "1500" and Decimal(shown.json()["amount"]) == Decimal("15.00")
+    assert shown.json()["status"] in {"being prepared", "submitted", "confirmed"}
+    assert mallory.get(f"/api/refunds/{refund_id}").status_code == 404
+    assert mallory.post(url, {"amount": "1.00"}, format="json").status_code == 404
+    assert APIClient().get(f"/api/refunds/{refund_id}").status_code == 401
+
+    request = RefundRequest.objects.get(pk=refund_id)
+    assert_confirmed(request, world["sandbox"])
+    assert alice.get(f"/api/refunds/{refund_id}").json()["status"] == "confirmed"

@@ -1,0 +1,172 @@
+"""The refund process (DESIGN.md section 1): check, approve above a limit, refund once, record.
+
+Payload: ``{"request_id": int, "order": str}`` plus optional waits for tests and demos:
+``approval_timeout_seconds`` (48 h), ``retry_delay_seconds`` (2 s, the refund step's first
+backoff) and ``check_interval_seconds`` (10 min between outcome checks once it is unknown).
+
+The refund goes through ``ledger.perform`` with one key per request, so no retry, replay or
+recovered worker can refund twice. A refund whose outcome stays unknown after the step's retries
+is checked again every interval (``perform`` answers from storage once ``manage.py reconcile``
+or a person resolved it, or looks it up itself), at most MAX_CHECKS times.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from approvals import ApprovalExpired, ApprovalRejected, Proposal, approve_current
+from examples.refunds.models import OrderStatus, RefundRequest, operation_key
+from examples.refunds.services import order_mark_refunded
+from ledger import OperationFailed, OperationInProgress, OutcomeUnknown, ProviderUnavailable, perform, record_create
+from ledger.models import ExternalOperation
+from workflows import NonRetryableError, Retries, StepError, Workflow, workflow
+from workflows.registry import Event
+
+if TYPE_CHECKING:
+    from workflows.engine import Step
+
+APPROVERS = "refund-approvers"
+APPROVAL_TIMEOUT = timedelta(hours=48)
+CHECK_INTERVAL = timedelta(minutes=10)
+MAX_CHECKS = 144  # a day of checks at the default interval, then the run fails and staff take over
+# Step errors that leave the refund possibly done: never a new refund, only checks of this key.
+UNSETTLED = frozenset({"OutcomeUnknown", "OperationInProgress", "ProviderUnavailable", "StepTimeout"})
+CURRENCY_SIGNS = {"GBP": "£", "EUR": "€", "USD": "$"}
+
+
+@workflow("refund")
+class Refund(Workflow):
+    version = "1"
+
+    def run(self, event: Event, step: Step) -> dict[str, Any]:
+        payload = event.payload
+        request_id = int(payload["request_id"])
+        snapshot: dict[str, Any] = step.do("load order", load_snapshot, request_id)
+        step.do("check policy", check_policy, snapshot)
+        if snapshot["needs_approval"]:
+            timeout = float(payload.get("approval_timeout_seconds") or APPROVAL_TIMEOUT.total_seconds())
+            self.report_progress({"stage": "awaiting approval"})
+            try:
+                approve_current(
+                    step, name="refund approval", subject=("refunds.order", snapshot["order_id"]),
+                    load=partial(order_proposal, request_id), approvers=APPROVERS, timeout=timeout,
+                )
+            except ApprovalRejected:
+                return {"outcome": "rejected", "request_id": request_id}
+            except ApprovalExpired:
+                return {"outcome": "expired", "request_id": request_id}
+            # The approved version is current (approve_current re-checked it); act on that data.
+            snapshot = step.do("reload order", load_snapshot, request_id)
+            step.do("re-check policy", check_policy, snapshot)
+
+        key = operation_key(snapshot["order"], request_id)
+        request = refund_body(snapshot)
+        self.report_progress({"stage": "submitting"})
+        delay = float(payload.get("retry_delay_seconds") or 2)
+        try:
+            response = step.do("refund", submit_refund, key, request,
+                               retries=Retries(limit=5, delay=timedelta(seconds=delay), backoff="exponential"),
+                               timeout=timedelta(minutes=2))
+        except StepError as exc:
+            if exc.error_type == "OperationFailed":
+                return {"outcome": "failed", "request_id": request_id, "reason": exc.message}
+            if exc.error_type not in UNSETTLED:
+                raise
+            self.report_progress({"stage": "outcome being checked"})
+            interval = float(payload.get("check_interval_seconds") or CHECK_INTERVAL.total_seconds())
+            response = self.await_outcome(step, key, request, interval)
+            if response is None:
+                return {"outcome": "failed", "request_id": request_id, "reason": "the provider rejected it"}
+
+        step.do("record and mark refunded", record_refund, request_id, str(event.run_id), snapshot, key, response,
+                atomic=True)
+        self.report_progress({"stage": "confirmed"})
+        return {"outcome": "refunded", "request_id": request_id, "refund": response}
+
+    def await_outcome(self, step: Step, key: str, request: dict[str, Any], interval: float) -> Any:
+        """Check the key until its outcome is known: the response, None if rejected."""
+        for _ in range(MAX_CHECKS):
+            step.sleep("wait before checking", interval)
+            check: dict[str, Any] = step.do("check outcome", check_refund, key, request)
+            if check["state"] == "succeeded":
+                return check["response"]
+            if check["state"] == "failed":
+                return None
+        raise NonRetryableError(f"the outcome of refund {key!r} is still unknown after {MAX_CHECKS} checks; "
+                                "resolve it in the admin (External operations)")
+
+
+# --- the steps ----------------------------------------------------------------------------------
+def load_snapshot(request_id: int) -> dict[str, Any]:
+    """The order as it is now, with its version and when it was read (the record's observed_at)."""
+    request = RefundRequest.objects.select_related("order").get(pk=request_id)
+    order = request.order
+    limit = Decimal(str(settings.REFUND_APPROVAL_LIMIT))
+    return {
+        "request_id": request.pk, "order_id": order.pk, "order": order.number, "version": str(order.version),
+        "order_amount": str(order.amount), "refund_amount": str(request.amount), "currency": order.currency,
+        "status": order.status, "items": order.items, "shipping_address": order.shipping_address,
+        "reason": request.reason, "observed_at": timezone.now().isoformat(),
+        # Decided once and stored: a limit changed later does not change a run in flight.
+        "needs_approval": request.amount > limit,
+    }
+
+
+def check_policy(snapshot: dict[str, Any]) -> bool:
+    if Decimal(snapshot["refund_amount"]) > Decimal(snapshot["order_amount"]):
+        raise NonRetryableError(f"the refund ({snapshot['refund_amount']}) exceeds the order's amount "
+                                f"({snapshot['order_amount']})")
+    if snapshot["status"] == OrderStatus.REFUNDED:
+        raise NonRetryableError(f"order {snapshot['order']} is already refunded")
+    return True
+
+
+def order_proposal(request_id: int) -> Proposal:
+    """What the approvers review: the current version of the order and the refund in words."""
+    snapshot = load_snapshot(request_id)
+    sign = CURRENCY_SIGNS.get(snapshot["currency"], snapshot["currency"] + " ")
+    content = {k: v for k, v in snapshot.items() if k not in ("observed_at", "needs_approval")}
+    return Proposal(version=snapshot["version"], content=content,
+                    summary=f"Refund {sign}{snapshot['refund_amount']} on order {snapshot['order']}")
+
+
+def refund_body(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """What the provider gets: no personal data beyond the order number."""
+    return {"order": snapshot["order"], "amount": snapshot["refund_amount"], "currency": snapshot["currency"]}
+
+
+def submit_refund(key: str, request: dict[str, Any]) -> Any:
+    # OutcomeUnknown and OperationInProgress propagate: the step's retries call perform again,
+    # which looks the key up before it could send anything a second time.
+    return perform(key=key, system="payments", action="refund", request=request)
+
+
+def check_refund(key: str, request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        response = perform(key=key, system="payments", action="refund", request=request)
+    except (OutcomeUnknown, OperationInProgress, ProviderUnavailable) as exc:
+        return {"state": "unknown", "reason": str(exc)}
+    except OperationFailed as exc:
+        return {"state": "failed", "reason": str(exc)}
+    return {"state": "succeeded", "response": response}
+
+
+def record_refund(request_id: int, run_id: str, snapshot: dict[str, Any], key: str, response: Any) -> int:
+    """The operational record and the order's new status, in the step's one transaction."""
+    assert transaction.get_connection().in_atomic_block, "run as an atomic step"
+    observed_at = parse_datetime(snapshot["observed_at"])
+    record = record_create(
+        request_id=f"refund-request:{request_id}", run=run_id, step="refund", tool="payments.refund",
+        observed_at=observed_at, approval_pending=False, operation=ExternalOperation.objects.filter(key=key).first(),
+        # The order as it was relied on; its address is redacted by record_create.
+        response={"provider": response, "order": snapshot},
+    )
+    order_mark_refunded(order_id=snapshot["order_id"])  # a change, so a new version
+    return record.pk
