@@ -70,6 +70,9 @@ class Command(BaseCommand):
             f"  manage.py workflows send-event {run.id} approve --payload '{{\"by\": \"admin\"}}'"
         )
         self.seed_refunds(alice)
+        from examples.suppliers.demo import seed as seed_suppliers
+
+        seed_suppliers(self.stdout)
 
     def seed_refunds(self, alice: User) -> None:
         """The refund example's cast and alice's orders (examples/refunds). Refunds themselves are

@@ -1,0 +1,74 @@
+"""Supplier assessments in the admin: status, every source revision, every report version, the run.
+
+Read-only: the status moves only through the services (the FSM field is protected) and the
+evidence and reports are history, so the admin shows them and links to the run that drives them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+
+from examples.suppliers.models import AssessmentReport, SourceRecord, SupplierAssessment
+
+
+class _ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class SourceRecordInline(_ReadOnlyInline):
+    model = SourceRecord
+    fields = ("source", "revision", "content", "created_by", "created_at")
+    readonly_fields = fields
+    ordering = ("source", "-revision")
+
+
+class AssessmentReportInline(_ReadOnlyInline):
+    model = AssessmentReport
+    fields = ("version", "source_revisions", "body", "created_at")
+    readonly_fields = fields
+    ordering = ("-version",)
+
+
+# Not ModelAdmin[...]: generic admin classes are subscriptable only after django_stubs_ext.monkeypatch().
+@admin.register(SupplierAssessment)
+class SupplierAssessmentAdmin(admin.ModelAdmin):
+    list_display = ("id", "supplier_name", "status", "requested_by", "latest_report", "run_link", "created_at")
+    list_filter = ("status",)
+    list_select_related = ("requested_by",)
+    search_fields = ("supplier_name",)
+    inlines = (SourceRecordInline, AssessmentReportInline)
+    fields = ("supplier_name", "status", "requested_by", "input", "run_link", "decided_by", "decided_version",
+              "failure_reason", "created_at", "updated_at")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # created through services.assessment_create
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the run and the approval requests refer to it
+
+    @admin.display(description="run")
+    def run_link(self, obj: SupplierAssessment) -> str:
+        if obj.run_id is None:
+            return "-"
+        url = reverse("admin:workflows_workflowrun_change", args=[obj.run_id])
+        return format_html('<a href="{}">{}</a>', url, obj.run_id)
+
+    @admin.display(description="latest report")
+    def latest_report(self, obj: SupplierAssessment) -> str:
+        report = obj.reports.order_by("-version").first()
+        return f"v{report.version}" if report is not None else "-"

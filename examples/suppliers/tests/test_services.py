@@ -1,0 +1,164 @@
+"""The assessment's state machine and who may move it, source revisions and report versions,
+without a worker: the services on PostgreSQL inside the test's transaction."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
+from django_fsm import has_transition_perm
+
+from examples.suppliers import services
+from examples.suppliers.models import AssessmentReport, AssessmentStatus, SourceRecord, SupplierAssessment
+from examples.suppliers.tests.conftest import Cast
+from workflows.models import WorkflowRun
+
+pytestmark = pytest.mark.django_db
+
+
+def snapshot(assessment: SupplierAssessment) -> tuple[Any, ...]:
+    """Everything a refusal must leave as it was."""
+    row = SupplierAssessment.objects.get(pk=assessment.pk)
+    return (row.status, row.input, row.run_id, row.decided_by_id, row.decided_version, row.failure_reason,
+            SourceRecord.objects.filter(assessment=row).count(),
+            AssessmentReport.objects.filter(assessment=row).count(),
+            WorkflowRun.objects.count())
+
+
+def in_state(cast: Cast, status: str) -> SupplierAssessment:
+    """An assessment in ``status`` (a protected field: set once at creation, as a fixture)."""
+    row = SupplierAssessment.objects.create(supplier_name="Globex", requested_by=cast["alice"], status=status)
+    SourceRecord.objects.create(assessment=row, source="credit", revision=1, content={"score": 70})
+    return row
+
+
+def test_a_new_assessment_awaits_input_with_revision_1_of_each_source(assessment: SupplierAssessment) -> None:
+    assert assessment.status == AssessmentStatus.AWAITING_INPUT
+    assert list(assessment.source_records.values_list("source", "revision")) == [
+        ("companies-house", 1), ("sanctions", 1)]
+
+
+def test_the_status_cannot_be_assigned_directly(assessment: SupplierAssessment) -> None:
+    with pytest.raises(AttributeError):
+        assessment.status = AssessmentStatus.APPROVED
+
+
+def test_the_requester_submits_the_input_and_the_run_starts(cast: Cast, assessment: SupplierAssessment) -> None:
+    services.assessment_submit_input(assessment_id=assessment.pk, by=cast["alice"], data={"scope": "tier 1"})
+
+    row = SupplierAssessment.objects.get(pk=assessment.pk)
+    assert row.status == AssessmentStatus.AWAITING_INPUT  # the run's first step moves it on
+    assert row.input == {"scope": "tier 1"}
+    assert row.run is not None
+    assert (row.run.workflow, row.run.owner, row.run.payload) == (
+        "supplier-assessment", cast["alice"], {"assessment_id": row.pk, "requested_by_id": cast["alice"].pk})
+
+
+@pytest.mark.parametrize("who", ["mallory", "bob", "carol"])
+def test_only_the_requester_may_submit(cast: Cast, assessment: SupplierAssessment, who: str) -> None:
+    before = snapshot(assessment)
+    with pytest.raises(PermissionDenied):
+        services.assessment_submit_input(assessment_id=assessment.pk, by=cast[who], data={"scope": "x"})
+    assert snapshot(assessment) == before
+
+
+def test_input_is_submitted_once(cast: Cast, assessment: SupplierAssessment) -> None:
+    services.assessment_submit_input(assessment_id=assessment.pk, by=cast["alice"], data={})
+    before = snapshot(assessment)
+    with pytest.raises(services.AssessmentStateError):
+        services.assessment_submit_input(assessment_id=assessment.pk, by=cast["alice"], data={"again": True})
+    assert snapshot(assessment) == before
+
+
+def test_nobody_but_the_engine_moves_it_to_gathering_ready_or_failed(cast: Cast) -> None:
+    superuser = User.objects.create_superuser("root", "root@example.com", "pw")
+    waiting = in_state(cast, AssessmentStatus.AWAITING_INPUT)
+    gathering = in_state(cast, AssessmentStatus.GATHERING_EVIDENCE)
+    for user in (cast["alice"], cast["carol"], superuser):
+        assert not has_transition_perm(waiting.start_gathering, user)
+        assert not has_transition_perm(gathering.mark_ready, user)
+        assert not has_transition_perm(gathering.fail, user)
+    # the engine (the workflow's steps, no person) may
+    assert services.assessment_start_gathering(assessment_id=waiting.pk) == AssessmentStatus.GATHERING_EVIDENCE
+    assert services.assessment_mark_ready(assessment_id=gathering.pk) == AssessmentStatus.READY_FOR_REVIEW
+
+
+def test_only_reviewers_other_than_the_requester_approve_or_reject(cast: Cast) -> None:
+    ready = in_state(cast, AssessmentStatus.READY_FOR_REVIEW)
+    cast["alice"].groups.add(*cast["carol"].groups.all())  # even in the group, the requester may not
+    assert has_transition_perm(ready.approve, cast["carol"]) and has_transition_perm(ready.reject, cast["bob"])
+    for who in ("alice", "mallory"):
+        assert not has_transition_perm(ready.approve, cast[who])
+        assert not has_transition_perm(ready.reject, cast[who])
+
+    before = snapshot(ready)
+    with pytest.raises(PermissionDenied):
+        services.assessment_decide(assessment_id=ready.pk, approve=True, by_id=cast["mallory"].pk, version=1)
+    assert snapshot(ready) == before
+
+    assert services.assessment_decide(assessment_id=ready.pk, approve=False, by_id=cast["carol"].pk,
+                                      version=1) == AssessmentStatus.REJECTED
+    row = SupplierAssessment.objects.get(pk=ready.pk)
+    assert (row.decided_by, row.decided_version) == (cast["carol"], 1)
+
+
+def test_a_decision_needs_the_review_state(cast: Cast) -> None:
+    gathering = in_state(cast, AssessmentStatus.GATHERING_EVIDENCE)
+    before = snapshot(gathering)
+    with pytest.raises(services.AssessmentStateError):
+        services.assessment_decide(assessment_id=gathering.pk, approve=True, by_id=cast["carol"].pk, version=1)
+    assert snapshot(gathering) == before
+
+
+def test_a_revision_is_a_new_row_and_history_stays(cast: Cast, assessment: SupplierAssessment) -> None:
+    record = services.source_record_add(assessment_id=assessment.pk, source="sanctions", content={"hits": 1},
+                                        by=cast["carol"])
+    assert record.revision == 2
+    assert list(assessment.source_records.filter(source="sanctions").values_list("revision", "content")) == [
+        (1, {"hits": 0}), (2, {"hits": 1})]
+    assert services.current_revisions(assessment) == {"companies-house": 1, "sanctions": 2}
+
+
+def test_outsiders_and_closed_assessments_get_no_revisions(cast: Cast, assessment: SupplierAssessment) -> None:
+    before = snapshot(assessment)
+    with pytest.raises(PermissionDenied):
+        services.source_record_add(assessment_id=assessment.pk, source="sanctions", content={}, by=cast["mallory"])
+    assert snapshot(assessment) == before
+
+    closed = in_state(cast, AssessmentStatus.APPROVED)
+    before = snapshot(closed)
+    with pytest.raises(services.AssessmentStateError):
+        services.source_record_add(assessment_id=closed.pk, source="credit", content={}, by=cast["alice"])
+    assert snapshot(closed) == before
+
+
+def test_the_current_report_is_regenerated_only_when_a_source_changed(
+    cast: Cast, assessment: SupplierAssessment,
+) -> None:
+    revisions = services.sources_gather(assessment_id=assessment.pk)
+    assert services.report_generate(assessment_id=assessment.pk, revisions=revisions) == 1
+
+    first = services.report_current(assessment_id=assessment.pk)
+    assert first.version == "report-v1"
+    assert services.report_current(assessment_id=assessment.pk).version == "report-v1"  # nothing changed
+
+    services.source_record_add(assessment_id=assessment.pk, source="sanctions", content={"hits": 2},
+                               by=cast["alice"])
+    second = services.report_current(assessment_id=assessment.pk)
+    assert second.version == "report-v2"
+    v2 = AssessmentReport.objects.get(assessment=assessment, version=2)
+    assert v2.source_revisions == {"companies-house": 1, "sanctions": 2}
+    assert {"source": "sanctions", "revision": 2, "content": {"hits": 2}} in v2.body["sources"]
+    # v1 is kept as it was
+    assert AssessmentReport.objects.get(assessment=assessment, version=1).source_revisions == revisions
+
+
+def test_demo_seed_is_idempotent(cast: Cast) -> None:
+    import io
+
+    from examples.suppliers import demo
+
+    demo.seed(io.StringIO())
+    demo.seed(io.StringIO())
+    assert SupplierAssessment.objects.filter(supplier_name=demo.DEMO_SUPPLIER).count() == 1

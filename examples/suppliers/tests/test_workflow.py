@@ -1,0 +1,176 @@
+"""The supplier-assessment workflow end to end: a real Celery worker (with beat) advances the run
+on PostgreSQL; people act here through the services and approvals' decide()."""
+from __future__ import annotations
+
+import pytest
+
+from approvals import ApprovalRefused, RefusalCode, decide
+from approvals.models import ApprovalRequest, ApprovalStatus
+from examples.suppliers import services
+from examples.suppliers.models import AssessmentReport, AssessmentStatus, SupplierAssessment
+from examples.suppliers.tests.conftest import Cast
+from tests.support import Worker, wait_for, wait_for_terminal
+from workflows import public as wf
+from workflows.models import RunStatus, WorkflowRun
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Two shared cores and other suites running beside this one: waits are generous.
+WAIT = 120.0
+
+
+def submit(cast: Cast, assessment: SupplierAssessment, **data: object) -> WorkflowRun:
+    services.assessment_submit_input(assessment_id=assessment.pk, by=cast["alice"], data=dict(data))
+    run = SupplierAssessment.objects.get(pk=assessment.pk).run
+    assert run is not None
+    return run
+
+
+def review_pending(assessment: SupplierAssessment, *, number: int = 1) -> ApprovalRequest:
+    """Once the run waits for its ``number``-th review request: that request."""
+    def ready() -> ApprovalRequest | None:
+        row = SupplierAssessment.objects.select_related("run").get(pk=assessment.pk)
+        requests = list(ApprovalRequest.objects.filter(subject_id=str(assessment.pk)).order_by("id"))
+        if row.run is None or len(requests) < number or row.run.status != RunStatus.WAITING:
+            return None
+        latest = requests[-1]
+        return latest if row.run.wait_event_type == latest.event_type else None
+
+    return wait_for(ready, timeout=WAIT, what=f"review request #{number} of assessment {assessment.pk}")
+
+
+def status(assessment: SupplierAssessment) -> str:
+    return str(SupplierAssessment.objects.get(pk=assessment.pk).status)
+
+
+def test_input_to_approval_of_report_v1(worker: Worker, cast: Cast, assessment: SupplierAssessment) -> None:
+    run = submit(cast, assessment, scope="tier 1")
+
+    request = review_pending(assessment)
+    # the report was built from the revisions gathered, and the request names that exact version
+    report = AssessmentReport.objects.get(assessment=assessment)
+    assert (report.version, report.source_revisions) == (1, {"companies-house": 1, "sanctions": 1})
+    assert report.body["input"] == {"scope": "tier 1"}
+    assert (request.version, request.approvers, request.content) == ("report-v1", "supplier-reviewers", report.body)
+    assert (request.subject_type, request.subject_id) == ("suppliers.supplierassessment", str(assessment.pk))
+    assert request.requested_by == cast["alice"]
+    assert status(assessment) == AssessmentStatus.READY_FOR_REVIEW
+
+    # the requester may not review her own assessment, even as a reviewer (four eyes), nor mallory
+    cast["alice"].groups.add(*cast["carol"].groups.all())
+    for who, code in (("alice", RefusalCode.FOUR_EYES), ("mallory", RefusalCode.NOT_AUTHORISED)):
+        with pytest.raises(ApprovalRefused) as refused:
+            services.assessment_review(assessment_id=assessment.pk, by=cast[who], approve=True, report_version=1)
+        assert refused.value.code == code
+    assert status(assessment) == AssessmentStatus.READY_FOR_REVIEW
+
+    services.assessment_review(assessment_id=assessment.pk, by=cast["carol"], approve=True, report_version=1)
+
+    run = wait_for_terminal(run.id, timeout=WAIT)
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.result == {"outcome": "approved", "report_version": 1, "decided_by_id": cast["carol"].pk}
+    row = SupplierAssessment.objects.get(pk=assessment.pk)
+    assert (row.status, row.decided_by, row.decided_version) == (AssessmentStatus.APPROVED, cast["carol"], 1)
+    assert AssessmentReport.objects.filter(assessment=assessment).count() == 1
+
+
+def test_a_source_revised_during_review_supersedes_v1_and_a_stale_tab_is_refused(
+    worker: Worker, cast: Cast, assessment: SupplierAssessment,
+) -> None:
+    run = submit(cast, assessment)
+    first = review_pending(assessment)
+    assert first.version == "report-v1"
+
+    # evidence changes while the review is pending; bob approves the v1 he is looking at
+    services.source_record_add(assessment_id=assessment.pk, source="sanctions", content={"hits": 1}, by=cast["alice"])
+    decide(first, by=cast["bob"], approve=True, version="report-v1")
+
+    # the re-check regenerates the report (v2, from the new revision), supersedes v1, asks again
+    second = review_pending(assessment, number=2)
+    assert second.version == "report-v2" and second.replaces_id == first.pk
+    assert ApprovalRequest.objects.get(pk=first.pk).status == ApprovalStatus.SUPERSEDED
+    v2 = AssessmentReport.objects.get(assessment=assessment, version=2)
+    assert v2.source_revisions == {"companies-house": 1, "sanctions": 2}
+    assert second.content == v2.body
+    assert status(assessment) == AssessmentStatus.READY_FOR_REVIEW
+
+    # carol's tab was opened on report v1: her decision is refused, review the current version
+    with pytest.raises(ApprovalRefused) as stale:
+        services.assessment_review(assessment_id=assessment.pk, by=cast["carol"], approve=True, report_version=1)
+    assert stale.value.code == RefusalCode.STALE_VERSION
+    assert "review the current version" in str(stale.value)
+    # the same tab posting to the old request learns that it was superseded, and by which
+    with pytest.raises(ApprovalRefused) as old:
+        decide(first, by=cast["carol"], approve=True, version="report-v1")
+    assert old.value.code == RefusalCode.NOT_PENDING and old.value.superseded_by == second.pk
+    assert "review the current version" in str(old.value)
+    # nothing changed: v2 still pending, the run still waits for it
+    assert ApprovalRequest.objects.get(pk=second.pk).status == ApprovalStatus.PENDING
+    assert review_pending(assessment, number=2).pk == second.pk
+
+    decide(second, by=cast["carol"], approve=True, version="report-v2")
+
+    run = wait_for_terminal(run.id, timeout=WAIT)
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.result == {"outcome": "approved", "report_version": 2, "decided_by_id": cast["carol"].pk}
+    row = SupplierAssessment.objects.get(pk=assessment.pk)
+    assert (row.status, row.decided_version) == (AssessmentStatus.APPROVED, 2)
+
+
+def test_a_rejection_rejects_the_assessment(worker: Worker, cast: Cast, assessment: SupplierAssessment) -> None:
+    run = submit(cast, assessment)
+    review_pending(assessment)
+
+    services.assessment_review(assessment_id=assessment.pk, by=cast["bob"], approve=False, report_version=1,
+                               note="sanctions evidence is too old")
+
+    run = wait_for_terminal(run.id, timeout=WAIT)
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.result == {"outcome": "rejected", "report_version": 1, "decided_by_id": cast["bob"].pk}
+    row = SupplierAssessment.objects.get(pk=assessment.pk)
+    assert (row.status, row.decided_by, row.decided_version) == (AssessmentStatus.REJECTED, cast["bob"], 1)
+
+
+def test_no_decision_in_time_fails_the_assessment(worker: Worker, cast: Cast, assessment: SupplierAssessment) -> None:
+    # reviewers get two seconds; beat's sweeper fires the expiry timer
+    services.assessment_submit_input(assessment_id=assessment.pk, by=cast["alice"], data={}, review_timeout_seconds=2)
+    run = SupplierAssessment.objects.get(pk=assessment.pk).run
+    assert run is not None
+
+    run = wait_for_terminal(run.id, timeout=WAIT)
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.result == {"outcome": "failed", "reason": "review expired"}
+    row = SupplierAssessment.objects.get(pk=assessment.pk)
+    assert (row.status, row.failure_reason) == (AssessmentStatus.FAILED, "no reviewer decided in time")
+    assert ApprovalRequest.objects.get(subject_id=str(assessment.pk)).status == ApprovalStatus.EXPIRED
+
+
+def test_terminating_the_run_fails_the_assessment(worker: Worker, cast: Cast, assessment: SupplierAssessment) -> None:
+    run = submit(cast, assessment)
+    request = review_pending(assessment)
+
+    wf.terminate(run)
+
+    row = SupplierAssessment.objects.get(pk=assessment.pk)
+    assert (row.status, row.failure_reason) == (AssessmentStatus.FAILED, "the workflow run was terminated")
+    assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.CANCELLED
+
+
+def test_a_restarted_run_gathers_again_and_asks_for_the_new_report(
+    worker: Worker, cast: Cast, assessment: SupplierAssessment,
+) -> None:
+    run = submit(cast, assessment)
+    first = review_pending(assessment)
+    services.source_record_add(assessment_id=assessment.pk, source="credit", content={"score": 80}, by=cast["bob"])
+
+    wf.restart(run)
+
+    second = review_pending(assessment, number=2)
+    assert ApprovalRequest.objects.get(pk=first.pk).status == ApprovalStatus.CANCELLED
+    assert (second.version, second.attempt) == ("report-v2", 2)
+    assert AssessmentReport.objects.get(assessment=assessment, version=2).source_revisions == {
+        "companies-house": 1, "credit": 1, "sanctions": 1}
+    decide(second, by=cast["carol"], approve=True, version="report-v2")
+    run = wait_for_terminal(run.id, timeout=WAIT)
+    assert run.result == {"outcome": "approved", "report_version": 2, "decided_by_id": cast["carol"].pk}, run.error
+    assert status(assessment) == AssessmentStatus.APPROVED

@@ -1,0 +1,149 @@
+"""The ``supplier-assessment`` workflow (DESIGN.md section 1: gather source records, remember their
+revisions, generate a versioned report, wait for an authorised reviewer's decision on that exact
+version, apply it).
+
+Payload: ``{"assessment_id": int, "requested_by_id": int, "review_timeout_seconds": float?}``;
+``assessment_submit_input`` starts it.
+
+1. ``start gathering``: awaiting_input → gathering_evidence.
+2. ``gather source records``: {source: revision} of the latest revisions; stored, so every replay
+   builds from the same evidence.
+3. ``generate report``: report version n from exactly those revisions (atomic: the row and the
+   step result commit together, so a retry never writes two versions).
+4. ``ready for review``: gathering_evidence → ready_for_review.
+5. ``report review``: ``approve_current`` raises a request for ``report-v<n>`` to the
+   ``supplier-reviewers`` group (the requester may not decide it). Its load() regenerates the
+   report when a source was revised since the latest report, so an approval given while a source
+   changed is superseded at the re-check and a request for the new version raised.
+6. The decision is applied by the reviewer who took it: approved or rejected. No decision in time:
+   the assessment fails ("review expired") -- a failed assessment says plainly that nobody
+   signed it off, where one left "ready for review" would look as if someone still might.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from approvals import ApprovalExpired, ApprovalRejected, approve_current
+from examples.suppliers.models import REVIEWERS
+from workflows import NonRetryableError, StepError, Workflow, workflow
+from workflows.registry import Event
+
+if TYPE_CHECKING:
+    from workflows.engine import Step
+
+NAME = "supplier-assessment"
+DEFAULT_REVIEW_TIMEOUT = timedelta(days=7)
+
+
+# Step bodies import the services when called: this module is imported while apps load.
+def start_gathering(assessment_id: int) -> str:
+    from examples.suppliers import services
+
+    try:
+        return services.assessment_start_gathering(assessment_id=assessment_id)
+    except services.AssessmentStateError as exc:
+        # e.g. a restarted run of an assessment that was decided: trying again cannot help.
+        raise NonRetryableError(str(exc)) from exc
+
+
+def gather(assessment_id: int) -> dict[str, int]:
+    from examples.suppliers import services
+
+    return services.sources_gather(assessment_id=assessment_id)
+
+
+def generate(assessment_id: int, revisions: dict[str, int]) -> int:
+    from examples.suppliers import services
+
+    return services.report_generate(assessment_id=assessment_id, revisions=revisions)
+
+
+def mark_ready(assessment_id: int) -> str:
+    from examples.suppliers import services
+
+    try:
+        return services.assessment_mark_ready(assessment_id=assessment_id)
+    except services.AssessmentStateError as exc:
+        raise NonRetryableError(str(exc)) from exc
+
+
+def current_report(assessment_id: int) -> Any:
+    from examples.suppliers import services
+
+    return services.report_current(assessment_id=assessment_id)
+
+
+def apply_decision(assessment_id: int, approve: bool, by_id: int | None, version: int) -> str:
+    from django.contrib.auth import get_user_model
+    from django.core.exceptions import PermissionDenied
+
+    from examples.suppliers import services
+
+    # Who may decide does not change by trying again: refusals fail the step at once.
+    if by_id is None or not get_user_model().objects.filter(pk=by_id).exists():
+        raise NonRetryableError("the decision names no reviewer who still exists")
+    try:
+        return services.assessment_decide(assessment_id=assessment_id, approve=approve, by_id=by_id,
+                                          version=version)
+    except (PermissionDenied, services.AssessmentStateError) as exc:
+        raise NonRetryableError(str(exc)) from exc
+
+
+def fail(assessment_id: int, reason: str) -> str:
+    from examples.suppliers import services
+
+    return services.assessment_fail(assessment_id=assessment_id, reason=reason)
+
+
+def report_number(version: str) -> int:
+    """``report-v3`` → 3."""
+    return int(version.removeprefix("report-v"))
+
+
+@workflow(NAME)
+class SupplierAssessmentWorkflow(Workflow):
+    version = "1"
+
+    def run(self, event: Event, step: Step) -> dict[str, Any]:
+        payload = event.payload
+        assessment_id = int(payload["assessment_id"])
+        requester = payload.get("requested_by_id")
+        timeout = timedelta(seconds=float(payload.get("review_timeout_seconds",
+                                                      DEFAULT_REVIEW_TIMEOUT.total_seconds())))
+
+        step.do("start gathering", start_gathering, assessment_id, atomic=True)
+        revisions: dict[str, int] = step.do("gather source records", gather, assessment_id)
+        version: int = step.do("generate report", generate, assessment_id, revisions, atomic=True)
+        self.report_progress({"stage": "report generated", "report_version": version})
+        step.do("ready for review", mark_ready, assessment_id, atomic=True)
+
+        try:
+            decision = approve_current(
+                step, name="report review", subject=("suppliers.supplierassessment", assessment_id),
+                load=partial(current_report, assessment_id), approvers=REVIEWERS, timeout=timeout,
+                requested_by=int(requester) if requester is not None else None,
+            )
+        except ApprovalRejected as rejected:
+            return self._apply(step, assessment_id, approve=False, by_id=rejected.decision.decided_by_id,
+                               version=rejected.decision.version)
+        except ApprovalExpired:
+            step.do("review expired", fail, assessment_id, "no reviewer decided in time", atomic=True)
+            return {"outcome": "failed", "reason": "review expired"}
+        return self._apply(step, assessment_id, approve=True, by_id=decision.decided_by_id,
+                           version=decision.version)
+
+    def _apply(self, step: Step, assessment_id: int, *, approve: bool, by_id: int | None,
+               version: str) -> dict[str, Any]:
+        number = report_number(version)
+        outcome = "approved" if approve else "rejected"
+        try:
+            step.do(f"record {outcome}", apply_decision, assessment_id, approve, by_id, number, atomic=True)
+        except StepError as exc:
+            # The reviewer lost the right between deciding and now (removed from the group, or the
+            # user deleted): nobody authorised may be said to have decided, so the assessment fails.
+            step.do("decision not applicable", fail, assessment_id, f"the decision could not be applied: "
+                    f"{exc.message}", atomic=True)
+            return {"outcome": "failed", "reason": exc.message}
+        return {"outcome": outcome, "report_version": number, "decided_by_id": by_id}
