@@ -8,6 +8,7 @@ from typing import TextIO
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
+from django.core.management.base import OutputWrapper
 from django.db import transaction
 
 from examples.suppliers.models import REVIEWERS, SupplierAssessment
@@ -21,7 +22,7 @@ DEMO_SOURCES = {
 }
 
 
-def seed(stdout: TextIO) -> None:
+def seed(stdout: OutputWrapper | TextIO) -> None:
     """Create the ``supplier-reviewers`` group (admin joins it if present) and a demo assessment
     requested by alice (or the first superuser), awaiting input."""
     users = get_user_model()
