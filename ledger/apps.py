@@ -11,7 +11,11 @@ class LedgerConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from ledger.selectors import run_section
+        from workflows import hooks
+
         checks.register(check_timeouts)
+        hooks.register_run_section(run_section)
 
 
 def check_timeouts(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

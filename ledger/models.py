@@ -53,6 +53,13 @@ class ExternalOperation(ConcurrentTransitionMixin, models.Model):
     # Why it is unknown, or what reconciliation last found; for people.
     note = models.TextField(blank=True)
 
+    # The run and step whose body performed it (workflows.current_step()), when there was one:
+    # terminating a run lists what it left in flight.
+    run = models.ForeignKey(
+        "workflows.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="external_operations"
+    )
+    step = models.CharField(max_length=200, blank=True)
+
     submit_count = models.PositiveIntegerField(default=0)
     lookup_count = models.PositiveIntegerField(default=0)
     submitted_at = models.DateTimeField(null=True, blank=True, help_text="When it was last sent.")

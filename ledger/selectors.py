@@ -9,6 +9,8 @@ from django.utils import timezone
 
 from ledger.conf import stale_after
 from ledger.models import ExternalOperation, OperationStatus
+from workflows.hooks import RunSection
+from workflows.models import WorkflowRun
 
 # Attention ranks, most urgent first; NONE for operations that need nobody.
 UNKNOWN_RANK, STALE_RANK, FAILED_RANK, NONE_RANK = 0, 1, 2, 9
@@ -76,3 +78,25 @@ def operations_to_reconcile(
     if system:
         operations = operations.filter(system=system)
     return operations.order_by("submitted_at", "pk")
+
+
+def run_operations_needing_reconciliation(run: WorkflowRun) -> QuerySet[ExternalOperation]:
+    """The run's operations still submitted or unknown: their effect may or may not have happened."""
+    return ExternalOperation.objects.filter(
+        run=run, status__in=[OperationStatus.SUBMITTED, OperationStatus.UNKNOWN]
+    ).order_by("created_at", "id")
+
+
+def run_section(run: WorkflowRun) -> RunSection | None:
+    """``workflows.hooks.register_run_section``: shown on the run's page and admin page."""
+    operations = list(run_operations_needing_reconciliation(run))
+    if not operations:
+        return None
+    return {
+        "title": "External operations needing reconciliation",
+        "note": "Their outcome is not known yet: `manage.py reconcile` or the admin (External operations) "
+                "settles them; until then do not tell the customer it happened or did not.",
+        "columns": ["key", "system", "action", "status", "step", "since"],
+        "rows": [[op.key, op.system, op.action, op.status, op.step, op.created_at.isoformat(timespec="seconds")]
+                 for op in operations],
+    }

@@ -176,3 +176,17 @@ class Big(Workflow):
         except StepError as exc:
             not_json = exc.message
         return {"too_big": too_big, "not_json": not_json}
+
+
+def where_am_i() -> dict[str, Any]:
+    from workflows import current_step
+
+    context = current_step()
+    assert context is not None
+    return {"run": str(context.run_id), "attempt": context.attempt, "step": context.step}
+
+
+@workflow("test.context")
+class Context(Workflow):
+    def run(self, event: Event, step: Any) -> Any:
+        return step.do("where am I", where_am_i)

@@ -8,6 +8,7 @@ registry to be ready (workflow modules import it at app-loading time).
 """
 from typing import Any
 
+from workflows.context import StepContext, current_step
 from workflows.exceptions import (
     IdempotencyConflict,
     NonDeterminismError,
@@ -24,7 +25,8 @@ from workflows.retries import Retries
 _SERVICES = ("start", "send_event", "pause", "resume", "terminate", "restart")
 
 __all__ = [
-    "Event", "IdempotencyConflict", "NonDeterminismError", "NonRetryableError", "Retries", "StepError",
+    "Event", "StepContext", "current_step", "IdempotencyConflict", "NonDeterminismError", "NonRetryableError",
+    "Retries", "StepError",
     "StepTimeout", "TransitionNotAllowed", "UnknownWorkflow", "WaitTimeout", "Workflow", "workflow",
     *_SERVICES,
 ]

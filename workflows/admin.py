@@ -15,11 +15,11 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.timesince import timeuntil
 
-from workflows import services
+from workflows import hooks, services
 from workflows.exceptions import TransitionNotAllowed
 from workflows.models import TIMED, RunAttempt, RunEvent, RunStatus, StepResult, WorkflowRun
 from workflows.selectors import can_control_all_runs, can_see_all_runs
@@ -167,7 +167,9 @@ class RunEventInline(_ReadOnlyInline):
 
 # The change page's groups of fields; all read-only.
 RUN_FIELDS = ("id", "workflow", "workflow_version", "status", "attempt", "owner", "idempotency_key", "failure_reason")
-WHERE_FIELDS = ("waiting_for", "wait_step", "wait_event_type", "wake_at", "current_step", "pause_requested")
+WHERE_FIELDS = (
+    "waiting_for", "wait_step", "wait_event_type", "wake_at", "current_step", "pause_requested", "attention",
+)
 DATA_FIELDS = ("payload_pretty", "result_pretty", "error_pretty", "progress_pretty")
 ENGINE_FIELDS = ("lease_owner", "lease_expires_at", "enqueued_at", "recovery_count", "dedupe_key")
 TIME_FIELDS = ("created_at", "updated_at", "started_at", "finished_at")
@@ -242,6 +244,19 @@ class WorkflowRunAdmin(admin.ModelAdmin):
     @admin.display(description="result")
     def result_pretty(self, run: WorkflowRun) -> str:
         return pretty_json(run.result)
+
+    @admin.display(description="needs attention")
+    def attention(self, run: WorkflowRun) -> str:
+        """What other apps flag for this run (workflows.hooks.run_sections), e.g. the external
+        operations a terminated run left in flight that someone must reconcile."""
+        sections = hooks.run_sections(run)
+        if not sections:
+            return "-"
+        return format_html_join(
+            "", "<p><strong>{}</strong> {}</p><pre style=\"margin: 0\">{}</pre>",
+            ((s["title"], s["note"], "\n".join("  ".join(row) for row in [s["columns"], *s["rows"]]))
+             for s in sections),
+        )
 
     @admin.display(description="error")
     def error_pretty(self, run: WorkflowRun) -> str:

@@ -14,6 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from workflows import steps as step_store
+from workflows.context import in_step
 from workflows.models import RunStatus, StepResult, StepStatus, WorkflowRun
 from workflows.services import wake_locked_run
 
@@ -36,7 +37,7 @@ def run_dispatched_step(*, run_id: UUID | str, attempt: int, position: int) -> s
     try:
         fn = resolve(row.call["fn"])
         message = f"step {row.name!r} try {row.tries} ran past its timeout of {row.call['timeout']:g}s"
-        with step_store.time_limit(float(row.call["timeout"]), message):
+        with step_store.time_limit(float(row.call["timeout"]), message), in_step(row.run_id, attempt, row.name):
             value = fn(*row.call["args"])
         fields["result"], _ = step_store.encode(value, what=f"the result of step {row.name!r}")
         fields["status"] = StepStatus.COMPLETED

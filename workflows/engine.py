@@ -22,6 +22,7 @@ from django.utils import timezone
 from workflows import statements
 from workflows import steps as step_store
 from workflows.conf import conf
+from workflows.context import in_step
 from workflows.effects import emit_status, enqueue_run, on_commit
 from workflows.exceptions import (
     NonDeterminismError,
@@ -299,14 +300,14 @@ class Step:
             if atomic:
                 # The body's writes and the step result commit together, or neither does.
                 with transaction.atomic():
-                    with step_store.time_limit(limit, message):
+                    with step_store.time_limit(limit, message), in_step(self._run.id, self._run.attempt, key):
                         value = fn(*args)
                     value, text = step_store.encode(value, what=f"the result of step {key!r}")
                     if not self._store(key, position, StepKind.DO, StepStatus.COMPLETED, result_json=text,
                                        tries=tries, started_at=started, finished_at=timezone.now()):
                         raise _LostRace
                 return value
-            with step_store.time_limit(limit, message):
+            with step_store.time_limit(limit, message), in_step(self._run.id, self._run.attempt, key):
                 value = fn(*args)
             value, text = step_store.encode(value, what=f"the result of step {key!r}")
         except _LostRace:

@@ -8,10 +8,35 @@ inside the engine's transaction, with the run row locked, and must only write to
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypedDict
 
 from workflows.models import WorkflowRun
 
 RunHook = Callable[[WorkflowRun], None]
+
+
+class RunSection(TypedDict):
+    """Something an app wants shown with a run (its page and its admin page): a titled table."""
+
+    title: str
+    note: str
+    columns: list[str]
+    rows: list[list[str]]
+
+
+RunSectionProvider = Callable[[WorkflowRun], "RunSection | None"]
+_run_sections: list[RunSectionProvider] = []
+
+
+def register_run_section(provider: RunSectionProvider) -> RunSectionProvider:
+    """Register ``provider(run)``, returning a section to show with the run or None."""
+    if provider not in _run_sections:
+        _run_sections.append(provider)
+    return provider
+
+
+def run_sections(run: WorkflowRun) -> list[RunSection]:
+    return [section for provider in _run_sections if (section := provider(run)) is not None]
 
 _on_terminated: list[RunHook] = []
 _on_restarted: list[RunHook] = []

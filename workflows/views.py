@@ -10,6 +10,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from workflows import hooks
 from workflows.selectors import RunSnapshot, run_get, run_snapshot
 
 
@@ -69,5 +70,6 @@ def run_detail(request: HttpRequest, run_id: UUID) -> HttpResponse:
         "result_json": _pretty(snapshot["result"]),
         "error_json": _pretty(snapshot["error"]),
         "ws_path": f"/ws/runs/{run.id}/",
+        "sections": hooks.run_sections(run),  # e.g. the ledger's operations needing reconciliation
     }
     return render(request, "workflows/run_detail.html", context)

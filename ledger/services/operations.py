@@ -51,6 +51,7 @@ from ledger.services.common import (
     record_event,
     safe_lookup,
 )
+from workflows.context import current_step
 from workflows.exceptions import InvalidPayload
 from workflows.services import check_payload
 
@@ -128,12 +129,14 @@ def request_fingerprint(*, system: str, action: str, request: dict[str, Any]) ->
 # --- 1. open: insert or lock, compare, decide ---------------------------------------------------
 def _open(*, key: str, system: str, action: str, request: dict[str, Any], can_lookup: bool) -> Plan:
     fingerprint = request_fingerprint(system=system, action=action, request=request)
+    context = current_step()  # called from a step body: remember which run and step
     with transaction.atomic():
         # INSERT ... ON CONFLICT DO NOTHING: when another perform inserted this key and has not
         # committed yet, PostgreSQL makes this insert wait for it, then do nothing; the locking
         # read below then sees that row (already claimed), never a second one.
         ExternalOperation.objects.bulk_create(
-            [ExternalOperation(key=key, system=system, action=action, request=request, request_hash=fingerprint)],
+            [ExternalOperation(key=key, system=system, action=action, request=request, request_hash=fingerprint,
+                               run_id=context.run_id if context else None, step=context.step if context else "")],
             ignore_conflicts=True,
         )
         op = ExternalOperation.objects.select_for_update().get(key=key)

@@ -248,3 +248,14 @@ def test_a_run_of_a_workflow_that_no_longer_exists_fails_clearly(worker: Worker)
 
     assert run.status == RunStatus.FAILED
     assert run.failure_reason == "unknown_workflow"
+
+
+def test_a_step_body_knows_its_run_and_step(worker: Worker) -> None:
+    from workflows import current_step
+
+    run = wf.start("test.context", {})
+
+    run = wait_for_terminal(run.id)
+
+    assert run.result == {"run": str(run.id), "attempt": 1, "step": "where am I"}
+    assert current_step() is None  # outside a step body
