@@ -3,6 +3,9 @@
 - ``bench.noop``: ``payload["steps"]`` durable no-op steps, the throughput and overhead shape.
 - ``bench.wait``: waits for a ``bench.go`` event, then one step whose result is ``time.time()`` at the
   moment its body starts: the resume half of the event-to-resume latency.
+- ``bench.approval`` (bench/approvals.py): raises an approval request for the ``bench-approvers`` group
+  (``wait_for_approval``), then one step whose result is ``time.time()`` as its body starts: the resume
+  half of the decision-to-resume latency.
 - ``bench.noop`` the Celery task: the plain-chain baseline, the same shape without the engine. The last
   task of a chain names a Redis list and appends the time it ran to it.
 """
@@ -38,6 +41,20 @@ class NoopSteps(Workflow):
 class WaitThenStep(Workflow):
     def run(self, event: Event, step: Any) -> float:
         step.wait_for_event("wait", type=WAIT_EVENT)
+        resumed: float = step.do("resumed", time.time)
+        return resumed
+
+
+APPROVERS = "bench-approvers"
+
+
+@workflow("bench.approval")
+class ApprovalThenStep(Workflow):
+    def run(self, event: Event, step: Any) -> float:
+        from approvals.waits import wait_for_approval  # the approvals app is loaded by then
+
+        wait_for_approval(step, name="bench", subject=("bench.item", str(event.payload["n"])), version="1",
+                          summary="bench approval", approvers=APPROVERS, timeout=3600)
         resumed: float = step.do("resumed", time.time)
         return resumed
 
