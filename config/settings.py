@@ -196,6 +196,8 @@ LEDGER: dict[str, Any] = {
     ]),
     # `manage.py purge_records` deletes operational records older than this by default.
     "RETENTION_DAYS": envint("LEDGER_RETENTION_DAYS", 90),
+    # Lookups in flight at once during `manage.py reconcile` (they change nothing at the provider).
+    "RECONCILE_CONCURRENCY": envint("LEDGER_RECONCILE_CONCURRENCY", 16),
 }
 
 # --- The refund example (examples/refunds) ------------------------------------------------------

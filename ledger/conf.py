@@ -13,6 +13,7 @@ class LedgerSettings(TypedDict):
     STALE_SUBMITTED_SECONDS: float
     REDACT_KEYS: list[str]
     RETENTION_DAYS: int
+    RECONCILE_CONCURRENCY: int
 
 
 def conf() -> LedgerSettings:

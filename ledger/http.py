@@ -17,13 +17,19 @@ What each failure means, which is the whole point of the ledger:
 - **429**: refused before acting (rate limit): ``NoEffect``.
 - **Other 4xx**: a definitive rejection (declined, invalid): ``Failed``; the key is spent.
 
-Every call uses a fresh connection (one ``httpx.Client`` per call): a reused keep-alive
+A submit uses a fresh connection (one ``httpx.Client`` per call): a reused keep-alive
 connection that the server had closed fails *after* the request was written, which would blur
-the line between "never sent" and "sent, no answer" that the first two cases depend on.
+the line between "never sent" and "sent, no answer" that the first two cases depend on. A lookup
+changes nothing, so any failure of it only means "still unknown": lookups reuse one kept-alive
+client per thread, which reconciliation of many operations needs. The TLS configuration (loading
+the CA bundle costs tens of milliseconds) is built once per process.
 """
 from __future__ import annotations
 
+import functools
 import logging
+import ssl
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -94,7 +100,7 @@ class HttpAdapter:
         if self.lookup_path is None:
             return Unknown(f"{self.base_url} cannot look operations up")
         try:
-            response = self._send("GET", self.url(self.lookup_path, op))
+            response = self._send("GET", self.url(self.lookup_path, op), reuse_connection=True)
         except httpx.HTTPError as exc:
             # A lookup changes nothing at the provider: whatever went wrong, we simply do not know.
             return Unknown(f"the lookup at {self.base_url} failed: {_describe(exc)}")
@@ -144,15 +150,38 @@ class HttpAdapter:
         read = self.read_timeout if self.read_timeout is not None else settings["READ_TIMEOUT"]
         return httpx.Timeout(connect=connect, read=read, write=read, pool=connect)
 
-    def _send(self, method: str, url: str, *, json: Any = None, headers: Mapping[str, str] | None = None
-              ) -> httpx.Response:
+    def _send(self, method: str, url: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
+              reuse_connection: bool = False) -> httpx.Response:
         all_headers = {"Accept": "application/json", **self.headers, **(headers or {})}
-        # A client per call: a fresh connection, see the module docstring.
-        with httpx.Client(timeout=self.timeout()) as client:
-            response = client.request(method, url, json=json, headers=all_headers)
+        if reuse_connection:  # lookups only: see the module docstring
+            response = self._kept_alive().request(method, url, json=json, headers=all_headers)
+        else:
+            # A client per call: a fresh connection, see the module docstring.
+            with httpx.Client(timeout=self.timeout(), verify=_tls()) as client:
+                response = client.request(method, url, json=json, headers=all_headers)
         # Method, URL and status only: bodies may hold personal data (the services log them redacted).
         logger.debug("%s %s → HTTP %s", method, url, response.status_code)
         return response
+
+
+    def _kept_alive(self) -> httpx.Client:
+        """This thread's lookup client for these timeouts (URLs are absolute, so any adapter
+        with the same timeouts can share it)."""
+        timeout = self.timeout()
+        clients: dict[tuple[Any, ...], httpx.Client] = _lookup_clients.__dict__.setdefault("clients", {})
+        key = (timeout.connect, timeout.read)
+        client = clients.get(key)
+        if client is None:
+            client = clients[key] = httpx.Client(timeout=timeout, verify=_tls())
+        return client
+
+
+_lookup_clients = threading.local()  # per thread: an httpx.Client is not shared across threads here
+
+
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    return httpx.create_ssl_context()
 
 
 def _json(response: httpx.Response) -> Any:

@@ -8,6 +8,7 @@ found is recorded with the row locked, and only if nobody moved the operation in
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Literal
@@ -16,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ledger.adapters import Failed, LookupOutcome, NotFound, Succeeded, get_adapter, has_adapter
+from ledger.conf import conf
 from ledger.exceptions import ResolutionRefused
 from ledger.models import RECONCILABLE, EventKind, EventOutcome, ExternalOperation, OperationStatus
 from ledger.selectors import can_resolve_operations, operations_to_reconcile
@@ -50,17 +52,66 @@ def operations_reconcile(
     One operation's failure (a provider down, an adapter bug) is its own flagged row, never the
     end of the others'.
     """
-    results = []
-    ids = list(operations_to_reconcile(system=system, older_than=older_than).values_list("pk", flat=True))
-    for operation_id in ids:
-        try:
-            results.append(operation_reconcile(operation_id=operation_id, min_age=older_than, dry_run=dry_run))
-        except Exception as exc:
-            logger.exception("reconcile of operation %s raised", operation_id)
-            op = ExternalOperation.objects.get(pk=operation_id)
-            results.append(_result(op, op.status, "flagged", f"reconciling raised {type(exc).__name__}: {exc}",
-                                   dry_run=dry_run))
+    results: list[ReconcileResult] = []
+    operations = list(operations_to_reconcile(system=system, older_than=older_than))
+    batched = [] if dry_run else [op for op in operations if _looked_up_in_batch(op, older_than)]
+    in_batch = {op.pk for op in batched}
+    for op in operations:  # the rest (dry runs, systems that cannot look up, ...) one by one
+        if op.pk not in in_batch:
+            results.append(_reconcile_guarded(op.pk, older_than, dry_run))
+    results += _reconcile_batch(batched)
     return results
+
+
+def _reconcile_guarded(operation_id: int, older_than: timedelta | None, dry_run: bool) -> ReconcileResult:
+    try:
+        return operation_reconcile(operation_id=operation_id, min_age=older_than, dry_run=dry_run)
+    except Exception as exc:
+        logger.exception("reconcile of operation %s raised", operation_id)
+        op = ExternalOperation.objects.get(pk=operation_id)
+        return _result(op, op.status, "flagged", f"reconciling raised {type(exc).__name__}: {exc}", dry_run=dry_run)
+
+
+def _looked_up_in_batch(op: ExternalOperation, older_than: timedelta | None) -> bool:
+    """Due for a lookup now, at a system whose adapter can look up (the common case)."""
+    due = op.status == OperationStatus.UNKNOWN or is_stale(op, age=older_than)
+    return due and has_adapter(op.system) and get_adapter(op.system).can_lookup
+
+
+BATCH = 200
+
+
+def _reconcile_batch(operations: list[ExternalOperation]) -> list[ReconcileResult]:
+    """Many operations at once: the lookups concurrently (outside any transaction, changing
+    nothing), then what they found recorded a batch per transaction, each row locked and only if
+    nobody moved the operation in between (as ``operation_reconcile`` does for one)."""
+    if not operations:
+        return []
+    workers = max(1, min(conf()["RECONCILE_CONCURRENCY"], len(operations)))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ledger-lookup") as pool:
+        outcomes = list(pool.map(lambda op: safe_lookup(get_adapter(op.system), op), operations))
+    results: list[ReconcileResult] = []
+    pairs = list(zip(operations, outcomes))
+    for start in range(0, len(pairs), BATCH):
+        chunk = pairs[start:start + BATCH]
+        with transaction.atomic():
+            # Locked in id order, like any other multi-row lock here: no deadlock with a second
+            # reconcile running at the same time.
+            current = {op.pk: op for op in ExternalOperation.objects.select_for_update()
+                       .filter(pk__in=[op.pk for op, _ in chunk]).order_by("pk")}
+            for op, outcome in chunk:
+                results.append(_record_lookup(op, current[op.pk], outcome))
+    return results
+
+
+def _record_lookup(seen: ExternalOperation, current: ExternalOperation, outcome: LookupOutcome) -> ReconcileResult:
+    """Call inside atomic() with ``current`` locked."""
+    if (current.status, current.submit_count) != (seen.status, seen.submit_count):
+        return _result(current, current.status, "skipped",
+                       f"changed while it was looked up (it was {seen.status}); left as it is", before=seen.status)
+    note = apply_lookup(current, outcome, now=timezone.now())
+    verdict: Verdict = "flagged" if current.status == OperationStatus.UNKNOWN else "resolved"
+    return _result(current, current.status, verdict, note, before=seen.status)
 
 
 def operation_reconcile(
@@ -86,13 +137,7 @@ def operation_reconcile(
         after, would, note = _would_be(op, outcome)
         return _result(op, after, would, note, dry_run=True, before=op.status)
     with transaction.atomic():
-        current = lock(op.pk)
-        if (current.status, current.submit_count) != (op.status, op.submit_count):
-            return _result(current, current.status, "skipped",
-                           f"changed while it was looked up (it was {op.status}); left as it is", before=op.status)
-        note = apply_lookup(current, outcome, now=timezone.now())
-    verdict: Verdict = "flagged" if current.status == OperationStatus.UNKNOWN else "resolved"
-    return _result(current, current.status, verdict, note, before=op.status)
+        return _record_lookup(op, lock(op.pk), outcome)
 
 
 def _cannot_look_up(op: ExternalOperation, *, dry_run: bool) -> ReconcileResult:
