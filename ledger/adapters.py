@@ -73,6 +73,13 @@ class Adapter(Protocol):
 
     def lookup(self, op: ExternalOperation) -> LookupOutcome: ...
 
+    # Optional: ``lookup_many(ops) -> list[LookupOutcome]`` (same order) for a provider that can
+    # answer many keys in one request; reconciliation uses it when present (see has_lookup_many).
+
+
+def has_lookup_many(adapter: Adapter) -> bool:
+    return callable(getattr(adapter, "lookup_many", None))
+
 
 _adapters: dict[str, Adapter] = {}
 _lock = threading.Lock()

@@ -66,6 +66,7 @@ class HttpAdapter:
         base_url: str,
         submit_path: str = "/{action}",
         lookup_path: str | None = "/{action}/{key}",
+        batch_lookup_path: str | None = None,
         headers: Mapping[str, str] | None = None,
         connect_timeout: float | None = None,
         read_timeout: float | None = None,
@@ -73,6 +74,7 @@ class HttpAdapter:
         self.base_url = base_url.rstrip("/")
         self.submit_path = submit_path
         self.lookup_path = lookup_path
+        self.batch_lookup_path = batch_lookup_path
         self.headers = dict(headers or {})
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
@@ -105,6 +107,26 @@ class HttpAdapter:
             # A lookup changes nothing at the provider: whatever went wrong, we simply do not know.
             return Unknown(f"the lookup at {self.base_url} failed: {_describe(exc)}")
         return self.lookup_outcome(response)
+
+    def lookup_many(self, ops: list[ExternalOperation]) -> list[LookupOutcome]:
+        """One POST of ``{"keys": [...]}`` to ``batch_lookup_path`` answered with ``{"found": {key:
+        operation}, "missing": [key]}``; without that path, one lookup each. Any failure of the
+        batch request means "still unknown" for every key in it."""
+        if self.batch_lookup_path is None or not ops:
+            return [self.lookup(op) for op in ops]
+        url = self.url(self.batch_lookup_path, ops[0])
+        try:
+            response = self._send("POST", url, json={"keys": [op.key for op in ops]}, reuse_connection=True)
+        except httpx.HTTPError as exc:
+            return [Unknown(f"the lookup at {self.base_url} failed: {_describe(exc)}")] * len(ops)
+        body = _json(response) if response.status_code == 200 else None
+        if not (isinstance(body, dict) and isinstance(body.get("found"), dict)
+                and isinstance(body.get("missing"), list)):
+            return [Unknown(f"the batch lookup answered HTTP {response.status_code}")] * len(ops)
+        found, missing = body["found"], set(body["missing"])
+        return [self.body_outcome(found[op.key]) if op.key in found else
+                NotFound() if op.key in missing else Unknown("the batch lookup did not mention this key")
+                for op in ops]
 
     # --- what answers mean ---
     def submit_body(self, op: ExternalOperation) -> Any:

@@ -16,4 +16,5 @@ class RefundsConfig(AppConfig):
             base_url=settings.SANDBOX_PAYMENTS_URL,
             submit_path="/v1/{action}s",  # POST /v1/refunds with Idempotency-Key
             lookup_path="/v1/{action}s?key={key}",  # GET /v1/refunds?key=K: 200 found, 404 never seen
+            batch_lookup_path="/v1/{action}s/lookup",  # POST {"keys": [...]}: reconcile asks 200 at a time
         ))

@@ -3,6 +3,7 @@ service, so it imports nothing from this project's Django code).
 
     POST /v1/refunds            Idempotency-Key: <key>   {"order", "amount", "currency"}
     GET  /v1/refunds?key=<key>  the refund made under that key, or 404
+    POST /v1/refunds/lookup     {"keys": [...]}: {"found": {key: refund}, "missing": [key]}
     GET  /v1/refunds            every refund (inspection)
     GET  /v1/stats              {"refunds": n, "requests": {outcome: n}, "faults": {...}, ...}
     POST /v1/faults             arm a fault for the next request(s) on a key (sandbox only)
@@ -112,6 +113,9 @@ class SandboxServer(ThreadingHTTPServer):
         super().__init__(address, Handler)
         self.store = store
         self.config = config
+
+
+MAX_BATCH = 1000
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -233,6 +237,7 @@ class Handler(BaseHTTPRequestHandler):
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> Reply:
         routes = {
             "/v1/refunds": {"POST": lambda: self._create(body), "GET": lambda: self._refunds(query)},
+            "/v1/refunds/lookup": {"POST": lambda: self._lookup_many(body)},
             "/v1/stats": {"GET": lambda: Reply(200, self.server.store.stats(), "stats")},
             "/v1/faults": {"POST": lambda: self._arm(body), "GET": self._list_faults},
             "/v1/reset": {"POST": self._reset},
@@ -309,6 +314,20 @@ class Handler(BaseHTTPRequestHandler):
         store.count(reply.outcome, fault.kind if fault is not None else None)
         if fault is not None and fault.kind == "timeout":
             self._sleep(fault)
+        return reply
+
+    def _lookup_many(self, body: bytes) -> Reply:
+        """POST /v1/refunds/lookup {"keys": [...]} (at most 1,000): the refunds made under those
+        keys, and the keys never seen. Faults do not apply (a batch has no single key)."""
+        data = self._json(body)
+        keys = data.get("keys") if isinstance(data, dict) else None
+        if not isinstance(keys, list) or not 1 <= len(keys) <= MAX_BATCH or not all(isinstance(k, str) for k in keys):
+            raise BadRequest(422, "invalid_keys", f'"keys" must be a list of 1 to {MAX_BATCH} keys')
+        for key in keys:
+            check_key(key, "every key")
+        found = self.server.store.refunds_by_keys(sorted(set(keys)))
+        reply = Reply(200, {"found": found, "missing": [k for k in keys if k not in found]}, "batch_lookup")
+        self.server.store.count(reply.outcome)
         return reply
 
     def _arm(self, body: bytes) -> Reply:

@@ -142,6 +142,13 @@ class Store:
             row = conn.execute("SELECT body FROM refunds WHERE key = ?", (key,)).fetchone()
         return None if row is None else json.loads(row[0])
 
+    def refunds_by_keys(self, keys: list[str]) -> dict[str, Refund]:
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT key, body FROM refunds WHERE key IN ({', '.join('?' * len(keys))})", keys
+            ).fetchall()
+        return {key: json.loads(body) for key, body in rows}
+
     def refunds(self) -> list[Refund]:
         with self._read() as conn:
             rows = conn.execute("SELECT body FROM refunds ORDER BY seq").fetchall()
@@ -158,6 +165,10 @@ class Store:
 
     def take_armed(self, key: str, target: Target) -> str | None:
         """The oldest fault armed for the next ``target`` request on ``key``, used up once."""
+        with self._read() as conn:  # most requests have none: answer that without a write lock
+            if conn.execute("SELECT 1 FROM armed_faults WHERE key = ? AND target = ? LIMIT 1",
+                            (key, target)).fetchone() is None:
+                return None
         with self._tx() as conn:
             row = conn.execute(
                 "SELECT seq, fault, remaining FROM armed_faults WHERE key = ? AND target = ? "

@@ -64,13 +64,35 @@ def safe_lookup(adapter: Adapter, op: ExternalOperation) -> LookupOutcome:
         return Unknown(f"the lookup raised {type(exc).__name__}: {exc}")
 
 
+def safe_lookup_many(adapter: Adapter, ops: list[ExternalOperation]) -> list[LookupOutcome]:
+    """``adapter.lookup_many``; a bug in it is Unknown for each, never a crash."""
+    try:
+        outcomes: list[LookupOutcome] = adapter.lookup_many(ops)  # type: ignore[attr-defined]
+    except Exception as exc:
+        logger.exception("batch lookup of %d operations at %s raised", len(ops), ops[0].system if ops else "?")
+        return [Unknown(f"the lookup raised {type(exc).__name__}: {exc}")] * len(ops)
+    if len(outcomes) != len(ops):
+        return [Unknown("the batch lookup answered for another number of operations")] * len(ops)
+    return outcomes
+
+
 def record_event(
     op: ExternalOperation, *, kind: str, outcome: str, before: str, detail: Any = None, note: str = "",
     log_note: bool = True,
 ) -> OperationEvent:
     """Append to the operation's audit trail (detail redacted) and log the same, redacted."""
+    event = build_event(op, kind=kind, outcome=outcome, before=before, detail=detail, note=note, log_note=log_note)
+    event.save()
+    return event
+
+
+def build_event(
+    op: ExternalOperation, *, kind: str, outcome: str, before: str, detail: Any = None, note: str = "",
+    log_note: bool = True,
+) -> OperationEvent:
+    """``record_event`` without the INSERT (the caller saves it, e.g. in a bulk_create)."""
     detail = redact(detail)
-    event = OperationEvent.objects.create(
+    event = OperationEvent(
         operation=op, kind=kind, outcome=outcome, status_before=before, status_after=op.status,
         detail=detail, note=note,
     )
@@ -83,7 +105,17 @@ def record_event(
     return event
 
 
+LOOKUP_FIELDS = ["status", "lookup_count", "looked_up_at", "response", "error", "finished_at", "note", "updated_at"]
+
+
 def apply_lookup(op: ExternalOperation, outcome: LookupOutcome, *, now: datetime) -> str:
+    note, event = prepare_lookup(op, outcome, now=now)
+    op.save()
+    event.save()
+    return note
+
+
+def prepare_lookup(op: ExternalOperation, outcome: LookupOutcome, *, now: datetime) -> tuple[str, OperationEvent]:
     """Record what a lookup found and return a note for people. Call inside atomic() with the row
     locked (``lock``), the operation unknown or stale submitted.
 
@@ -110,10 +142,10 @@ def apply_lookup(op: ExternalOperation, outcome: LookupOutcome, *, now: datetime
             op.lose_track()
         note = f"the lookup could not tell: {outcome.reason}"
     op.note = note
-    op.save()
-    record_event(op, kind=EventKind.LOOKUP, outcome=outcome_code(outcome), before=before,
-                 detail=outcome_detail(outcome), note=note)
-    return note
+    op.updated_at = now  # set here too for bulk_update, which skips auto_now
+    event = build_event(op, kind=EventKind.LOOKUP, outcome=outcome_code(outcome), before=before,
+                        detail=outcome_detail(outcome), note=note)
+    return note, event
 
 
 def ago(when: datetime | None, *, now: datetime | None = None) -> str:

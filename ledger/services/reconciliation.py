@@ -8,20 +8,33 @@ found is recorded with the row locked, and only if nobody moved the operation in
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
+import json
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
-from ledger.adapters import Failed, LookupOutcome, NotFound, Succeeded, get_adapter, has_adapter
+from ledger.adapters import Failed, LookupOutcome, NotFound, Succeeded, get_adapter, has_adapter, has_lookup_many
 from ledger.conf import conf
 from ledger.exceptions import ResolutionRefused
-from ledger.models import RECONCILABLE, EventKind, EventOutcome, ExternalOperation, OperationStatus
+from ledger.models import RECONCILABLE, EventKind, EventOutcome, ExternalOperation, OperationEvent, OperationStatus
 from ledger.selectors import can_resolve_operations, operations_to_reconcile
-from ledger.services.common import ago, apply_lookup, is_stale, lock, logger, record_event, safe_lookup
+from ledger.services.common import (
+    LOOKUP_FIELDS,
+    ago,
+    apply_lookup,
+    is_stale,
+    lock,
+    logger,
+    prepare_lookup,
+    record_event,
+    safe_lookup,
+    safe_lookup_many,
+)
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractUser, AnonymousUser
@@ -88,20 +101,83 @@ def _reconcile_batch(operations: list[ExternalOperation]) -> list[ReconcileResul
     if not operations:
         return []
     workers = max(1, min(conf()["RECONCILE_CONCURRENCY"], len(operations)))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ledger-lookup") as pool:
-        outcomes = list(pool.map(lambda op: safe_lookup(get_adapter(op.system), op), operations))
     results: list[ReconcileResult] = []
-    pairs = list(zip(operations, outcomes))
-    for start in range(0, len(pairs), BATCH):
-        chunk = pairs[start:start + BATCH]
-        with transaction.atomic():
-            # Locked in id order, like any other multi-row lock here: no deadlock with a second
-            # reconcile running at the same time.
-            current = {op.pk: op for op in ExternalOperation.objects.select_for_update()
-                       .filter(pk__in=[op.pk for op, _ in chunk]).order_by("pk")}
-            for op, outcome in chunk:
-                results.append(_record_lookup(op, current[op.pk], outcome))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ledger-lookup") as pool:
+        # The lookups of the next batch run while this thread records the previous one.
+        pending = [_lookups(pool, operations[i:i + BATCH]) for i in range(0, len(operations), BATCH)]
+        for start, outcomes in zip(range(0, len(operations), BATCH), pending):
+            results += _record_batch(list(zip(operations[start:start + BATCH], outcomes)))
     return results
+
+
+def _lookups(pool: ThreadPoolExecutor, batch: list[ExternalOperation]) -> Iterator[LookupOutcome]:
+    """The batch's outcomes in order: one request per system whose adapter can look many keys up
+    at once, else one lookup per operation, all in the pool."""
+    systems = {op.system for op in batch}
+    if len(systems) == 1 and has_lookup_many(adapter := get_adapter(next(iter(systems)))):
+        return _when_done(pool.submit(safe_lookup_many, adapter, batch))
+    return pool.map(lambda op: safe_lookup(get_adapter(op.system), op), batch)
+
+
+def _when_done(future: Future[list[LookupOutcome]]) -> Iterator[LookupOutcome]:
+    """Waits for the batch only when its outcomes are needed, so later batches are in flight."""
+    yield from future.result()
+
+
+def _record_batch(pairs: list[tuple[ExternalOperation, LookupOutcome]]) -> list[ReconcileResult]:
+    """One transaction: the rows locked in id order (like any multi-row lock here, so a second
+    reconcile cannot deadlock with this one), each updated only if nobody moved it since it was
+    read, then written with one UPDATE and one INSERT for the whole batch."""
+    now = timezone.now()
+    results: list[ReconcileResult] = []
+    changed: list[ExternalOperation] = []
+    events = []
+    with transaction.atomic():
+        current = {op.pk: op for op in ExternalOperation.objects.select_for_update()
+                   .filter(pk__in=[op.pk for op, _ in pairs]).order_by("pk")}
+        for seen, outcome in pairs:
+            op = current[seen.pk]
+            if (op.status, op.submit_count) != (seen.status, seen.submit_count):
+                results.append(_result(op, op.status, "skipped", f"changed while it was looked up (it was "
+                                       f"{seen.status}); left as it is", before=seen.status))
+                continue
+            note, event = prepare_lookup(op, outcome, now=now)
+            changed.append(op)
+            events.append(event)
+            verdict: Verdict = "flagged" if op.status == OperationStatus.UNKNOWN else "resolved"
+            results.append(_result(op, op.status, verdict, note, before=seen.status))
+        _save_lookups(changed)
+        OperationEvent.objects.bulk_create(events)
+    return results
+
+
+def _save_lookups(operations: list[ExternalOperation]) -> None:
+    """Write what prepare_lookup changed. On PostgreSQL one UPDATE ... FROM (VALUES ...) for the
+    whole batch (Django's bulk_update builds a CASE per field per row, which cost more than the
+    lookups); elsewhere bulk_update. Call inside atomic() with the rows locked."""
+    if not operations:
+        return
+    if connection.vendor != "postgresql":
+        ExternalOperation.objects.bulk_update(operations, LOOKUP_FIELDS)
+        return
+    table = ExternalOperation._meta.db_table
+    row = "(%s::bigint, %s, %s::integer, %s::timestamptz, %s::jsonb, %s::jsonb, %s::timestamptz, %s, %s::timestamptz)"
+    params: list[Any] = []
+    for op in operations:
+        params += [op.pk, op.status, op.lookup_count, op.looked_up_at,
+                   json.dumps(op.response) if op.response is not None else None,
+                   json.dumps(op.error) if op.error is not None else None,
+                   op.finished_at, op.note, op.updated_at]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {table} AS o SET status = v.status, lookup_count = v.lookup_count,
+                    looked_up_at = v.looked_up_at, response = v.response, error = v.error,
+                    finished_at = v.finished_at, note = v.note, updated_at = v.updated_at
+                FROM (VALUES {", ".join([row] * len(operations))})
+                    AS v(id, status, lookup_count, looked_up_at, response, error, finished_at, note, updated_at)
+                WHERE o.id = v.id""",
+            params,
+        )
 
 
 def _record_lookup(seen: ExternalOperation, current: ExternalOperation, outcome: LookupOutcome) -> ReconcileResult:

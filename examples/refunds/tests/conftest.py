@@ -54,7 +54,8 @@ def refund_workers(django_db_setup: None, django_db_blocker: Any, sandbox: Sandb
     settings.WORKFLOWS = {**settings.WORKFLOWS, "QUEUE": queue}
     settings.SANDBOX_PAYMENTS_URL = sandbox.url
     register_adapter("payments", HttpAdapter(base_url=sandbox.url, submit_path="/v1/{action}s",
-                                             lookup_path="/v1/{action}s?key={key}"))
+                                             lookup_path="/v1/{action}s?key={key}",
+                                             batch_lookup_path="/v1/{action}s/lookup"))
     workers = Workers(queue, sandbox.url)
     yield workers
     workers.current.stop()

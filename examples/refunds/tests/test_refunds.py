@@ -8,9 +8,9 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from django.test import Client
 from django.core.management import call_command
 from django.db import transaction
+from django.test import Client
 from rest_framework.test import APIClient
 
 from approvals import ApprovalRefused, decide

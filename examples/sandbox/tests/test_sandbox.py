@@ -91,6 +91,22 @@ def test_lookup_by_key(sandbox: SandboxProcess) -> None:
     assert sandbox.stats()["requests"] == {"created": 1, "found": 1, "not_found": 1}
 
 
+def test_lookup_of_many_keys_in_one_request(sandbox: SandboxProcess) -> None:
+    # given two refunds
+    _, first = create(sandbox, "k-many-1")
+    _, second = create(sandbox, "k-many-2")
+
+    # when three keys are looked up at once
+    status, body = sandbox.request("POST", "/v1/refunds/lookup", {"keys": ["k-many-1", "k-never", "k-many-2"]})
+
+    # then the two refunds are found and the third key is missing; nothing was created
+    assert status == 200
+    assert body == {"found": {"k-many-1": first, "k-many-2": second}, "missing": ["k-never"]}
+    assert sandbox.stats()["refunds"] == 2
+    for bad in ({"keys": []}, {"keys": "k"}, {"keys": [1]}, {}, {"keys": ["k"] * 1001}):
+        assert sandbox.request("POST", "/v1/refunds/lookup", bad)[0] == 422
+
+
 def test_currency_defaults_to_gbp(sandbox: SandboxProcess) -> None:
     status, body = create(sandbox, "k-gbp", {"order": "ORD-1", "amount": "5"})
     assert (status, body["currency"], body["amount"]) == (201, "GBP", "5.00")
