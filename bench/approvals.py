@@ -15,8 +15,8 @@ own sandbox payment provider process (examples/sandbox) on a free port with a te
    rate (open loop), for each path.
 2. reconcile: N ExternalOperation rows in status unknown (bulk insert), S of them with a refund
    stored at the sandbox beforehand (POSTed concurrently), the rest never sent; an HttpAdapter for
-   the sandbox; ``operations_reconcile`` (what ``manage.py reconcile`` runs: sequential) timed, then
-   the same rows reset and reconciled by a thread pool calling ``operation_reconcile`` per id.
+   the sandbox; ``operations_reconcile`` (what ``manage.py reconcile`` runs: batches of 200 looked
+   up concurrently, 200 keys a request, and recorded one transaction a batch) timed.
    Duplicate external effects: refunds at the sandbox beyond those stored beforehand (must be 0).
 
 The figures, their targets and PASS/MISS are printed as a table. It exits 0 once printed.
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -57,7 +56,7 @@ from bench.engine import (  # noqa: E402
 )
 
 SYSTEM = "bench-sandbox"
-SAMPLE_SYSTEM = "bench-sandbox-shipped"  # the sample reconciled with the adapter as shipped
+SAMPLE_SYSTEM = "bench-sandbox-shipped"  # the operations reconciled (through the adapter as shipped)
 APPROVERS = "bench-approvers"  # the same as bench.workflows.APPROVERS (not imported before django.setup())
 
 
@@ -72,28 +71,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--operations", "-N", type=int, default=10_000, help="unknown operations (default 10,000)")
     p.add_argument("--stored", type=int, default=None,
                    help="of which stored at the sandbox beforehand (default half)")
-    p.add_argument("--sample", type=int, default=0,
-                   help="operations reconciled with the shipped HttpAdapter and sandbox (default 500; at\n"
-                        "~15/s all 10,000 would take 11 minutes); all N then with both fixes (what-if)")
-    p.add_argument("--threads", type=int, default=8, help="threads of the concurrent reconcile (default 8)")
     p.add_argument("--post-threads", type=int, default=8, help="threads POSTing the stored refunds (default 8)")
     p.add_argument("--concurrency", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL, no database")
     p.add_argument("--database", default="durable_bench_appr", help="database to create and drop")
     p.add_argument("--redis", default="redis://127.0.0.1:6379/11", help="Redis URL (default db 11)")
-    p.add_argument("--phases", default="latency,reconcile,concurrent",
-                   help="comma-separated subset of latency,reconcile,concurrent (default all)")
+    p.add_argument("--phases", default="latency,reconcile",
+                   help="comma-separated subset of latency,reconcile (default both)")
     p.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
     args = p.parse_args(argv)
     args.phases = {x.strip() for x in args.phases.split(",") if x.strip()}
-    unknown = args.phases - {"latency", "reconcile", "concurrent"}
+    unknown = args.phases - {"latency", "reconcile"}
     if unknown:
         p.error(f"unknown phases: {', '.join(sorted(unknown))}")
     if args.stored is None:
         args.stored = args.operations // 2
     if not 0 <= args.stored <= args.operations:
         p.error("--stored must be between 0 and --operations")
-    args.sample = max(0, min(args.sample, args.operations))
     return args
 
 
@@ -187,36 +181,15 @@ def decision_latencies(args: argparse.Namespace, worker: Worker) -> list[Series]
 
 
 # --- 2. reconcile --------------------------------------------------------------------------------
-def shared_tls_adapter(base_url: str) -> Any:
-    """What-if: ledger.HttpAdapter with one difference, its ssl.SSLContext built once instead of by
-    every httpx.Client(): still a new client and a new TCP connection per call."""
-    import ssl
-
-    import httpx
-
-    from ledger import HttpAdapter
-
-    context = ssl.create_default_context()
-
-    class SharedTls(HttpAdapter):
-        def _send(self, method: str, url: str, *, json: Any = None, headers: Any = None) -> httpx.Response:
-            all_headers = {"Accept": "application/json", **self.headers, **(headers or {})}
-            with httpx.Client(timeout=self.timeout(), verify=context) as client:
-                return client.request(method, url, json=json, headers=all_headers)
-
-    return SharedTls(base_url=base_url, submit_path="/v1/refunds", lookup_path="/v1/refunds?key={key}")
-
-
 class TimedAdapter:
     """An HttpAdapter for the sandbox (by default the project's, as shipped: a fresh httpx.Client
     per call), with the wall time of each lookup added up (thread-safe)."""
 
-    def __init__(self, base_url: str, *, shared_tls: bool = False) -> None:
+    def __init__(self, base_url: str) -> None:
         from ledger import HttpAdapter
 
-        self.inner = (shared_tls_adapter(base_url) if shared_tls else
-                      HttpAdapter(base_url=base_url, submit_path="/v1/refunds", lookup_path="/v1/refunds?key={key}",
-                                  batch_lookup_path="/v1/refunds/lookup"))
+        self.inner = HttpAdapter(base_url=base_url, submit_path="/v1/refunds", lookup_path="/v1/refunds?key={key}",
+                                 batch_lookup_path="/v1/refunds/lookup")
         self.can_lookup = True
         self.lookups = 0
         self.seconds = 0.0
@@ -300,17 +273,6 @@ def insert_unknown(count: int, sample: int) -> None:
     ExternalOperation.objects.bulk_create(rows, batch_size=2000)
 
 
-def reset_unknown() -> None:
-    """Put every bench operation back to unknown, all under SYSTEM (QuerySet.update bypasses the
-    FSM on purpose; the request hash does not matter to a lookup)."""
-    from ledger.models import ExternalOperation, OperationEvent
-
-    OperationEvent.objects.filter(operation__system__in=(SYSTEM, SAMPLE_SYSTEM)).delete()
-    ExternalOperation.objects.filter(system__in=(SYSTEM, SAMPLE_SYSTEM)).update(
-        system=SYSTEM, status="unknown", response=None, error=None, note="bench: the answer was lost", lookup_count=0,
-        looked_up_at=None, finished_at=None)
-
-
 @dataclass
 class Reconcile:
     label: str
@@ -363,31 +325,6 @@ def reconcile_sequential(adapter: TimedAdapter, system: str, label: str) -> Reco
                      Counter(r.verdict for r in results), statuses(system), adapter.seconds, sql)
 
 
-def reconcile_concurrent(adapter: TimedAdapter, threads: int, label: str) -> Reconcile:
-    """The same rows, one ``operation_reconcile`` per id from a pool of ``threads`` threads, each with
-    its own database connection (the service locks each row and re-checks it, so this is safe)."""
-    from django.db import connection
-
-    from ledger.selectors import operations_to_reconcile
-    from ledger.services import operation_reconcile
-
-    adapter.reset()
-    t0 = time.perf_counter()
-    ids = list(operations_to_reconcile(system=SYSTEM).values_list("pk", flat=True))
-
-    def chunk(part: list[int]) -> list[str]:
-        try:
-            return [operation_reconcile(operation_id=i).verdict for i in part]
-        finally:
-            connection.close()  # this thread's own connection
-
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        verdicts = [v for part in pool.map(chunk, [ids[n::threads] for n in range(threads)]) for v in part]
-    seconds = time.perf_counter() - t0
-    return Reconcile(label, seconds, len(verdicts),
-                     Counter(verdicts), statuses(), adapter.seconds)
-
-
 def lookup_probe(adapter: TimedAdapter, system: str, count: int = 200) -> tuple[float, float]:
     """p50 of one lookup through the shipped HttpAdapter (fresh connection) and of the same GET on a
     kept-alive httpx.Client: what the per-call connection costs."""
@@ -420,52 +357,6 @@ class ReconcilePart:
     created_before: int = 0
     lookup_fresh: float = 0.0
     lookup_kept: float = 0.0
-    whatif_fresh: float = 0.0
-    whatif_kept: float = 0.0
-
-
-class NoDelaySandbox:
-    """What-if: a second sandbox process on the same data file (the store supports that), whose
-    handler sets TCP_NODELAY (``disable_nagle_algorithm``, a StreamRequestHandler attribute). The
-    shipped one writes a response as two send()s, headers then body: Nagle holds the body until the
-    client's delayed ACK, ~40 ms on Linux. Patched at start-up in the child; the repo is untouched."""
-
-    def __init__(self, data: Path, log: Path) -> None:
-        from examples.sandbox.process import LISTENING
-
-        code = ("import runpy, sys; from examples.sandbox import server; "
-                "server.Handler.disable_nagle_algorithm = True; "
-                "sys.argv = ['examples.sandbox', *sys.argv[1:]]; "
-                "runpy.run_module('examples.sandbox', run_name='__main__', alter_sys=True)")
-        self.log = log
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        with open(log, "ab") as out:
-            self.process = subprocess.Popen([sys.executable, "-c", code, "--host", "127.0.0.1", "--port", "0",
-                                             "--data", str(data)], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                            env=env)
-        found = None
-
-        def listening() -> bool:
-            nonlocal found
-            found = LISTENING.search(log.read_text(errors="replace"))
-            return found is not None
-
-        def alive() -> None:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the what-if sandbox exited:\n{log.read_text(errors='replace')[-2000:]}")
-
-        wait_until(listening, timeout=15, what="the what-if sandbox", check=alive)
-        assert found is not None
-        self.url = f"http://127.0.0.1:{found.group(2)}"
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 def reconcile_part(args: argparse.Namespace, data_dir: Path) -> ReconcilePart:
@@ -594,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             worker = Worker(args.concurrency)
             series = decision_latencies(args, worker)
             worker.stop()
-        if args.phases & {"reconcile", "concurrent"}:
+        if "reconcile" in args.phases:
             with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as data_dir:
                 rec = reconcile_part(args, Path(data_dir))
         probes.append(probe_environment("after "))
