@@ -22,7 +22,7 @@ from approvals.exceptions import FORBIDDEN, ApprovalRefused
 from approvals.models import NOTE_MAX, VERSION_MAX, ApprovalRequest, ApprovalStatus, DecisionChannel, DecisionLog
 from approvals.selectors import approval_list, can_see_all, group_names, may_decide_now
 from approvals.services import approval_decide
-from workflows.admin import pretty_json
+from workflows.admin import ReadOnlyInline, pretty_json
 
 ALL = "all"
 
@@ -62,10 +62,8 @@ class StatusFilter(admin.SimpleListFilter):
             }
 
 
-class DecisionLogInline(admin.TabularInline):
+class DecisionLogInline(ReadOnlyInline):
     model = DecisionLog
-    extra = 0
-    can_delete = False
     verbose_name = "decision"
     verbose_name_plural = "decision log (every attempt, refusals included)"
     fields = readonly_fields = ("created_at", "actor_name", "action", "version", "result", "code", "message",
@@ -73,12 +71,6 @@ class DecisionLogInline(admin.TabularInline):
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return True  # whoever may see the request (checked by the parent admin) sees its log
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 REQUEST_FIELDS = ("id", "status", "summary", "subject", "version", "approvers", "requested_by", "replaces")

@@ -30,6 +30,7 @@ from ledger.selectors import (
     can_see_operations,
     with_attention,
 )
+from workflows.admin import ReadOnlyInline
 from workflows.admin import pretty_json as workflows_pretty_json
 
 
@@ -54,12 +55,10 @@ class AttentionFilter(admin.SimpleListFilter):
         return queryset
 
 
-class OperationEventInline(admin.TabularInline):
+class OperationEventInline(ReadOnlyInline):
     """The audit trail: every submit, lookup and manual resolution, oldest first."""
 
     model = OperationEvent
-    extra = 0
-    can_delete = False
     verbose_name_plural = "what happened (every submit, lookup and resolution)"
     ordering = ("created_at", "id")
     fields = readonly_fields = ("created_at", "kind", "outcome", "status_before", "status_after", "note",
@@ -71,15 +70,6 @@ class OperationEventInline(admin.TabularInline):
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return can_see_operations(request.user)
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 class ResolveForm(forms.Form):

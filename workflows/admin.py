@@ -95,15 +95,13 @@ class WaitingForFilter(admin.SimpleListFilter):
         return queryset
 
 
-class _ReadOnlyInline(admin.TabularInline):
-    """Rows the engine writes, shown to whoever may see the run (no separate per-model permission)."""
+class ReadOnlyInline(admin.TabularInline):
+    """Rows written by services (an audit trail, a timeline), shown and never edited here. The
+    apps' admins subclass it and say who may view them."""
 
     extra = 0
     can_delete = False
     show_change_link = False
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return can_see_all_runs(request.user)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -113,6 +111,13 @@ class _ReadOnlyInline(admin.TabularInline):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class _ReadOnlyInline(ReadOnlyInline):
+    """Rows the engine writes, shown to whoever may see the run (no separate per-model permission)."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return can_see_all_runs(request.user)
 
 
 class StepResultInline(_ReadOnlyInline):

@@ -13,27 +13,17 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from examples.suppliers.models import AssessmentReport, SourceRecord, SupplierAssessment
+from workflows.admin import ReadOnlyInline
 
 
-class _ReadOnlyInline(admin.TabularInline):
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
-class SourceRecordInline(_ReadOnlyInline):
+class SourceRecordInline(ReadOnlyInline):
     model = SourceRecord
     fields = ("source", "revision", "content", "created_by", "created_at")
     readonly_fields = fields
     ordering = ("source", "-revision")
 
 
-class AssessmentReportInline(_ReadOnlyInline):
+class AssessmentReportInline(ReadOnlyInline):
     model = AssessmentReport
     fields = ("version", "source_revisions", "body", "created_at")
     readonly_fields = fields
