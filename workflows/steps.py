@@ -19,6 +19,7 @@ from workflows.conf import conf
 from workflows.exceptions import NotSerializable, ResultTooLarge, StepTimeout
 from workflows.models import StepResult, StepStatus
 
+# A step row in one of these states is never written again (see upsert_sql).
 FINAL = (StepStatus.COMPLETED, StepStatus.FAILED)
 
 
@@ -88,7 +89,7 @@ def upsert_sql(vendor: str | None = None) -> str:
             name = EXCLUDED.name, kind = EXCLUDED.kind, status = EXCLUDED.status,
             result = EXCLUDED.result, error = EXCLUDED.error, call = EXCLUDED.call, tries = EXCLUDED.tries,
             wake_at = EXCLUDED.wake_at, finished_at = EXCLUDED.finished_at
-        WHERE {table}.status NOT IN ('{StepStatus.COMPLETED}', '{StepStatus.FAILED}')
+        WHERE {table}.status NOT IN ({", ".join(f"'{status}'" for status in FINAL)})
         RETURNING id
     """
 
