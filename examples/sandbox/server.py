@@ -161,8 +161,9 @@ class Handler(BaseHTTPRequestHandler):
         except Exception:  # a bug in the sandbox: say so, keep serving
             traceback.print_exc(file=sys.stderr)
             reply = Reply(500, {"error": "internal_error", "message": "sandbox bug; see its stderr"}, "bug")
-        self._send(reply)
+        # Logged before the reply goes out, so a client that has its answer can read the line.
         self._log(method, url.path, reply, started)
+        self._send(reply)
 
     def _read_body(self) -> bytes:
         length_header = self.headers.get("Content-Length")
