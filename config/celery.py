@@ -1,9 +1,23 @@
 import os
+from typing import Any
 
-from celery import Celery
+from celery import Celery, Task, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+@signals.task_prerun.connect
+@signals.task_postrun.connect
+def close_old_connections(task: Task | None = None, **kwargs: Any) -> None:
+    """Around each task, what Django does around each request: close a database connection that is
+    past CONN_MAX_AGE or errored and is no longer usable; keep the others (settings.CELERY_DB_REUSE_MAX
+    turns off Celery's closing of every connection)."""
+    if task is not None and task.request.is_eager:
+        return  # inside the caller's transaction
+    from django.db import close_old_connections
+
+    close_old_connections()

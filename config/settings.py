@@ -71,6 +71,7 @@ DATABASES = {
     "default": dj_database_url.parse(
         envstr("DATABASE_URL", f"sqlite:///{BASE_DIR / 'var' / 'db.sqlite3'}"),
         conn_max_age=envint("DATABASE_CONN_MAX_AGE", 60),
+        conn_health_checks=envbool("DATABASE_CONN_HEALTH_CHECKS", True),
     )
 }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
@@ -107,6 +108,11 @@ CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 # unacknowledged message to a second worker while the first is still running it.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT", 3 * 3600)}
 CELERY_TASK_IGNORE_RESULT = True
+# Celery's Django fix-up closes every database connection before and after each task unless
+# DB_REUSE_MAX is set: each run's claim then paid for a new PostgreSQL connection (~10 ms, as much
+# as a 20-step run's own work). Workers keep their connections as web requests do instead:
+# config/celery.py applies CONN_MAX_AGE and CONN_HEALTH_CHECKS around each task.
+CELERY_DB_REUSE_MAX = 2**62
 # The queue runs are advanced on (and the sweeper runs on); steps may name others with queue=.
 WORKFLOWS_QUEUE = envstr("WORKFLOWS_QUEUE", "celery")
 CELERY_TASK_DEFAULT_QUEUE = WORKFLOWS_QUEUE

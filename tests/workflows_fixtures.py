@@ -190,3 +190,20 @@ def where_am_i() -> dict[str, Any]:
 class Context(Workflow):
     def run(self, event: Event, step: Any) -> Any:
         return step.do("where am I", where_am_i)
+
+
+def database_session() -> dict[str, int]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (backend,) = cursor.fetchone()
+    return {"process": os.getpid(), "backend": backend}
+
+
+@workflow("test.database_session")
+class DatabaseSession(Workflow):
+    """Which worker process and which PostgreSQL backend ran its one step."""
+
+    def run(self, event: Event, step: Any) -> Any:
+        return step.do("database session", database_session)

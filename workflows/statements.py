@@ -40,14 +40,18 @@ class _PreparedCursor:
     prepared), which keeps connection poolers and the ORM's SQL working as usual.
     """
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, db: BaseDatabaseWrapper) -> None:
         import psycopg
 
+        raw = db.connection
         if raw.prepare_threshold is None:
             # Django turns preparing off for the connection; only cursors of this class ask
             # for it, and Django's client-side-binding cursors never prepare anyway.
             raw.prepare_threshold = 5
         self.raw = raw
+        # Errors come out as Django's, and mark the connection as Django's cursors do, so it is
+        # checked and replaced if broken before the worker's next task (close_old_connections).
+        self._errors = db.wrap_database_errors
         self._cursor = psycopg.Cursor(raw)
 
     def __enter__(self) -> _PreparedCursor:
@@ -57,10 +61,12 @@ class _PreparedCursor:
         pass
 
     def execute(self, sql: str, params: list[Any]) -> None:
-        self._cursor.execute(sql, params, prepare=True)
+        with self._errors:
+            self._cursor.execute(sql, params, prepare=True)
 
     def fetchone(self) -> Any:
-        return self._cursor.fetchone()
+        with self._errors:
+            return self._cursor.fetchone()
 
 
 _prepared = threading.local()
@@ -75,10 +81,11 @@ def _db() -> BaseDatabaseWrapper:
 def _cursor(db: BaseDatabaseWrapper) -> Any:
     if db.vendor != "postgresql":
         return db.cursor()
+    db.close_if_health_check_failed()  # as Django's cursors do: at most once per task or request
     db.ensure_connection()
     cursor = getattr(_prepared, "cursor", None)
     if cursor is None or cursor.raw is not db.connection:
-        cursor = _prepared.cursor = _PreparedCursor(db.connection)
+        cursor = _prepared.cursor = _PreparedCursor(db)
     return cursor
 
 
