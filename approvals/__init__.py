@@ -1,21 +1,30 @@
 """Versioned approval requests decided by people, waited for durably by workflows.
 
-    from approvals import wait_for_approval, approve_current, decide
-    from approvals import ApprovalRejected, ApprovalExpired, ApprovalRefused, ApprovalDecision, Proposal
+    from approvals import wait_for_approval, approve_current, decide, supersede_pending
+    from approvals import ApprovalRejected, ApprovalExpired, ApprovalSuperseded, ApprovalRefused
+    from approvals import ApprovalDecision, Proposal
 
 The functions are imported lazily so that importing this package does not need Django's app
 registry to be ready (workflow modules import it at app-loading time).
 """
 from typing import Any
 
-from approvals.exceptions import ApprovalError, ApprovalExpired, ApprovalRefused, ApprovalRejected, RefusalCode
+from approvals.exceptions import (
+    ApprovalError,
+    ApprovalExpired,
+    ApprovalRefused,
+    ApprovalRejected,
+    ApprovalSuperseded,
+    RefusalCode,
+)
 from approvals.types import ApprovalDecision, Proposal
 
 _WAITS = ("wait_for_approval", "approve_current")
-_PUBLIC = ("decide",)
+_PUBLIC = ("decide", "supersede_pending")
 
 __all__ = [
-    "ApprovalDecision", "ApprovalError", "ApprovalExpired", "ApprovalRefused", "ApprovalRejected", "Proposal",
+    "ApprovalDecision", "ApprovalError", "ApprovalExpired", "ApprovalRefused", "ApprovalRejected",
+    "ApprovalSuperseded", "Proposal",
     "RefusalCode", *_WAITS, *_PUBLIC,
 ]
 

@@ -34,6 +34,21 @@ class ApprovalExpired(ApprovalError):
         self.status = status
 
 
+class ApprovalSuperseded(ApprovalError):
+    """Raised into ``run()`` by ``wait_for_approval`` when the subject changed while the request was
+    pending (``supersede_pending``). ``approve_current`` does not raise it: it asks again for the
+    version that is current."""
+
+    def __init__(self, request_id: int, *, version: str, current_version: str = "", reason: str = "") -> None:
+        now = f" (now {current_version})" if current_version else ""
+        why = f": {reason}" if reason else ""
+        super().__init__(f"approval request {request_id} for version {version} was superseded{now}{why}")
+        self.request_id = request_id
+        self.version = version
+        self.current_version = current_version
+        self.reason = reason
+
+
 class RefusalCode(StrEnum):
     """Why ``decide`` changed nothing. The API answers 403 for the first two, 409 for the rest."""
 

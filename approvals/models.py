@@ -96,7 +96,8 @@ class ApprovalRequest(FSMModelMixin, models.Model):
 
     @property
     def event_key(self) -> str:
-        """The idempotency key of the one decision event: a replayed decide cannot send a second."""
+        """The idempotency key of the one event that wakes the run for this request (its decision,
+        or its supersession while pending): a replayed decide cannot send a second."""
         return f"approval:{self.pk}:decision"
 
     @property
@@ -119,7 +120,8 @@ class ApprovalRequest(FSMModelMixin, models.Model):
     def expire(self) -> None:
         pass
 
-    # An approved request is superseded when the workflow's re-check finds a newer version.
+    # Superseded when the subject changes: while pending (supersede_pending, with the change), or
+    # once approved, when the workflow's re-check finds a newer version.
     @transition(field=status, source=[ApprovalStatus.PENDING, ApprovalStatus.APPROVED],
                 target=ApprovalStatus.SUPERSEDED)
     def supersede(self) -> None:

@@ -1,10 +1,11 @@
-"""``decide``, as DESIGN.md names it; thin over the service."""
+"""``decide``, as DESIGN.md names it, and ``supersede_pending``; thin over the services."""
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractUser, AnonymousUser
 
 from approvals import services
 from approvals.models import ApprovalRequest, DecisionChannel
+from approvals.services import Subject
 
 
 def decide(
@@ -19,3 +20,16 @@ def decide(
     request_id = request.pk if isinstance(request, ApprovalRequest) else int(request)
     return services.approval_decide(request_id=request_id, by=by, approve=approve, version=version, note=note,
                                     channel=channel)
+
+
+def supersede_pending(subject: Subject, *, reason: str = "", current_version: str = "") -> list[int]:
+    """The subject changed: its pending requests are superseded now, and the runs that wait for
+    them are woken to ask again for the current version (``approve_current``).
+
+    Call inside the transaction that changes the subject. ``subject`` as for ``wait_for_approval``;
+    ``reason`` (e.g. "source sanctions revised") goes to the decision log and the run. Returns the
+    ids of the requests superseded. A decision on one of them is then refused ("the request is
+    superseded"), naming its replacement once the workflow has raised it.
+    """
+    return services.approval_supersede_pending(subject=services.subject_ref(subject), reason=reason,
+                                               current_version=current_version)

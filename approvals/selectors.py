@@ -88,5 +88,11 @@ def decision_payload(request: ApprovalRequest) -> dict[str, Any]:
     }
 
 
+def supersession_payload(request: ApprovalRequest, *, reason: str, current_version: str = "") -> dict[str, Any]:
+    """The wake event's payload when the subject changed under a pending request (no decision)."""
+    return {"request_id": request.pk, "superseded": True, "version": request.version,
+            "current_version": current_version, "reason": reason}
+
+
 def superseded_by(request: ApprovalRequest) -> ApprovalRequest | None:
     return request.replacements.order_by("id").first()

@@ -39,7 +39,7 @@ from approvals.models import (
     DecisionLog,
     DecisionResult,
 )
-from approvals.selectors import decision_payload, is_authorised, is_requester, superseded_by
+from approvals.selectors import decision_payload, is_authorised, is_requester, superseded_by, supersession_payload
 from approvals.types import Proposal
 from workflows.exceptions import InvalidPayload, NonRetryableError
 from workflows.models import TERMINAL, WorkflowRun
@@ -274,6 +274,37 @@ def approval_recheck(*, request_id: int, current: Proposal) -> Recheck:
                  result=DecisionResult.ACCEPTED,
                  message=f"the subject changed from version {request.version} to {current.version}")
         return {"changed": changed, "approved_version": request.version, "current_version": current.version}
+
+
+def approval_supersede_pending(*, subject: tuple[str, str], reason: str, current_version: str = "") -> list[int]:
+    """The subject changed: supersede its pending requests now, each in one transaction with the
+    event that wakes its run (``approve_current`` then raises a request for the new version).
+
+    Call it inside the transaction that changes the subject, so the change and the supersession
+    commit together: a reviewer's tab still showing the old version is refused from that commit on
+    ("the request is superseded"), instead of its decision being accepted and undone at the
+    re-check. Returns the ids superseded. A request whose run has ended or moved on to a later
+    attempt is left to cancellation.
+    """
+    if not isinstance(reason, str) or len(reason) > NOTE_MAX:
+        raise InvalidPayload(f"reason must be a string of at most {NOTE_MAX} characters")
+    superseded: list[int] = []
+    pending = ApprovalRequest.objects.filter(subject_type=subject[0], subject_id=subject[1],
+                                             status=ApprovalStatus.PENDING)
+    with transaction.atomic():
+        for request_id in pending.order_by("id").values_list("pk", flat=True):
+            request, run = _lock(request_id)  # run first, as everywhere
+            if request.status != ApprovalStatus.PENDING or run.is_terminal or run.attempt != request.attempt:
+                continue
+            request.supersede()
+            request.save()
+            run_send_event(run_id=run.id, type=request.event_type, idempotency_key=request.event_key,
+                           payload=supersession_payload(request, reason=reason, current_version=current_version))
+            message = f"the subject changed: {reason}" if reason else "the subject changed"
+            _log(request.pk, actor=None, action=DecisionAction.SUPERSEDE, version=current_version or request.version,
+                 result=DecisionResult.ACCEPTED, message=message)
+            superseded.append(request.pk)
+    return superseded
 
 
 # --- cancellation ----------------------------------------------------------------------------------

@@ -10,7 +10,9 @@
    won the race with the timer, in which case the decision stands.
 
 ``approve_current`` adds ``"<name>: re-check"`` after an approval and loops (the engine numbers the
-repeated names ``#2``, ``#3``): approval is only returned for the version that is current.
+repeated names ``#2``, ``#3``): approval is only returned for the version that is current. It also
+loops, without a re-check, when the subject changed while the request was pending and the change
+superseded it at once (``supersede_pending``, which wakes the wait with a supersession event).
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from approvals import services
-from approvals.exceptions import ApprovalExpired, ApprovalRejected
+from approvals.exceptions import ApprovalExpired, ApprovalRejected, ApprovalSuperseded
+from approvals.models import ApprovalStatus
 from approvals.services import CreatedRequest, Expiry, Recheck, Subject
 from approvals.types import ApprovalDecision, Proposal
 from workflows import NonRetryableError, WaitTimeout
@@ -46,7 +49,8 @@ def wait_for_approval(
     ``subject`` is a saved model instance (named ``app_label.model`` + pk) or a ``(type, id)`` pair.
     ``content`` (JSON) is the snapshot reviewers see; ``summary`` the proposed consequence in words.
     ``requested_by`` (a user or id) may not decide it (four eyes); None for a request of the system.
-    Raises ApprovalRejected or ApprovalExpired (after ``timeout``), the same way on every replay.
+    Raises ApprovalRejected, ApprovalExpired (after ``timeout``), or ApprovalSuperseded (the
+    subject changed while pending: ``supersede_pending``), the same way on every replay.
     """
     proposal = Proposal(version=version, content=content, summary=summary)
     fixed: Load = lambda: proposal
@@ -65,14 +69,20 @@ def approve_current(
     ``(version, content, summary)``; it is called inside steps (keep it a quick database read).
     Each round raises a request for what ``load`` returns, waits for the decision, then re-reads:
     if the version changed meanwhile, the approved request is superseded and a new one raised for
-    the new version. Returns the approval of the current version; raises ApprovalRejected or
-    ApprovalExpired as ``wait_for_approval`` does.
+    the new version. A request superseded while pending (the code that changed the subject called
+    ``supersede_pending``) is replaced the same way, without waiting for a decision on it.
+    Returns the approval of the current version; raises ApprovalRejected or ApprovalExpired as
+    ``wait_for_approval`` does.
     """
     replaces: int | None = None
     while True:
         created = _request(step, name=name, subject=subject, load=load, approvers=approvers, timeout=timeout,
                            requested_by=requested_by, replaces=replaces)
-        decision = _decision(step, name=name, created=created)
+        try:
+            decision = _decision(step, name=name, created=created)
+        except ApprovalSuperseded:
+            replaces = created["request_id"]
+            continue
         recheck: Recheck = step.do(f"{name}: re-check", _recheck, decision.request_id, load, atomic=True)
         if not recheck["changed"]:
             return decision
@@ -127,9 +137,15 @@ def _decision(step: Step, *, name: str, created: CreatedRequest) -> ApprovalDeci
                                       timeout=max(remaining, 0.0))
     except WaitTimeout:
         expiry: Expiry = step.do(f"{name}: expire", _expire, request_id, atomic=True)
+        if expiry["status"] == ApprovalStatus.SUPERSEDED:  # superseded just as the timer fired
+            raise ApprovalSuperseded(request_id, version=created["version"]) from None
         if expiry["decision"] is None:
             raise ApprovalExpired(request_id, status=expiry["status"]) from None
         payload = expiry["decision"]  # decided just as the timer fired: the decision stands
+    if payload.get("superseded"):
+        raise ApprovalSuperseded(request_id, version=str(payload.get("version", created["version"])),
+                                 current_version=str(payload.get("current_version", "")),
+                                 reason=str(payload.get("reason", "")))
     decision = ApprovalDecision.from_payload(payload)
     if not decision.approved:
         raise ApprovalRejected(decision)

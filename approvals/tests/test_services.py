@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 
-from approvals import ApprovalRefused, RefusalCode, decide
+from approvals import ApprovalRefused, RefusalCode, decide, supersede_pending
 from approvals.models import ApprovalRequest, ApprovalStatus, DecisionAction, DecisionLog, DecisionResult
 from approvals.services import (
     approval_expire,
@@ -392,3 +392,102 @@ def test_ten_concurrent_decisions_make_exactly_one_transition_and_one_event(
             assert kind == ("repeated" if approving == winner_approved else RefusalCode.NOT_PENDING)
     winner = next(reviewers[i] for i, o in enumerate(outcomes) if o[0] == "created")
     assert request.decided_by == winner
+
+
+@pytest.mark.django_db
+class TestSupersedePending:
+    def test_the_subjects_pending_requests_are_superseded_and_their_runs_woken(self, cast: Cast) -> None:
+        # given a pending request on order 1042, one already approved on it, and one on another order
+        pending = waiting_request(requested_by=cast["bob"])
+        approved = waiting_request(status=ApprovalStatus.APPROVED)
+        other = waiting_request(subject_id="7")
+        before_approved, before_other = state(approved), state(other)
+
+        # when order 1042 changes
+        superseded = supersede_pending(("shop.order", 1042), reason="the amount changed", current_version="v2")
+
+        # then only the pending request on it is superseded, with the event that wakes its run
+        assert superseded == [pending.pk]
+        pending.refresh_from_db()
+        assert pending.status == ApprovalStatus.SUPERSEDED and pending.decided_by is None
+        event = RunEvent.objects.get(run=pending.run)
+        assert (event.type, event.idempotency_key) == (pending.event_type, pending.event_key)
+        assert event.payload == {"request_id": pending.pk, "superseded": True, "version": "v1",
+                                 "current_version": "v2", "reason": "the amount changed"}
+        run = WorkflowRun.objects.get(pk=pending.run_id)
+        assert run.status == RunStatus.QUEUED and run.wait_event_type == ""
+        log = DecisionLog.objects.get(request=pending)
+        assert (log.action, log.result, log.version, log.actor) == (
+            DecisionAction.SUPERSEDE, DecisionResult.ACCEPTED, "v2", None)
+        assert "the amount changed" in log.message
+        assert (state(approved), state(other)) == (before_approved, before_other)
+
+        # and a reviewer whose page still shows it is refused, naming the state
+        info = refused(pending, cast["carol"], code=RefusalCode.NOT_PENDING)
+        assert "superseded" in str(info)
+
+        # and superseding again finds nothing left to supersede
+        assert supersede_pending(("shop.order", "1042"), reason="again") == []
+        assert RunEvent.objects.filter(run=pending.run).count() == 1
+
+    def test_a_request_whose_run_ended_or_was_restarted_is_left_to_cancellation(self) -> None:
+        ended = waiting_request(run_status=RunStatus.TERMINATED)
+        restarted = waiting_request()
+        WorkflowRun.objects.filter(pk=restarted.run_id).update(attempt=2)
+
+        assert supersede_pending(("shop.order", 1042), reason="changed") == []
+        assert {r.status for r in ApprovalRequest.objects.filter(pk__in=[ended.pk, restarted.pk])} == {
+            ApprovalStatus.PENDING}
+
+    def test_bad_input_changes_nothing(self, cast: Cast) -> None:
+        pending = waiting_request()
+        before = state(pending)
+        with pytest.raises(TypeError):
+            supersede_pending(["shop.order", 1042], reason="changed")  # type: ignore[arg-type]
+        with pytest.raises(InvalidPayload):
+            supersede_pending(("shop.order", 1042), reason="x" * 5000)
+        assert_still_waiting(pending, before)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_decision_and_a_supersession_at_once_make_one_transition_and_one_event(
+    cast: Cast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a pending request that carol decides in the very instant the subject changes
+    monkeypatch.setattr(wf_services, "enqueue_run", lambda run_id, **kw: None)  # no worker advances the run
+    request = waiting_request(requested_by=cast["bob"])
+    barrier = threading.Barrier(2)
+    outcomes: dict[str, Any] = {}
+
+    def decision() -> None:
+        try:
+            barrier.wait()
+            outcomes["decide"] = decide(request.pk, by=cast["carol"], approve=True, version="v1").created
+        except ApprovalRefused as refusal:
+            outcomes["decide"] = refusal.code
+        finally:
+            connection.close()
+
+    def change() -> None:
+        try:
+            barrier.wait()
+            outcomes["supersede"] = supersede_pending(("shop.order", 1042), reason="changed")
+        finally:
+            connection.close()
+
+    # when
+    threads = [threading.Thread(target=decision), threading.Thread(target=change)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+
+    # then one of them made the transition, the other saw it, and the run got one event
+    request.refresh_from_db()
+    if request.status == ApprovalStatus.APPROVED:
+        assert (outcomes["decide"], outcomes["supersede"]) == (True, [])
+    else:
+        assert request.status == ApprovalStatus.SUPERSEDED
+        assert (outcomes["decide"], outcomes["supersede"]) == (RefusalCode.NOT_PENDING, [request.pk])
+    assert RunEvent.objects.filter(run=request.run).count() == 1
+    assert DecisionLog.objects.filter(request=request, result=DecisionResult.ACCEPTED).count() == 1

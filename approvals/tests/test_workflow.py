@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from approvals import ApprovalRefused, RefusalCode, decide
+from approvals import ApprovalRefused, RefusalCode, decide, supersede_pending
 from approvals.models import ApprovalRequest, ApprovalStatus, DecisionAction, DecisionLog
 from approvals.tests.conftest import Cast
 from approvals.tests.support import GROUP
@@ -131,6 +131,53 @@ def test_a_version_changed_after_approval_is_superseded_and_asked_again(
     names = list(StepResult.objects.filter(run=run).order_by("position").values_list("name", flat=True))
     assert names == ["review: request", "review: decision", "review: re-check",
                      "review: request#2", "review: decision#2", "review: re-check#2"]
+
+
+def test_a_version_changed_while_pending_is_superseded_at_once_and_asked_again(
+    worker: Worker, cast: Cast, tmp_path: Path
+) -> None:
+    # given a run waiting for approval of version 1 of a document
+    document = tmp_path / "document.json"
+    document.write_text(json.dumps({"version": "1", "title": "Q3 report", "body": "draft"}))
+    run = wf.start("approvals.test.current", {"approvers": GROUP, "path": str(document)})
+    first = waiting_for_approval(run)
+
+    # when the document changes and the code that changed it says so
+    document.write_text(json.dumps({"version": "2", "title": "Q3 report", "body": "final"}))
+    assert supersede_pending(("test.document", "doc-1"), reason="body edited", current_version="2") == [first.pk]
+
+    # then a reviewer still looking at version 1 is refused at once
+    with pytest.raises(ApprovalRefused) as info:
+        decide(first, by=cast["carol"], approve=True, version="1")
+    assert info.value.code == RefusalCode.NOT_PENDING and "superseded" in str(info.value)
+    # and the run, woken without any decision, asks for version 2
+    second = waiting_for_approval(run, pending=2)
+    assert (second.version, second.content["body"], second.replaces_id) == ("2", "final", first.pk)
+    assert ApprovalRequest.objects.get(pk=first.pk).status == ApprovalStatus.SUPERSEDED
+    with pytest.raises(ApprovalRefused) as info:
+        decide(first, by=cast["carol"], approve=True, version="1")
+    assert info.value.superseded_by == second.pk and "review the current version" in str(info.value)
+
+    decide(second, by=cast["carol"], approve=True, version="2")
+    run = wait_for_terminal(run.id, timeout=WAIT)
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.result == {"version": "2", "request": second.pk, "by": "carol"}
+    names = list(StepResult.objects.filter(run=run).order_by("position").values_list("name", flat=True))
+    assert names == ["review: request", "review: decision", "review: request#2", "review: decision#2",
+                     "review: re-check"]
+
+
+def test_wait_for_approval_raises_approval_superseded_into_the_workflow(worker: Worker, cast: Cast) -> None:
+    run = wf.start("approvals.test.simple", {"approvers": GROUP})
+    request = waiting_for_approval(run)
+
+    supersede_pending(("shop.order", 1042), reason="order cancelled", current_version="v2")
+
+    run = wait_for_terminal(run.id, timeout=WAIT)
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.result == {"outcome": "superseded", "request": request.pk, "version": "v1",
+                          "current_version": "v2", "reason": "order cancelled"}
+    assert not StepResult.objects.filter(run=run, name="act").exists()
 
 
 def test_terminating_a_waiting_run_cancels_its_request(worker: Worker, cast: Cast) -> None:

@@ -10,7 +10,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from approvals import ApprovalExpired, ApprovalRejected, Proposal, approve_current, wait_for_approval
+from approvals import (
+    ApprovalExpired,
+    ApprovalRejected,
+    ApprovalSuperseded,
+    Proposal,
+    approve_current,
+    wait_for_approval,
+)
 from workflows import Workflow, workflow
 from workflows.registry import Event
 
@@ -36,6 +43,9 @@ class Simple(Workflow):
             return {"outcome": "rejected", "by": exc.decision.decided_by, "note": exc.decision.note}
         except ApprovalExpired as exc:
             return {"outcome": "expired", "request": exc.request_id}
+        except ApprovalSuperseded as exc:
+            return {"outcome": "superseded", "request": exc.request_id, "version": exc.version,
+                    "current_version": exc.current_version, "reason": exc.reason}
         done = step.do("act", acted, decision.request_id)
         return {"outcome": "approved", "by": decision.decided_by, "version": decision.version,
                 "request": decision.request_id, "note": decision.note, "done": done}

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
+from approvals import supersede_pending
 from examples.refunds.models import Order, OrderStatus, RefundRequest
 from workflows import services as workflow_services
 from workflows.exceptions import IdempotencyConflict
@@ -27,7 +28,11 @@ def order_create(*, number: str, customer: User, amount: Decimal | str, currency
 
 
 def order_change(*, order_id: int, **changes: Any) -> Order:
-    """Apply ``changes`` and bump the version, with the row locked (two changes never share a version)."""
+    """Apply ``changes`` and bump the version, with the row locked (two changes never share a version).
+
+    A refund approval pending on the order is superseded in the same commit, and its run asks again
+    for the new version: a reviewer's page still showing the old version is refused from then on.
+    """
     unknown = set(changes) - CHANGEABLE
     if unknown:
         raise ValueError(f"cannot change {', '.join(sorted(unknown))} of an order")
@@ -37,6 +42,8 @@ def order_change(*, order_id: int, **changes: Any) -> Order:
             setattr(order, field, Decimal(value) if field == "amount" else value)
         order.version += 1
         order.save()
+        supersede_pending(order, reason=f"the order's {', '.join(sorted(changes))} changed",
+                          current_version=str(order.version))
     return order
 
 

@@ -18,7 +18,7 @@ from django.db import transaction
 from django.db.models import Max
 from django_fsm import can_proceed, has_transition_perm
 
-from approvals import Proposal, decide
+from approvals import Proposal, decide, supersede_pending
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import Decided
 from examples.suppliers.models import (
@@ -80,7 +80,9 @@ def source_record_add(*, assessment_id: int, source: str, content: Any, by: User
     """Add a source, or revise one: a new row with the next revision (earlier ones stay as they were).
 
     The requester and reviewers may; not once the assessment is closed (approved, rejected, failed).
-    A revision during review makes the workflow regenerate the report at its re-check.
+    A revision during review supersedes the pending review in the same commit: the workflow builds
+    the next report version and asks for a review of that, and a reviewer's page still showing the
+    older report is refused.
     """
     if not source:
         raise ValueError("a source record needs a source name")
@@ -91,8 +93,11 @@ def source_record_add(*, assessment_id: int, source: str, content: Any, by: User
         if assessment.is_closed:
             raise AssessmentStateError(f"assessment {assessment.pk} is {assessment.status}: its evidence is final")
         latest = assessment.source_records.filter(source=source).aggregate(n=Max("revision"))["n"] or 0
-        return SourceRecord.objects.create(assessment=assessment, source=source, revision=latest + 1,
-                                           content=content, created_by_id=by.pk)
+        record = SourceRecord.objects.create(assessment=assessment, source=source, revision=latest + 1,
+                                             content=content, created_by_id=by.pk)
+        supersede_pending((SUBJECT_TYPE, assessment.pk),
+                          reason=f"source {source} revised (revision {record.revision})")
+        return record
 
 
 def assessment_submit_input(

@@ -13,8 +13,9 @@ Payload: ``{"assessment_id": int, "requested_by_id": int, "review_timeout_second
 4. ``ready for review``: gathering_evidence → ready_for_review.
 5. ``report review``: ``approve_current`` raises a request for ``report-v<n>`` to the
    ``supplier-reviewers`` group (the requester may not decide it). Its load() regenerates the
-   report when a source was revised since the latest report, so an approval given while a source
-   changed is superseded at the re-check and a request for the new version raised.
+   report when a source was revised since the latest report. A revision while the request is
+   pending supersedes it in the same commit (``source_record_add``), which wakes the run to ask
+   for the new version; one that lands between an approval and the re-check is caught there.
 6. The decision is applied by the reviewer who took it: approved or rejected. No decision in time:
    the assessment fails ("review expired") -- a failed assessment says plainly that nobody
    signed it off, where one left "ready for review" would look as if someone still might.

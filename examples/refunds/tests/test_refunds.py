@@ -10,10 +10,11 @@ from urllib.parse import quote
 import pytest
 from django.core.management import call_command
 from django.db import transaction
+from django.db.models import F
 from django.test import Client
 from rest_framework.test import APIClient
 
-from approvals import ApprovalRefused, decide
+from approvals import ApprovalRefused, RefusalCode, decide
 from approvals.models import ApprovalRequest, ApprovalStatus
 from examples.refunds.models import Order, OrderStatus, RefundRequest
 from examples.refunds.selectors import refund_status, run_pending_operations
@@ -158,16 +159,43 @@ def test_worker_killed_inside_the_provider_call_refunds_once(world: dict[str, An
     assert op.lookup_count >= 1  # recovery asked the provider before anything else
 
 
-def test_approval_of_an_old_version_is_not_acted_on(world: dict[str, Any]) -> None:
+def test_an_order_change_supersedes_the_pending_approval_at_once(world: dict[str, Any]) -> None:
     sandbox: SandboxProcess = world["sandbox"]
     order = new_order(world["alice"], "1300")
     request = ask(order, "150.00")
     first = pending_approval(request)
     assert first.version == "1"
 
+    # the order changes while carol reviews version 1: her request is superseded in that commit
     order_change(order_id=order.pk, shipping_address={"street": "1 New Road", "postcode": "E1 1AA"})
-    # carol's page still shows version 1: her approval is of that version, which is no longer current.
+    assert ApprovalRequest.objects.get(pk=first.pk).status == ApprovalStatus.SUPERSEDED
+    with pytest.raises(ApprovalRefused) as late:
+        decide(first, by=world["carol"], approve=True, version="1")  # her page still shows version 1
+    assert late.value.code == RefusalCode.NOT_PENDING
+    # the run asks again, for the version that is current
+    second: ApprovalRequest = wait_for(
+        lambda: ApprovalRequest.objects.filter(run_id=request.run_id, version="2", status="pending").first(),
+        timeout=40, what="a request for the new version")
+    assert second.replaces_id == first.pk and second.content["shipping_address"]["street"] == "1 New Road"
+    assert status_of(request) == "awaiting approval"
+    assert sandbox.stats()["refunds"] == 0  # nothing refunded on the old version
+
+    decide(second, by=world["carol"], approve=True, version="2")
+    assert_confirmed(request, sandbox)
+
+
+def test_approval_of_an_old_version_is_not_acted_on(world: dict[str, Any]) -> None:
+    sandbox: SandboxProcess = world["sandbox"]
+    order = new_order(world["alice"], "1350")
+    request = ask(order, "150.00")
+    first = pending_approval(request)
+    assert first.version == "1"
+
+    # the order changes without the service (another system writing to the table), so nothing
+    # supersedes the pending request; carol approves the version 1 her page shows
+    Order.objects.filter(pk=order.pk).update(shipping_address={"street": "1 New Road"}, version=F("version") + 1)
     decide(first, by=world["carol"], approve=True, version="1")
+    # the workflow's re-check finds version 2, supersedes the approval and asks again
     second: ApprovalRequest = wait_for(
         lambda: ApprovalRequest.objects.filter(run_id=request.run_id, version="2", status="pending").first(),
         timeout=40, what="a request for the new version")

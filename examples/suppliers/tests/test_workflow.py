@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from approvals import ApprovalRefused, RefusalCode, decide
-from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.models import ApprovalRequest, ApprovalStatus, DecisionAction, DecisionLog
 from examples.suppliers import services
 from examples.suppliers.models import AssessmentReport, AssessmentStatus, SupplierAssessment
 from examples.suppliers.tests.conftest import Cast
@@ -81,14 +81,19 @@ def test_a_source_revised_during_review_supersedes_v1_and_a_stale_tab_is_refused
     first = review_pending(assessment)
     assert first.version == "report-v1"
 
-    # evidence changes while the review is pending; bob approves the v1 he is looking at
+    # evidence changes while the review is pending: the review of v1 is superseded in that commit
     services.source_record_add(assessment_id=assessment.pk, source="sanctions", content={"hits": 1}, by=cast["alice"])
-    decide(first, by=cast["bob"], approve=True, version="report-v1")
+    assert ApprovalRequest.objects.get(pk=first.pk).status == ApprovalStatus.SUPERSEDED
+    log = DecisionLog.objects.get(request=first, action=DecisionAction.SUPERSEDE)
+    assert "source sanctions revised (revision 2)" in log.message
+    # so bob, approving the v1 his tab shows, is refused at once
+    with pytest.raises(ApprovalRefused) as late:
+        decide(first, by=cast["bob"], approve=True, version="report-v1")
+    assert late.value.code == RefusalCode.NOT_PENDING
 
-    # the re-check regenerates the report (v2, from the new revision), supersedes v1, asks again
+    # the run builds report v2 from the new revision and asks for a review of that
     second = review_pending(assessment, number=2)
     assert second.version == "report-v2" and second.replaces_id == first.pk
-    assert ApprovalRequest.objects.get(pk=first.pk).status == ApprovalStatus.SUPERSEDED
     v2 = AssessmentReport.objects.get(assessment=assessment, version=2)
     assert v2.source_revisions == {"companies-house": 1, "sanctions": 2}
     assert second.content == v2.body
@@ -161,15 +166,18 @@ def test_a_restarted_run_gathers_again_and_asks_for_the_new_report(
 ) -> None:
     run = submit(cast, assessment)
     first = review_pending(assessment)
-    services.source_record_add(assessment_id=assessment.pk, source="credit", content={"score": 80}, by=cast["bob"])
 
     wf.restart(run)
 
+    # the pending review of attempt 1 is cancelled; attempt 2 gathers again and builds report v2
     second = review_pending(assessment, number=2)
     assert ApprovalRequest.objects.get(pk=first.pk).status == ApprovalStatus.CANCELLED
     assert (second.version, second.attempt) == ("report-v2", 2)
     assert AssessmentReport.objects.get(assessment=assessment, version=2).source_revisions == {
-        "companies-house": 1, "credit": 1, "sanctions": 1}
+        "companies-house": 1, "sanctions": 1}
+    with pytest.raises(ApprovalRefused) as old:
+        decide(first, by=cast["carol"], approve=True, version="report-v1")
+    assert old.value.code == RefusalCode.NOT_PENDING and "cancelled" in str(old.value)
     decide(second, by=cast["carol"], approve=True, version="report-v2")
     run = wait_for_terminal(run.id, timeout=WAIT)
     assert run.result == {"outcome": "approved", "report_version": 2, "decided_by_id": cast["carol"].pk}, run.error
