@@ -10,5 +10,6 @@ urlpatterns = [
     path("api/", include("ledger.urls")),
     path("api/", include("approvals.urls")),
     path("api/", include("examples.refunds.urls")),
+    path("api/", include("examples.suppliers.urls")),
     path("", include("workflows.urls")),
 ]

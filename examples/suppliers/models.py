@@ -17,6 +17,8 @@ from django_fsm import FSMField, FSMModelMixin, transition
 from workflows.models import WorkflowRun
 
 REVIEWERS = "supplier-reviewers"
+# How approval requests name an assessment (approvals.services.subject_ref of the instance).
+SUBJECT_TYPE = "suppliers.supplierassessment"
 # A person with this approvals permission may decide any request (approvals.selectors.can_decide_any);
 # the assessment accepts their decision too, so an approval the approvals app took is never refused here.
 DECIDE_ANY = "approvals.decide_any"

@@ -19,22 +19,23 @@ from django.db.models import Max
 from django_fsm import can_proceed, has_transition_perm
 
 from approvals import Proposal, decide, supersede_pending
-from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.models import DecisionChannel
 from approvals.services import Decided
 from examples.suppliers.models import (
     AssessmentReport,
     AssessmentStatus,
+    SUBJECT_TYPE,
     SourceRecord,
     SupplierAssessment,
     is_requester,
     is_reviewer,
     report_version_label,
 )
+from examples.suppliers.selectors import pending_review
 from workflows.models import WorkflowRun
 from workflows.services import run_start
 
 WORKFLOW = "supplier-assessment"
-SUBJECT_TYPE = "suppliers.supplierassessment"
 
 User = AbstractUser | AnonymousUser
 
@@ -126,14 +127,9 @@ def assessment_submit_input(
     return assessment
 
 
-def pending_review(assessment_id: int) -> ApprovalRequest | None:
-    """The approval request now waiting for a reviewer, if any."""
-    return (ApprovalRequest.objects.filter(subject_type=SUBJECT_TYPE, subject_id=str(assessment_id),
-                                           status=ApprovalStatus.PENDING).order_by("-id").first())
-
-
 def assessment_review(
     *, assessment_id: int, by: User, approve: bool, report_version: int, note: str = "",
+    channel: str = DecisionChannel.PYTHON,
 ) -> Decided:
     """A reviewer's decision on the report version their page showed. Goes through approvals'
     ``decide``: a page opened on an older version than the one pending is refused (stale_version,
@@ -141,7 +137,8 @@ def assessment_review(
     request = pending_review(assessment_id)
     if request is None:
         raise AssessmentStateError(f"assessment {assessment_id} has no review pending")
-    return decide(request, by=by, approve=approve, version=report_version_label(report_version), note=note)
+    return decide(request, by=by, approve=approve, version=report_version_label(report_version), note=note,
+                  channel=channel)
 
 
 # --- what the workflow does (each inside an atomic step) --------------------------------------------

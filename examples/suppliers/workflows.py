@@ -27,7 +27,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from approvals import ApprovalExpired, ApprovalRejected, approve_current
-from examples.suppliers.models import REVIEWERS
+from examples.suppliers.models import REVIEWERS, SUBJECT_TYPE
 from workflows import NonRetryableError, StepError, Workflow, workflow
 from workflows.registry import Event
 
@@ -122,7 +122,7 @@ class SupplierAssessmentWorkflow(Workflow):
 
         try:
             decision = approve_current(
-                step, name="report review", subject=("suppliers.supplierassessment", assessment_id),
+                step, name="report review", subject=(SUBJECT_TYPE, assessment_id),
                 load=partial(current_report, assessment_id), approvers=REVIEWERS, timeout=timeout,
                 requested_by=int(requester) if requester is not None else None,
             )

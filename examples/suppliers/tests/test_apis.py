@@ -1,0 +1,210 @@
+"""/api/assessments: who sees and does what, bad input, and a review over HTTP end to end (a real
+worker advances the run) in which a stale tab is refused."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.urls import include, path
+from drf_spectacular.drainage import GENERATOR_STATS
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.validation import validate_schema
+from rest_framework.test import APIClient
+
+from approvals.models import ApprovalRequest, ApprovalStatus, DecisionLog
+from examples.suppliers.models import AssessmentStatus, SourceRecord, SupplierAssessment
+from examples.suppliers.tests.conftest import SOURCES, Cast
+from examples.suppliers.tests.test_services import in_state, snapshot
+from tests.support import Worker, wait_for, wait_for_terminal
+from workflows.models import RunStatus, WorkflowRun
+
+URL = "/api/assessments"
+WAIT = 120.0
+
+
+def client(user: Any = None) -> APIClient:
+    api = APIClient()
+    if user is not None:
+        api.force_authenticate(user)
+    return api
+
+
+def create(api: APIClient, **body: Any) -> Any:
+    return api.post(URL, {"supplier_name": "Acme Metals", "sources": SOURCES, **body}, format="json")
+
+
+@pytest.mark.django_db
+class TestCreateAndSee:
+    def test_the_requester_creates_an_assessment_with_revision_1_of_each_source(self, cast: Cast) -> None:
+        response = create(client(cast["alice"]))
+
+        assert response.status_code == 201, response.json()
+        body = response.json()
+        assert response["Location"] == f"{URL}/{body['id']}"
+        assert (body["supplier_name"], body["status"], body["requested_by"], body["run"]) == (
+            "Acme Metals", AssessmentStatus.AWAITING_INPUT, "alice", None)
+        assert [(s["source"], s["revision"], s["content"]) for s in body["sources"]] == [
+            ("companies-house", 1, {"status": "active"}), ("sanctions", 1, {"hits": 0})]
+        assert (body["report"], body["review"], body["input"]) == (None, None, {})
+
+    @pytest.mark.parametrize("body, field", [
+        ({"supplier_name": ""}, "supplier_name"),
+        ({"supplier_name": "   "}, "supplier_name"),
+        ({"supplier_name": 7}, "supplier_name"),
+        ({"sources": {}}, "sources"),
+        ({"sources": ["sanctions"]}, "sources"),
+        ({"sources": {"": {"hits": 0}}}, "sources"),
+        ({"owner": "mallory"}, "owner"),
+    ])
+    def test_bad_input_is_a_400_naming_the_field_and_creates_nothing(
+        self, cast: Cast, body: dict[str, Any], field: str
+    ) -> None:
+        response = create(client(cast["alice"]), **body)
+
+        assert response.status_code == 400, response.json()
+        assert field in response.json()["error"]["detail"]
+        assert not SupplierAssessment.objects.exists()
+
+    def test_anonymous_callers_are_refused(self) -> None:
+        assert create(client()).status_code == 401
+        assert client().get(URL).status_code == 401
+
+    def test_the_requester_and_reviewers_see_it_and_nobody_else(self, cast: Cast,
+                                                                assessment: SupplierAssessment) -> None:
+        detail = f"{URL}/{assessment.pk}"
+        for who in ("alice", "bob", "carol"):
+            assert client(cast[who]).get(detail).status_code == 200, who
+            assert [a["id"] for a in client(cast[who]).get(URL).json()["results"]] == [assessment.pk], who
+        # mallory learns nothing: not even that it exists
+        assert client(cast["mallory"]).get(detail).status_code == 404
+        assert client(cast["mallory"]).get(URL).json()["results"] == []
+        assert client(cast["mallory"]).get(f"{URL}/999999").status_code == 404
+        # filters are checked
+        assert client(cast["bob"]).get(URL, {"status": "approved"}).json()["results"] == []
+        assert client(cast["bob"]).get(URL, {"status": "nonsense"}).status_code == 400
+
+
+@pytest.mark.django_db
+class TestSourcesAndSubmit:
+    def test_requester_and_reviewers_add_revisions_others_get_404(self, cast: Cast,
+                                                                   assessment: SupplierAssessment) -> None:
+        url = f"{URL}/{assessment.pk}/sources"
+
+        by_alice = client(cast["alice"]).post(url, {"source": "sanctions", "content": {"hits": 1}}, format="json")
+        by_bob = client(cast["bob"]).post(url, {"source": "credit", "content": {"score": 81}}, format="json")
+        before = snapshot(assessment)
+        by_mallory = client(cast["mallory"]).post(url, {"source": "credit", "content": {}}, format="json")
+
+        assert (by_alice.status_code, by_alice.json()["revision"], by_alice.json()["created_by"]) == (201, 2, "alice")
+        assert (by_bob.status_code, by_bob.json()["revision"]) == (201, 1)
+        assert by_mallory.status_code == 404 and snapshot(assessment) == before
+        sources = client(cast["alice"]).get(f"{URL}/{assessment.pk}").json()["sources"]
+        assert [(s["source"], s["revision"]) for s in sources] == [
+            ("companies-house", 1), ("credit", 1), ("sanctions", 2)]
+        assert SourceRecord.objects.filter(assessment=assessment, source="sanctions").count() == 2  # history kept
+
+    def test_a_closed_assessment_takes_no_more_evidence(self, cast: Cast) -> None:
+        closed = in_state(cast, AssessmentStatus.APPROVED)
+        before = snapshot(closed)
+
+        response = client(cast["alice"]).post(f"{URL}/{closed.pk}/sources", {"source": "credit", "content": {}},
+                                              format="json")
+
+        assert response.status_code == 409
+        assert response.json()["error"]["code"] == "invalid_state"
+        assert response.json()["error"]["detail"] == {"status": "approved"}
+        assert snapshot(closed) == before
+
+    def test_bad_source_input_is_a_400(self, cast: Cast, assessment: SupplierAssessment) -> None:
+        url = f"{URL}/{assessment.pk}/sources"
+        before = snapshot(assessment)
+        for body in ({"content": {}}, {"source": "", "content": {}}, {"source": "x" * 101, "content": {}},
+                     {"source": "credit"}, {"source": "credit", "content": {}, "revision": 9}):
+            assert client(cast["alice"]).post(url, body, format="json").status_code == 400, body
+        assert snapshot(assessment) == before
+
+    def test_only_the_requester_submits_and_only_once(self, cast: Cast, assessment: SupplierAssessment) -> None:
+        url = f"{URL}/{assessment.pk}/submit"
+        before = snapshot(assessment)
+
+        by_bob = client(cast["bob"]).post(url, {"input": {"scope": "tier 1"}}, format="json")
+        by_mallory = client(cast["mallory"]).post(url, {"input": {}}, format="json")
+        assert (by_bob.status_code, by_mallory.status_code) == (403, 404)
+        assert snapshot(assessment) == before
+
+        first = client(cast["alice"]).post(url, {"input": {"scope": "tier 1"}}, format="json")
+        again = client(cast["alice"]).post(url, {"input": {"scope": "tier 2"}}, format="json")
+
+        assert first.status_code == 200, first.json()
+        assert (first.json()["input"], first.json()["run"]) == ({"scope": "tier 1"}, str(
+            SupplierAssessment.objects.get(pk=assessment.pk).run_id))
+        assert again.status_code == 409 and again.json()["error"]["code"] == "invalid_state"
+        assert WorkflowRun.objects.filter(workflow="supplier-assessment").count() == 1
+
+    def test_a_review_with_nothing_pending_is_a_409(self, cast: Cast, assessment: SupplierAssessment) -> None:
+        response = client(cast["carol"]).post(f"{URL}/{assessment.pk}/review",
+                                              {"approve": True, "report_version": 1}, format="json")
+        assert response.status_code == 409 and response.json()["error"]["code"] == "invalid_state"
+        bad = client(cast["carol"]).post(f"{URL}/{assessment.pk}/review",
+                                         {"approve": "yes", "report_version": 1}, format="json")
+        assert bad.status_code == 400 and "approve" in bad.json()["error"]["detail"]
+
+
+def test_the_project_schema_has_no_warnings() -> None:
+    GENERATOR_STATS.reset()
+    generator = SchemaGenerator(patterns=[path("", include("config.urls"))])
+
+    schema = generator.get_schema(request=None, public=True)
+
+    assert not GENERATOR_STATS, "drf-spectacular warned: " + "; ".join(
+        [*GENERATOR_STATS._warn_cache, *GENERATOR_STATS._error_cache])
+    validate_schema(schema)
+    assert {"assessment_create", "assessment_review"} <= {
+        op["operationId"] for item in schema["paths"].values() for op in item.values()}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_review_over_http_refuses_a_stale_tab_and_approves_the_current_report(
+    worker: Worker, cast: Cast
+) -> None:
+    alice, carol = client(cast["alice"]), client(cast["carol"])
+    assessment_id = create(alice).json()["id"]
+    detail = f"{URL}/{assessment_id}"
+    assert alice.post(f"{detail}/submit", {"input": {"scope": "tier 1"}}, format="json").status_code == 200
+
+    def review_of(version: int) -> dict[str, Any] | None:
+        body: dict[str, Any] = carol.get(detail).json()
+        review = body["review"]
+        return body if review and review["report_version"] == version and body["status"] == "ready_for_review" \
+            else None
+
+    # carol opens the assessment: report v1 is under review, and she may decide it; alice may not
+    tab = wait_for(lambda: review_of(1), timeout=WAIT, what="report v1 under review")
+    assert tab["report"]["version"] == 1 and tab["review"]["can_decide"] is True
+    assert alice.get(detail).json()["review"]["can_decide"] is False
+    own = alice.post(f"{detail}/review", {"approve": True, "report_version": 1}, format="json")
+    assert own.status_code == 403 and own.json()["error"]["code"] == "not_authorised"  # not a reviewer
+
+    # alice revises a source while carol's tab still shows v1
+    revised = alice.post(f"{detail}/sources", {"source": "sanctions", "content": {"hits": 1}}, format="json")
+    assert revised.status_code == 201
+    current = wait_for(lambda: review_of(2), timeout=WAIT, what="report v2 under review")
+    assert current["report"]["source_revisions"] == {"companies-house": 1, "sanctions": 2}
+
+    # carol's stale tab is refused, with nothing changed
+    stale = carol.post(f"{detail}/review", {"approve": True, "report_version": 1}, format="json")
+    assert stale.status_code == 409, stale.json()
+    assert stale.json()["error"]["code"] == "stale_version"
+    assert "review the current version" in stale.json()["error"]["message"]
+    assert ApprovalRequest.objects.get(pk=current["review"]["request"]).status == ApprovalStatus.PENDING
+
+    # the current report is approved, and the assessment records that exact version
+    approved = carol.post(f"{detail}/review", {"approve": True, "report_version": 2, "note": "fine"}, format="json")
+    assert approved.status_code == 200, approved.json()
+    run = wait_for_terminal(SupplierAssessment.objects.get(pk=assessment_id).run_id, timeout=WAIT)
+    assert run.status == RunStatus.COMPLETED, run.error
+    final = carol.get(detail).json()
+    assert (final["status"], final["decided_by"], final["decided_version"], final["review"]) == (
+        "approved", "carol", 2, None)
+    channels = set(DecisionLog.objects.filter(actor=cast["carol"]).values_list("channel", "result"))
+    assert channels == {("api", "refused"), ("api", "accepted")}

@@ -1,0 +1,18 @@
+"""/api/assessments...: the supplier-assessment example. No trailing slash, as in DESIGN.md section 7."""
+from django.urls import URLPattern, path
+
+from examples.suppliers.apis import (
+    AssessmentDetailApi,
+    AssessmentListCreateApi,
+    AssessmentReviewApi,
+    AssessmentSourceApi,
+    AssessmentSubmitApi,
+)
+
+urlpatterns: list[URLPattern] = [
+    path("assessments", AssessmentListCreateApi.as_view(), name="api-assessment-list"),
+    path("assessments/<int:assessment_id>", AssessmentDetailApi.as_view(), name="api-assessment-detail"),
+    path("assessments/<int:assessment_id>/sources", AssessmentSourceApi.as_view(), name="api-assessment-sources"),
+    path("assessments/<int:assessment_id>/submit", AssessmentSubmitApi.as_view(), name="api-assessment-submit"),
+    path("assessments/<int:assessment_id>/review", AssessmentReviewApi.as_view(), name="api-assessment-review"),
+]
