@@ -43,13 +43,12 @@ from bench.engine import (  # noqa: E402
     CREATED,
     Row,
     Worker,
-    cleanup,
-    configure_environment,
+    bench_session,
     ms,
     percentile,
     print_table,
     probe_environment,
-    recreate_database,
+    run_main,
     say,
     wait_for_runs,
     wait_until,
@@ -466,45 +465,20 @@ ledger.HttpAdapter(base_url=<sandbox>, lookup_path="/v1/refunds?key={{key}}") as
 # --- main ----------------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    configure_environment(args)
-    say(f"creating database {args.database}")
-    recreate_database(args)
-    worker: Worker | None = None
-    ok = False
     series: list[Series] = []
     rec: ReconcilePart | None = None
-    try:
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
+    with bench_session(args) as session:
         probes = [probe_environment("before")]
         if "latency" in args.phases:
-            worker = Worker(args.concurrency)
-            series = decision_latencies(args, worker)
-            worker.stop()
+            series = decision_latencies(args, session.start_worker(args.concurrency))
+            session.stop_worker()
         if "reconcile" in args.phases:
             with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as data_dir:
                 rec = reconcile_part(args, Path(data_dir))
         probes.append(probe_environment("after "))
         report(args, probes, series, rec)
-        ok = True
-    finally:
-        if worker is not None:
-            worker.stop()
-            if ok:
-                worker.log.unlink(missing_ok=True)
-            else:
-                say(f"worker log kept: {worker.log}")
-        cleanup(args)
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        say("interrupted")
-        sys.exit(130)
+    run_main(main)

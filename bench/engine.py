@@ -940,14 +940,34 @@ def cleanup(args: argparse.Namespace) -> None:
         say(f"dropped database {args.database}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Always 0 once the figures are printed, whether they meet their targets or not."""
-    args = parse_args(argv)
+class Session:
+    """What a bench made that must be undone: its worker (stopped; its log kept if the bench failed)."""
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+
+    def start_worker(self, concurrency: int) -> Worker:
+        self.worker = Worker(concurrency)
+        return self.worker
+
+    def stop_worker(self, *, keep_log: bool = False) -> None:
+        if self.worker is None:
+            return
+        self.worker.stop()
+        if keep_log:
+            say(f"worker log kept: {self.worker.log}")
+        else:
+            self.worker.log.unlink(missing_ok=True)
+
+
+@contextmanager
+def bench_session(args: argparse.Namespace) -> Iterator[Session]:
+    """The bench's own database, created and migrated, with Django set up; on the way out its
+    worker is stopped and its database and Redis keys removed, whether the bench finished or not."""
     configure_environment(args)
     say(f"creating database {args.database}")
     recreate_database(args)
-    worker: Worker | None = None
-    ok = False
+    session, ok = Session(), False
     try:
         import django
 
@@ -955,24 +975,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
-        if args.phases & {"throughput", "events"}:
-            worker = Worker(args.concurrency)
-        run(args, worker)
+        yield session
         ok = True
     finally:
-        if worker is not None:
-            worker.stop()
-            if ok:
-                worker.log.unlink(missing_ok=True)
-            else:
-                say(f"worker log kept: {worker.log}")
+        session.stop_worker(keep_log=not ok)
         cleanup(args)
-    return 0
 
 
-if __name__ == "__main__":
+def run_main(main: Callable[[], int]) -> None:
     try:
         sys.exit(main())
     except KeyboardInterrupt:
         say("interrupted")
         sys.exit(130)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Always 0 once the figures are printed, whether they meet their targets or not."""
+    args = parse_args(argv)
+    with bench_session(args) as session:
+        worker = session.start_worker(args.concurrency) if args.phases & {"throughput", "events"} else None
+        run(args, worker)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
