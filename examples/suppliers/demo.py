@@ -23,22 +23,27 @@ DEMO_SOURCES = {
 
 
 def seed(stdout: OutputWrapper | TextIO) -> None:
-    """Create the ``supplier-reviewers`` group (admin joins it if present) and a demo assessment
-    requested by alice (or the first superuser), awaiting input."""
+    """Create the ``supplier-reviewers`` group (admin and carol join it if present) and a demo
+    assessment requested by alice (or the first superuser), awaiting input."""
     users = get_user_model()
     with transaction.atomic():
         group, created = Group.objects.get_or_create(name=REVIEWERS)
         if created:
             stdout.write(f"created group {REVIEWERS}\n")
-        admin_user = users.objects.filter(username="admin").first()
-        if admin_user is not None:
-            admin_user.groups.add(group)  # add() ignores a membership that exists
+        for reviewer in users.objects.filter(username__in=["admin", "carol"]):
+            reviewer.groups.add(group)  # add() ignores a membership that exists
         requester = users.objects.filter(username="alice").first() or users.objects.filter(is_superuser=True).first()
         if requester is None:
             stdout.write("no user to request the demo supplier assessment; skipped\n")
             return
-        if SupplierAssessment.objects.filter(supplier_name=DEMO_SUPPLIER).exists():
-            stdout.write("demo supplier assessment exists\n")
-            return
-        assessment = assessment_create(supplier_name=DEMO_SUPPLIER, requested_by=requester, sources=DEMO_SOURCES)
-    stdout.write(f"created supplier assessment {assessment.pk} ({DEMO_SUPPLIER}) for {requester}, awaiting input\n")
+        assessment = SupplierAssessment.objects.filter(supplier_name=DEMO_SUPPLIER).first()
+        if assessment is None:
+            assessment = assessment_create(supplier_name=DEMO_SUPPLIER, requested_by=requester, sources=DEMO_SOURCES)
+            stdout.write(f"created supplier assessment {assessment.pk} ({DEMO_SUPPLIER}) for {requester}\n")
+    url = f"/api/assessments/{assessment.pk}"
+    stdout.write(
+        f"Supplier assessment {assessment.pk} is {assessment.status}. As {requester}: POST {url}/submit\n"
+        f'  {{"input": {{"scope": "..."}}}}; revise evidence with POST {url}/sources {{"source", "content"}}.\n'
+        f"  Reviewers ({REVIEWERS}: admin, carol) decide the report version GET {url} shows, with\n"
+        f'  POST {url}/review {{"approve": true, "report_version": N}} or in the admin\'s approval queue.\n'
+    )

@@ -10,7 +10,7 @@ from django.core.exceptions import PermissionDenied
 from django_fsm import has_transition_perm
 
 from examples.suppliers import services
-from examples.suppliers.models import AssessmentReport, AssessmentStatus, SourceRecord, SupplierAssessment
+from examples.suppliers.models import REVIEWERS, AssessmentReport, AssessmentStatus, SourceRecord, SupplierAssessment
 from examples.suppliers.tests.conftest import Cast
 from workflows.models import WorkflowRun
 
@@ -160,5 +160,9 @@ def test_demo_seed_is_idempotent(cast: Cast) -> None:
     from examples.suppliers import demo
 
     demo.seed(io.StringIO())
-    demo.seed(io.StringIO())
-    assert SupplierAssessment.objects.filter(supplier_name=demo.DEMO_SUPPLIER).count() == 1
+    out = io.StringIO()
+    demo.seed(out)
+    assessment = SupplierAssessment.objects.get(supplier_name=demo.DEMO_SUPPLIER)
+    assert (assessment.requested_by, assessment.status) == (cast["alice"], AssessmentStatus.AWAITING_INPUT)
+    assert cast["carol"].groups.filter(name=REVIEWERS).exists()
+    assert f"POST /api/assessments/{assessment.pk}/submit" in out.getvalue()
