@@ -17,7 +17,8 @@ GROUP = "refund-approvers"
 def waiting_request(
     *, requested_by: User | None = None, version: str = "v1", status: str = ApprovalStatus.PENDING,
     approvers: str = GROUP, expires_in: timedelta = timedelta(hours=1), content: Any = None,
-    run_status: str = RunStatus.WAITING, subject_id: str = "1042", **fields: Any,
+    run_status: str = RunStatus.WAITING, subject_type: str = "shop.order", subject_id: str = "1042",
+    **fields: Any,
 ) -> ApprovalRequest:
     """A run waiting for a new request, as wait_for_approval leaves them (rows created directly;
     status is a protected FSM field, so it is set once at creation, as a fixture of any state).
@@ -28,7 +29,7 @@ def waiting_request(
     run = WorkflowRun.objects.create(workflow="test.wait", status=run_status, queue=conf()["QUEUE"])
     RunAttempt.objects.create(run=run, number=1)
     request = ApprovalRequest.objects.create(
-        run=run, attempt=1, step_name="refund approval", subject_type="shop.order", subject_id=subject_id,
+        run=run, attempt=1, step_name="refund approval", subject_type=subject_type, subject_id=subject_id,
         version=version, summary="Refund £120 on order 1042",
         content=content if content is not None else {"order": 1042, "amount": "120.00", "version": version},
         requested_by=requested_by, approvers=approvers, status=status,

@@ -10,13 +10,34 @@ from django.utils.html import format_html_join
 
 from examples.refunds.models import Order, RefundRequest
 from examples.refunds.selectors import refund_status, run_pending_operations
+from examples.refunds.services import CHANGEABLE, order_change
 
 
 @admin.register(Order)
 class OrderAdmin(admin.ModelAdmin):
+    """An edit here is a change like any other: through ``order_change``, which bumps the version
+    and supersedes a refund approval pending on the order in the same commit. Saving the form
+    directly would change the data under the version a reviewer is approving."""
+
     list_display = ["number", "customer", "amount", "currency", "status", "version", "updated_at"]
     search_fields = ["number"]
     readonly_fields = ["version", "updated_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Order | None = None) -> list[str]:
+        if obj is None:
+            return self.readonly_fields
+        return [*self.readonly_fields, "number", "customer"]  # who and which order: fixed once placed
+
+    def save_model(self, request: HttpRequest, obj: Order, form: Any, change: bool) -> None:
+        if not change:
+            super().save_model(request, obj, form, change)  # a new order: version 1
+            return
+        # Compared with the stored row, not form.changed_data (which counts every JSON field as changed).
+        stored = Order.objects.get(pk=obj.pk)
+        changes = {name: form.cleaned_data[name] for name in CHANGEABLE
+                   if name in form.cleaned_data and form.cleaned_data[name] != getattr(stored, name)}
+        if changes:
+            obj.version = order_change(order_id=obj.pk, **changes).version
 
 
 @admin.register(RefundRequest)

@@ -5,8 +5,12 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
+from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.tests.support import waiting_request
+from examples.refunds.models import Order
 from examples.refunds.services import order_create, refund_request_create
 from ledger.models import ExternalOperation, OperationStatus
+from workflows.models import RunEvent
 
 
 @pytest.mark.django_db
@@ -26,3 +30,35 @@ def test_refund_request_admin_page_lists_operations_needing_reconciliation(clien
     assert "outcome being checked" in text and request.operation_key in text
     assert client.get("/admin/refunds/refundrequest/").status_code == 200
     assert client.get("/admin/refunds/order/").status_code == 200
+
+
+@pytest.mark.django_db
+def test_an_order_edited_in_the_admin_gets_a_new_version_and_its_pending_approval_is_superseded(
+    client: Client,
+) -> None:
+    # given an order whose refund waits for approval of its version 1
+    alice = User.objects.create_user("alice")
+    admin = User.objects.create_superuser("root", "root@example.com", "pw")
+    order = order_create(number="9002", customer=alice, amount="150.00",
+                         shipping_address={"street": "1 Old Road"})
+    pending = waiting_request(subject_type="refunds.order", subject_id=str(order.pk), version="1")
+    client.force_login(admin)
+    url = f"/admin/refunds/order/{order.pk}/change/"
+    form = {"amount": "150.00", "currency": "GBP", "status": "placed", "items": "[]",
+            "shipping_address": '{"street": "1 New Road"}'}
+
+    # when staff change the address in the admin (number and customer are not editable)
+    response = client.post(url, {**form, "number": "666", "customer": admin.pk})
+
+    # then the change went through the service: a new version, and the approval of version 1 is
+    # superseded in the same commit, with the event that wakes its run to ask again
+    assert response.status_code == 302, response.content.decode()[:2000]
+    order.refresh_from_db()
+    assert (order.version, order.shipping_address, order.number, order.customer) == (
+        2, {"street": "1 New Road"}, "9002", alice)
+    assert ApprovalRequest.objects.get(pk=pending.pk).status == ApprovalStatus.SUPERSEDED
+    assert RunEvent.objects.filter(run=pending.run, type=pending.event_type).count() == 1
+
+    # and saving the form unchanged changes nothing
+    assert client.post(url, form).status_code == 302
+    assert Order.objects.get(pk=order.pk).version == 2
