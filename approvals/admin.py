@@ -20,7 +20,7 @@ from django.utils.timesince import timesince, timeuntil
 
 from approvals.exceptions import FORBIDDEN, ApprovalRefused
 from approvals.models import NOTE_MAX, VERSION_MAX, ApprovalRequest, ApprovalStatus, DecisionChannel, DecisionLog
-from approvals.selectors import approval_list, can_see_all, group_names, may_decide_now
+from approvals.selectors import approval_list, can_see_all, group_names, may_decide_now, superseded_by
 from approvals.services import approval_decide
 from workflows.admin import ReadOnlyInline, pretty_json
 
@@ -73,7 +73,8 @@ class DecisionLogInline(ReadOnlyInline):
         return True  # whoever may see the request (checked by the parent admin) sees its log
 
 
-REQUEST_FIELDS = ("id", "status", "summary", "subject", "version", "approvers", "requested_by", "replaces")
+REQUEST_FIELDS = ("id", "status", "summary", "subject", "version", "approvers", "requested_by", "replaces",
+                  "superseded_by_link")
 CONTENT_FIELDS = ("content_pretty",)
 TIME_FIELDS = ("created_at", "age", "expires_at", "expiry", "decided_by", "decided_at", "note")
 RUN_FIELDS = ("run_link", "attempt", "step_name")
@@ -145,6 +146,15 @@ class ApprovalRequestAdmin(admin.ModelAdmin):
     def content_pretty(self, obj: ApprovalRequest) -> str:
         return pretty_json(obj.content)
 
+    @admin.display(description="superseded by")
+    def superseded_by_link(self, obj: ApprovalRequest) -> str:
+        replacement = superseded_by(obj)
+        if replacement is None:
+            return "-"
+        url = reverse("admin:approvals_approvalrequest_change", args=[replacement.pk])
+        return format_html('<a href="{}">request {} (version {}, {})</a>', url, replacement.pk,
+                           replacement.version, replacement.status)
+
     @admin.display(description="run")
     def run_link(self, obj: ApprovalRequest) -> str:
         url = reverse("admin:workflows_workflowrun_change", args=[obj.run_id])
@@ -188,6 +198,8 @@ class ApprovalRequestAdmin(admin.ModelAdmin):
             if refusal.code in FORBIDDEN:
                 return self._forbidden(request, obj, refusal)
             self.message_user(request, f"Refused: {refusal}", messages.ERROR)
+            if refusal.superseded_by is not None:  # straight to the version to review now
+                change_url = reverse("admin:approvals_approvalrequest_change", args=[refusal.superseded_by])
             return HttpResponseRedirect(change_url)
         word = "approved" if approve else "rejected"
         if decided.created:

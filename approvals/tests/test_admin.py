@@ -205,11 +205,15 @@ class TestDecisions:
             expires_at=timezone.now() + timedelta(hours=1),
         )
 
-        response = login(cast["carol"]).post(decide_url(old), {"version": "v1", "decision": "approve"}, follow=True)
+        carol = login(cast["carol"])
+        response = carol.post(decide_url(old), {"version": "v1", "decision": "approve"}, follow=True)
 
         assert any(f"superseded; it takes no more decisions: review the current version (v2, request {new.pk})" in m
                    for m in messages_of(response))
+        assert response.redirect_chain[-1][0] == change_url(new)  # on the page of the version to review
         assert ApprovalRequest.objects.get(pk=old.pk).status == ApprovalStatus.SUPERSEDED
+        assert f'href="{change_url(new)}">request {new.pk} (version v2, pending)' in \
+            carol.get(change_url(old)).content.decode()
 
     def test_bad_forms_get_and_unknown_requests(self, cast: Cast) -> None:
         request = waiting_request(requested_by=cast["bob"])
