@@ -13,3 +13,6 @@ class ApprovalsConfig(AppConfig):
         hooks.on_run_terminated(cancel_for_terminated_run)
         # A restarted run's earlier attempt no longer waits for its requests.
         hooks.on_run_restarted(cancel_for_terminated_run)
+        # The events that wake a run waiting for a request ("approval:<id>", keyed "approval:<id>:…")
+        # are sent only by decide and supersede_pending: the run's owner may not post one.
+        hooks.reserve_event_prefix("approval:", why="only the approvals app sends them; decide the request instead")

@@ -212,7 +212,7 @@ def _decide(
         # Inside this transaction: the event row commits with the decision, and its enqueue is
         # deferred to that commit. The key makes the event unique even if this were ever replayed.
         event, _ = run_send_event(run_id=run.id, type=request.event_type, payload=decision_payload(request),
-                                  idempotency_key=request.event_key)
+                                  idempotency_key=request.event_key, system=True)
         _log(request.pk, actor=by, action=action, version=version, result=DecisionResult.ACCEPTED, note=note,
              channel=channel)
     return Decided(request=request, created=True, event_id=event.pk)
@@ -284,7 +284,7 @@ def approval_supersede_pending(*, subject: tuple[str, str], reason: str, current
     commit together: a reviewer's tab still showing the old version is refused from that commit on
     ("the request is superseded"), instead of its decision being accepted and undone at the
     re-check. Returns the ids superseded. A request whose run has ended or moved on to a later
-    attempt is left to cancellation.
+    attempt is left to cancellation, one past its expiry to the expiry.
     """
     if not isinstance(reason, str) or len(reason) > NOTE_MAX:
         raise InvalidPayload(f"reason must be a string of at most {NOTE_MAX} characters")
@@ -296,10 +296,13 @@ def approval_supersede_pending(*, subject: tuple[str, str], reason: str, current
             request, run = _lock(request_id)  # run first, as everywhere
             if request.status != ApprovalStatus.PENDING or run.is_terminal or run.attempt != request.attempt:
                 continue
+            if request.is_overdue():
+                continue  # its time is up: it ends as expired (the run's timer), not revived as a new request
             request.supersede()
             request.save()
             run_send_event(run_id=run.id, type=request.event_type, idempotency_key=request.event_key,
-                           payload=supersession_payload(request, reason=reason, current_version=current_version))
+                           payload=supersession_payload(request, reason=reason, current_version=current_version),
+                           system=True)
             message = f"the subject changed: {reason}" if reason else "the subject changed"
             _log(request.pk, actor=None, action=DecisionAction.SUPERSEDE, version=current_version or request.version,
                  result=DecisionResult.ACCEPTED, message=message)

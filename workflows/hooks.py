@@ -38,6 +38,28 @@ def register_run_section(provider: RunSectionProvider) -> RunSectionProvider:
 def run_sections(run: WorkflowRun) -> list[RunSection]:
     return [section for provider in _run_sections if (section := provider(run)) is not None]
 
+_reserved_events: dict[str, str] = {}
+
+
+def reserve_event_prefix(prefix: str, *, why: str) -> None:
+    """Event types and event idempotency keys starting with ``prefix`` belong to one app: only its
+    own services send them (``run_send_event(..., system=True)``). Anyone else, through the API,
+    ``send_event`` or ``manage.py workflows send-event``, is refused with ``why``: a customer who
+    owns a run must not be able to post the event an approval would send."""
+    if not prefix:
+        raise ValueError("a reserved event prefix may not be empty")
+    _reserved_events[prefix] = why
+
+
+def reserved_event(value: str | None) -> str | None:
+    """Why ``value`` (an event type or key) is reserved, or None when anyone may use it."""
+    if value:
+        for prefix, why in _reserved_events.items():
+            if value.startswith(prefix):
+                return f"event types and keys starting with {prefix!r} are reserved: {why}"
+    return None
+
+
 _on_terminated: list[RunHook] = []
 _on_restarted: list[RunHook] = []
 

@@ -97,11 +97,19 @@ def _same_start(existing: WorkflowRun, payload: dict[str, Any]) -> WorkflowRun:
 
 
 def run_send_event(
-    *, run_id: UUID, type: str, payload: Any = None, idempotency_key: str | None = None
+    *, run_id: UUID, type: str, payload: Any = None, idempotency_key: str | None = None, system: bool = False,
 ) -> tuple[RunEvent, bool]:
-    """Record an event for the run and wake it if it waits for this type. Returns (event, created)."""
+    """Record an event for the run and wake it if it waits for this type. Returns (event, created).
+
+    Types and keys an app reserved (``hooks.reserve_event_prefix``) are refused unless ``system``:
+    only that app's own services pass it.
+    """
     if not type or not isinstance(type, str):
         raise InvalidPayload("event type must be a non-empty string")
+    if not system:
+        for value in (type, idempotency_key):
+            if (why := hooks.reserved_event(value)) is not None:
+                raise InvalidPayload(why)
     payload = {} if payload is None else payload
     check_text(type, what="event type", max_length=200)
     check_text(idempotency_key, what="event idempotency key", max_length=255)

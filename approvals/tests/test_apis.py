@@ -21,7 +21,8 @@ from approvals.tests.support import GROUP, assert_still_waiting, state, waiting_
 from approvals.tests.test_workflow import WAIT, waiting_for_approval
 from tests.support import Worker, wait_for_terminal
 from workflows import public as wf
-from workflows.models import RunEvent, RunStatus
+from workflows.exceptions import InvalidPayload
+from workflows.models import RunEvent, RunStatus, WorkflowRun
 
 LIST = "/api/approvals"
 
@@ -218,6 +219,29 @@ class TestDecision:
 
 
 @pytest.mark.django_db
+@pytest.mark.django_db
+@pytest.mark.parametrize("event", [
+    {"type": "approval:{id}", "payload": {"request_id": "{id}", "approved": True, "version": "v1"}},
+    {"type": "noise", "idempotency_key": "approval:{id}:decision"},  # would block the real decision's event
+])
+def test_the_owner_of_a_waiting_run_cannot_post_the_event_of_a_decision(cast: Cast, event: dict[str, Any]) -> None:
+    # given alice's run, waiting for a request only a reviewer may decide
+    request = waiting_request(requested_by=cast["alice"])
+    WorkflowRun.objects.filter(pk=request.run_id).update(owner=cast["alice"])
+    before = state(request)
+    body = json.loads(json.dumps(event).replace('"{id}"', str(request.pk)).replace("{id}", str(request.pk)))
+
+    # when she posts what a decision would send, through the runs API and through Python
+    response = post(client_for(cast["alice"]), f"/api/runs/{request.run_id}/events", body)
+    with pytest.raises(InvalidPayload) as python:
+        wf.send_event(request.run_id, body["type"], body.get("payload"), idempotency_key=body.get("idempotency_key"))
+
+    # then both are refused with nothing recorded: the request still waits for a reviewer
+    assert response.status_code == 400, response.json()
+    assert "reserved" in error_of(response)["message"] and "reserved" in str(python.value)
+    assert_still_waiting(request, before)
+
+
 def test_the_schema_describes_the_approvals_api_without_warnings() -> None:
     GENERATOR_STATS.reset()
     generator = SchemaGenerator(patterns=[path("api/", include("approvals.urls"))])

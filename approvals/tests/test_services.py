@@ -430,14 +430,17 @@ class TestSupersedePending:
         assert supersede_pending(("shop.order", "1042"), reason="again") == []
         assert RunEvent.objects.filter(run=pending.run).count() == 1
 
-    def test_a_request_whose_run_ended_or_was_restarted_is_left_to_cancellation(self) -> None:
+    def test_a_request_whose_run_ended_or_moved_on_or_whose_time_is_up_is_left_alone(self) -> None:
         ended = waiting_request(run_status=RunStatus.TERMINATED)
         restarted = waiting_request()
         WorkflowRun.objects.filter(pk=restarted.run_id).update(attempt=2)
+        overdue = waiting_request(expires_in=timedelta(seconds=-1))  # its timer is about to expire it
+        before = state(overdue)
 
         assert supersede_pending(("shop.order", 1042), reason="changed") == []
-        assert {r.status for r in ApprovalRequest.objects.filter(pk__in=[ended.pk, restarted.pk])} == {
+        assert {r.status for r in ApprovalRequest.objects.filter(pk__in=[ended.pk, restarted.pk, overdue.pk])} == {
             ApprovalStatus.PENDING}
+        assert_still_waiting(overdue, before)
 
     def test_bad_input_changes_nothing(self, cast: Cast) -> None:
         pending = waiting_request()
