@@ -4,13 +4,41 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
 from django.http import HttpRequest
 from django.utils.html import format_html_join
 
 from examples.refunds.models import Order, RefundRequest
 from examples.refunds.selectors import refund_status, run_pending_operations
-from examples.refunds.services import CHANGEABLE, order_change
+from examples.refunds.services import CHANGEABLE, StaleOrder, order_change
+
+
+class OrderForm(forms.ModelForm):
+    """Carries the version the page showed: a save against an order that changed since is refused
+    (another edit, or the refund workflow marking it refunded) instead of writing the page's stale
+    values over the new ones."""
+
+    seen_version = forms.IntegerField(widget=forms.HiddenInput, required=False)
+
+    class Meta:
+        model = Order
+        fields = "__all__"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            self.fields["seen_version"].initial = self.instance.version
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.instance.pk is not None:
+            current = Order.objects.filter(pk=self.instance.pk).values_list("version", flat=True).first()
+            if data.get("seen_version") != current:
+                raise forms.ValidationError(
+                    f"This order changed since the page was opened (it is now version {current}); "
+                    "reload it and make your change again.", code="stale")
+        return data
 
 
 @admin.register(Order)
@@ -19,6 +47,7 @@ class OrderAdmin(admin.ModelAdmin):
     and supersedes a refund approval pending on the order in the same commit. Saving the form
     directly would change the data under the version a reviewer is approving."""
 
+    form = OrderForm
     list_display = ["number", "customer", "amount", "currency", "status", "version", "updated_at"]
     search_fields = ["number"]
     readonly_fields = ["version", "updated_at"]
@@ -32,12 +61,17 @@ class OrderAdmin(admin.ModelAdmin):
         if not change:
             super().save_model(request, obj, form, change)  # a new order: version 1
             return
-        # Compared with the stored row, not form.changed_data (which counts every JSON field as changed).
+        seen = form.cleaned_data["seen_version"]  # the form checked it is still the current one
         stored = Order.objects.get(pk=obj.pk)
+        # Compared with the stored row, not form.changed_data (which counts every JSON field as changed).
         changes = {name: form.cleaned_data[name] for name in CHANGEABLE
                    if name in form.cleaned_data and form.cleaned_data[name] != getattr(stored, name)}
-        if changes:
-            obj.version = order_change(order_id=obj.pk, **changes).version
+        if not changes:
+            return
+        try:
+            obj.version = order_change(order_id=obj.pk, expected_version=seen, **changes).version
+        except StaleOrder as exc:  # changed between the form's check and this save: nothing written
+            self.message_user(request, f"Not saved: {exc}", messages.ERROR)
 
 
 @admin.register(RefundRequest)

@@ -27,17 +27,26 @@ def order_create(*, number: str, customer: User, amount: Decimal | str, currency
                                 items=items or [], shipping_address=shipping_address or {})
 
 
-def order_change(*, order_id: int, **changes: Any) -> Order:
+class StaleOrder(ValueError):
+    """The order is no longer at the version the change was made against."""
+
+
+def order_change(*, order_id: int, expected_version: int | None = None, **changes: Any) -> Order:
     """Apply ``changes`` and bump the version, with the row locked (two changes never share a version).
 
-    A refund approval pending on the order is superseded in the same commit, and its run asks again
-    for the new version: a reviewer's page still showing the old version is refused from then on.
+    ``expected_version``: the version the change was made against (a page, a form); StaleOrder if
+    the order has moved on since, and nothing changes. A refund approval pending on the order is
+    superseded in the same commit, and its run asks again for the new version: a reviewer's page
+    still showing the old version is refused from then on.
     """
     unknown = set(changes) - CHANGEABLE
     if unknown:
         raise ValueError(f"cannot change {', '.join(sorted(unknown))} of an order")
     with transaction.atomic():
         order = Order.objects.select_for_update().get(pk=order_id)
+        if expected_version is not None and order.version != expected_version:
+            raise StaleOrder(f"order {order.number} changed since (it is now version {order.version}); "
+                             "reload it and make the change again")
         for field, value in changes.items():
             setattr(order, field, Decimal(value) if field == "amount" else value)
         order.version += 1

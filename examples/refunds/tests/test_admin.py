@@ -8,7 +8,13 @@ from django.test import Client
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.tests.support import waiting_request
 from examples.refunds.models import Order
-from examples.refunds.services import order_create, refund_request_create
+from examples.refunds.services import (
+    StaleOrder,
+    order_change,
+    order_create,
+    order_mark_refunded,
+    refund_request_create,
+)
 from ledger.models import ExternalOperation, OperationStatus
 from workflows.models import RunEvent
 
@@ -45,7 +51,8 @@ def test_an_order_edited_in_the_admin_gets_a_new_version_and_its_pending_approva
     client.force_login(admin)
     url = f"/admin/refunds/order/{order.pk}/change/"
     form = {"amount": "150.00", "currency": "GBP", "status": "placed", "items": "[]",
-            "shipping_address": '{"street": "1 New Road"}'}
+            "shipping_address": '{"street": "1 New Road"}', "seen_version": "1"}
+    assert 'name="seen_version" value="1"' in client.get(url).content.decode()
 
     # when staff change the address in the admin (number and customer are not editable)
     response = client.post(url, {**form, "number": "666", "customer": admin.pk})
@@ -60,5 +67,31 @@ def test_an_order_edited_in_the_admin_gets_a_new_version_and_its_pending_approva
     assert RunEvent.objects.filter(run=pending.run, type=pending.event_type).count() == 1
 
     # and saving the form unchanged changes nothing
-    assert client.post(url, form).status_code == 302
+    assert client.post(url, {**form, "seen_version": "2"}).status_code == 302
     assert Order.objects.get(pk=order.pk).version == 2
+
+
+@pytest.mark.django_db
+def test_a_stale_order_page_is_refused_instead_of_undoing_a_newer_change(client: Client) -> None:
+    # given a page opened on version 1 of an order, which the refund workflow then marks refunded
+    alice = User.objects.create_user("alice")
+    admin = User.objects.create_superuser("root", "root@example.com", "pw")
+    order = order_create(number="9003", customer=alice, amount="50.00")
+    client.force_login(admin)
+    url = f"/admin/refunds/order/{order.pk}/change/"
+    assert 'name="seen_version" value="1"' in client.get(url).content.decode()
+    order_mark_refunded(order_id=order.pk)
+
+    # when staff save an address edit from that page, its status still showing "placed"
+    response = client.post(url, {"amount": "50.00", "currency": "GBP", "status": "placed", "items": "[]",
+                                 "shipping_address": '{"street": "1 New Road"}', "seen_version": "1"})
+
+    # then the save is refused and the order stays refunded: no second refund becomes possible
+    assert response.status_code == 200
+    assert "This order changed since the page was opened (it is now version 2)" in response.content.decode()
+    order.refresh_from_db()
+    assert (order.status, order.version, order.shipping_address) == ("refunded", 2, {})
+    # and the service itself refuses a change made against an old version (the race after the form's check)
+    with pytest.raises(StaleOrder):
+        order_change(order_id=order.pk, expected_version=1, status="placed")
+    assert Order.objects.get(pk=order.pk).status == "refunded"
