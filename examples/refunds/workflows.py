@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from approvals import ApprovalExpired, ApprovalRejected, Proposal, approve_current
-from examples.refunds.models import OrderStatus, RefundRequest, operation_key
+from examples.refunds.models import Order, OrderStatus, RefundRequest, operation_key
 from examples.refunds.services import order_mark_refunded
 from ledger import OperationFailed, OperationInProgress, OutcomeUnknown, ProviderUnavailable, perform, record_create
 from ledger.models import ExternalOperation
@@ -104,10 +104,11 @@ class Refund(Workflow):
 
 
 # --- the steps ----------------------------------------------------------------------------------
-def load_snapshot(request_id: int) -> dict[str, Any]:
-    """The order as it is now, with its version and when it was read (the record's observed_at)."""
+def load_snapshot(request_id: int, *, lock: bool = False) -> dict[str, Any]:
+    """The order as it is now, with its version and when it was read (the record's observed_at).
+    ``lock``: hold the order row to the end of the caller's transaction."""
     request = RefundRequest.objects.select_related("order").get(pk=request_id)
-    order = request.order
+    order = Order.objects.select_for_update().get(pk=request.order_id) if lock else request.order
     limit = Decimal(str(settings.REFUND_APPROVAL_LIMIT))
     return {
         "request_id": request.pk, "order_id": order.pk, "order": order.number, "version": str(order.version),
@@ -129,8 +130,14 @@ def check_policy(snapshot: dict[str, Any]) -> bool:
 
 
 def order_proposal(request_id: int) -> Proposal:
-    """What the approvers review: the current version of the order and the refund in words."""
-    snapshot = load_snapshot(request_id)
+    """What the approvers review: the current version of the order and the refund in words.
+
+    Called in approve_current's request and re-check steps (atomic). The order stays locked until the
+    request is stored: an order_change (which locks the order, then supersedes pending requests)
+    then either comes first, and this reads the new version, or waits, and supersedes the request.
+    Order row before run row, as order_change takes them.
+    """
+    snapshot = load_snapshot(request_id, lock=True)
     sign = CURRENCY_SIGNS.get(snapshot["currency"], snapshot["currency"] + " ")
     content = {k: v for k, v in snapshot.items() if k not in ("observed_at", "needs_approval")}
     return Proposal(version=snapshot["version"], content=content,
