@@ -29,14 +29,26 @@ def check_payload(payload: Any, *, what: str = "payload") -> dict[str, Any]:
 
 
 def check_json_size(payload: Any, *, what: str) -> None:
-    """Any JSON value within WORKFLOWS_MAX_PAYLOAD_BYTES, or InvalidPayload."""
+    """Any JSON value PostgreSQL can store, within WORKFLOWS_MAX_PAYLOAD_BYTES, or InvalidPayload."""
     try:
-        size = len(json.dumps(payload, allow_nan=False))
+        text = json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
     limit = conf()["MAX_PAYLOAD_BYTES"]
-    if size > limit:
-        raise PayloadTooLarge(f"The {what} is {size:,} bytes of JSON; the limit is {limit:,}.")
+    if len(text) > limit:
+        raise PayloadTooLarge(f"The {what} is {len(text):,} bytes of JSON; the limit is {limit:,}.")
+    if "\\u0000" in text and _has_nul(payload):  # the text test is cheap; it may match an escaped backslash
+        raise InvalidPayload(f"{what} contains a NUL character (\\u0000), which cannot be stored")
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def check_text(value: str | None, *, what: str, max_length: int) -> None:

@@ -192,8 +192,9 @@ class AssessmentSubmitApi(ApiBase):
     class InputSerializer(StrictSerializer):
         input = serializers.DictField(child=serializers.JSONField(), required=False, default=dict,
                                       help_text="Scope, questions: part of every report.")
-        review_timeout_seconds = serializers.FloatField(required=False, min_value=1,
-                                                        help_text="How long reviewers have (default 7 days).")
+        review_timeout_seconds = serializers.FloatField(
+            required=False, min_value=1, max_value=services.MAX_REVIEW_TIMEOUT_SECONDS,
+            help_text="How long reviewers have (default 7 days, at most 90).")
 
     @extend_schema(operation_id="assessment_submit", tags=TAGS, parameters=[ASSESSMENT_ID], request=InputSerializer,
                    description="The requester submits the input, once: the workflow run starts.",

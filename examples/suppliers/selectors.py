@@ -59,6 +59,19 @@ def pending_review(assessment_id: int) -> ApprovalRequest | None:
                                            status=ApprovalStatus.PENDING).order_by("-id").first())
 
 
+def decided_review(assessment: SupplierAssessment) -> ApprovalRequest | None:
+    """The current run attempt's latest review request, if it is approved or rejected: a decision the
+    workflow has yet to apply (or has applied, once the assessment is closed)."""
+    run = assessment.run
+    if run is None:
+        return None
+    latest = (ApprovalRequest.objects.filter(subject_type=SUBJECT_TYPE, subject_id=str(assessment.pk),
+                                             run_id=run.pk, attempt=run.attempt)
+              .order_by("-id").first())
+    decided = (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED)
+    return latest if latest is not None and latest.status in decided else None
+
+
 def assessment_data(*, assessment: SupplierAssessment, user: User, detail: bool = False) -> dict[str, Any]:
     """What the API answers for one assessment; ``detail`` adds sources, the report and the review."""
     data: dict[str, Any] = {

@@ -31,13 +31,14 @@ from examples.suppliers.models import (
     is_reviewer,
     report_version_label,
 )
-from examples.suppliers.selectors import pending_review
+from examples.suppliers.selectors import decided_review, pending_review
 from workflows.models import WorkflowRun
 from workflows.services import run_start
 
 WORKFLOW = "supplier-assessment"
 
 User = AbstractUser | AnonymousUser
+MAX_REVIEW_TIMEOUT_SECONDS = 90 * 24 * 3600
 
 
 class AssessmentStateError(Exception):
@@ -80,7 +81,8 @@ def assessment_create(
 def source_record_add(*, assessment_id: int, source: str, content: Any, by: User) -> SourceRecord:
     """Add a source, or revise one: a new row with the next revision (earlier ones stay as they were).
 
-    The requester and reviewers may; not once the assessment is closed (approved, rejected, failed).
+    The requester and reviewers may; not once the assessment is closed (approved, rejected, failed)
+    or its review decided.
     A revision during review supersedes the pending review in the same commit: the workflow builds
     the next report version and asks for a review of that, and a reviewer's page still showing the
     older report is refused.
@@ -93,6 +95,11 @@ def source_record_add(*, assessment_id: int, source: str, content: Any, by: User
             raise PermissionDenied(f"{by} may not change the evidence of assessment {assessment.pk}")
         if assessment.is_closed:
             raise AssessmentStateError(f"assessment {assessment.pk} is {assessment.status}: its evidence is final")
+        decided = decided_review(assessment)
+        if decided is not None:
+            # The decision is being applied: a revision now would be neither reviewed nor refused.
+            raise AssessmentStateError(f"assessment {assessment.pk}'s {decided.version} was {decided.status}: "
+                                       "its evidence is final")
         latest = assessment.source_records.filter(source=source).aggregate(n=Max("revision"))["n"] or 0
         record = SourceRecord.objects.create(assessment=assessment, source=source, revision=latest + 1,
                                              content=content, created_by_id=by.pk)
@@ -107,8 +114,8 @@ def assessment_submit_input(
     """The requester submits the input: the workflow run starts (owned by the requester) in the same
     commit as the assessment records it. Only once: the transition requires that there is no run.
     ``review_timeout_seconds``: how long reviewers have (the workflow's default is 7 days)."""
-    if review_timeout_seconds is not None and review_timeout_seconds <= 0:
-        raise ValueError("the review timeout must be positive")
+    if review_timeout_seconds is not None and not 0 < review_timeout_seconds <= MAX_REVIEW_TIMEOUT_SECONDS:
+        raise ValueError(f"the review timeout must be between 0 and {MAX_REVIEW_TIMEOUT_SECONDS} seconds (90 days)")
     with transaction.atomic():
         assessment = _locked(assessment_id)
         _check(assessment, "submit_input", by)

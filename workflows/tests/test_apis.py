@@ -218,6 +218,7 @@ def test_unknown_workflow_is_404_and_starts_nothing(users: Users) -> None:
         pytest.param(b'{"payload": "text"}', "invalid", "payload", id="payload is a string"),
         pytest.param(b'{"payload": null}', "invalid", "payload", id="payload is null"),
         pytest.param(b'{"order_id": 1042}', "invalid", "order_id", id="bare object: unknown field"),
+        pytest.param(b'{"payload": {"note": "a\\u0000b"}}', "invalid_payload", None, id="NUL PostgreSQL cannot store"),
     ],
 )
 def test_start_refuses_bad_input_and_starts_nothing(users: Users, body: bytes, code: str, field: str | None) -> None:
@@ -473,6 +474,7 @@ def test_an_event_key_reused_with_another_payload_is_409(users: Users) -> None:
         pytest.param(b'{"type": "reply", "payload": null}', 400, "payload", id="payload is null"),
         pytest.param(b'{"type": "reply", "answer": 42}', 400, "answer", id="unknown field"),
         pytest.param(b'{"type": "reply", "payload": "' + b"x" * 300_000 + b'"}', 413, None, id="oversize"),
+        pytest.param(b'{"type": "reply", "payload": {"\\u0000": 1}}', 400, None, id="NUL in a key"),
     ],
 )
 def test_send_event_refuses_bad_input_and_records_nothing(

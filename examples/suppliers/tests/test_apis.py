@@ -55,6 +55,8 @@ class TestCreateAndSee:
         ({"sources": ["sanctions"]}, "sources"),
         ({"sources": {"": {"hits": 0}}}, "sources"),
         ({"owner": "mallory"}, "owner"),
+        ({"sources": {"sanc\u0000tions": {"hits": 0}}}, "sources"),
+        ({"sources": {"sanctions": {"note": "a\u0000b"}}}, "sources"),
     ])
     def test_bad_input_is_a_400_naming_the_field_and_creates_nothing(
         self, cast: Cast, body: dict[str, Any], field: str
@@ -62,7 +64,8 @@ class TestCreateAndSee:
         response = create(client(cast["alice"]), **body)
 
         assert response.status_code == 400, response.json()
-        assert field in response.json()["error"]["detail"]
+        error = response.json()["error"]
+        assert field in (error["detail"] or {}) or field in error["message"], error
         assert not SupplierAssessment.objects.exists()
 
     def test_anonymous_callers_are_refused(self) -> None:
@@ -119,7 +122,8 @@ class TestSourcesAndSubmit:
         url = f"{URL}/{assessment.pk}/sources"
         before = snapshot(assessment)
         for body in ({"content": {}}, {"source": "", "content": {}}, {"source": "x" * 101, "content": {}},
-                     {"source": "credit"}, {"source": "credit", "content": {}, "revision": 9}):
+                     {"source": "credit"}, {"source": "credit", "content": {}, "revision": 9},
+                     {"source": "cre\u0000dit", "content": {}}, {"source": "credit", "content": {"a": "\u0000"}}):
             assert client(cast["alice"]).post(url, body, format="json").status_code == 400, body
         assert snapshot(assessment) == before
 
@@ -127,6 +131,11 @@ class TestSourcesAndSubmit:
         url = f"{URL}/{assessment.pk}/submit"
         before = snapshot(assessment)
 
+        for bad in ({"input": {"scope": "tier 1"}, "review_timeout_seconds": 1e300},
+                    {"input": {"scope": "tier 1"}, "review_timeout_seconds": 0},
+                    {"input": {"scope": "\u0000"}}, {"input": "tier 1"}):
+            assert client(cast["alice"]).post(url, bad, format="json").status_code == 400, bad
+        assert snapshot(assessment) == before
         by_bob = client(cast["bob"]).post(url, {"input": {"scope": "tier 1"}}, format="json")
         by_mallory = client(cast["mallory"]).post(url, {"input": {}}, format="json")
         assert (by_bob.status_code, by_mallory.status_code) == (403, 404)

@@ -10,7 +10,14 @@ from django.core.exceptions import PermissionDenied
 from django_fsm import has_transition_perm
 
 from examples.suppliers import services
-from examples.suppliers.models import REVIEWERS, AssessmentReport, AssessmentStatus, SourceRecord, SupplierAssessment
+from examples.suppliers.models import (
+    REVIEWERS,
+    SUBJECT_TYPE,
+    AssessmentReport,
+    AssessmentStatus,
+    SourceRecord,
+    SupplierAssessment,
+)
 from examples.suppliers.tests.conftest import Cast
 from workflows.models import WorkflowRun
 
@@ -166,3 +173,20 @@ def test_demo_seed_is_idempotent(cast: Cast) -> None:
     assert (assessment.requested_by, assessment.status) == (cast["alice"], AssessmentStatus.AWAITING_INPUT)
     assert cast["carol"].groups.filter(name=REVIEWERS).exists()
     assert f"POST /api/assessments/{assessment.pk}/submit" in out.getvalue()
+
+
+def test_once_the_review_is_decided_the_evidence_is_final(cast: Cast) -> None:
+    # given an assessment whose report v1 was just approved; the workflow has yet to apply it
+    from approvals.models import ApprovalStatus
+    from approvals.tests.support import waiting_request
+
+    row = in_state(cast, AssessmentStatus.READY_FOR_REVIEW)
+    decided = waiting_request(subject_type=SUBJECT_TYPE, subject_id=str(row.pk), version="report-v1",
+                              status=ApprovalStatus.APPROVED)
+    SupplierAssessment.objects.filter(pk=row.pk).update(run=decided.run)
+    before = snapshot(row)
+
+    # when a source is revised, then the revision is refused: it would be neither reviewed nor refused
+    with pytest.raises(services.AssessmentStateError, match="report-v1 was approved"):
+        services.source_record_add(assessment_id=row.pk, source="credit", content={"score": 10}, by=cast["alice"])
+    assert snapshot(row) == before
