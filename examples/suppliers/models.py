@@ -169,3 +169,8 @@ class AssessmentReport(models.Model):
 
 def report_version_label(version: int) -> str:
     return f"report-v{version}"
+
+
+def report_number(label: str) -> int:
+    """``report-v3`` → 3: the inverse of ``report_version_label``."""
+    return int(label.removeprefix("report-v"))

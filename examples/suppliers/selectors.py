@@ -4,11 +4,18 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import AbstractUser, AnonymousUser
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.selectors import can_see_all, may_decide_now
-from examples.suppliers.models import DECIDE_ANY, REVIEWERS, SUBJECT_TYPE, AssessmentReport, SupplierAssessment
+from examples.suppliers.models import (
+    DECIDE_ANY,
+    REVIEWERS,
+    SUBJECT_TYPE,
+    AssessmentReport,
+    SupplierAssessment,
+    report_number,
+)
 
 User = AbstractUser | AnonymousUser
 
@@ -26,7 +33,7 @@ def assessment_list(*, user: User, status: str | None = None) -> QuerySet[Suppli
         return SupplierAssessment.objects.none()
     assessments = SupplierAssessment.objects.select_related("requested_by", "decided_by")
     if not sees_all(user):
-        assessments = assessments.filter(Q(requested_by_id=user.pk))
+        assessments = assessments.filter(requested_by_id=user.pk)
     if status:
         assessments = assessments.filter(status=status)
     return assessments
@@ -93,7 +100,7 @@ def assessment_data(*, assessment: SupplierAssessment, user: User, detail: bool 
             "created_at": report.created_at,
         },
         review=None if request is None else {
-            "request": request.pk, "report_version": int(request.version.removeprefix("report-v")),
+            "request": request.pk, "report_version": report_number(request.version),
             "expires_at": request.expires_at, "can_decide": may_decide_now(user, request),
         },
     )

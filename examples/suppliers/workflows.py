@@ -27,7 +27,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from approvals import ApprovalExpired, ApprovalRejected, approve_current
-from examples.suppliers.models import REVIEWERS, SUBJECT_TYPE
+from examples.suppliers.models import REVIEWERS, SUBJECT_TYPE, report_number
 from workflows import NonRetryableError, StepError, Workflow, workflow
 from workflows.registry import Event
 
@@ -96,11 +96,6 @@ def fail(assessment_id: int, reason: str) -> str:
     from examples.suppliers import services
 
     return services.assessment_fail(assessment_id=assessment_id, reason=reason)
-
-
-def report_number(version: str) -> int:
-    """``report-v3`` → 3."""
-    return int(version.removeprefix("report-v"))
 
 
 @workflow(NAME)
