@@ -32,12 +32,13 @@ class OrderForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        if self.instance.pk is not None:
-            current = Order.objects.filter(pk=self.instance.pk).values_list("version", flat=True).first()
-            if data.get("seen_version") != current:
-                raise forms.ValidationError(
-                    f"This order changed since the page was opened (it is now version {current}); "
-                    "reload it and make your change again.", code="stale")
+        # The instance is the row as this request loaded it (version is not a form field, so the
+        # posted values never touch it); order_change checks again under the row lock.
+        current = self.instance.version
+        if self.instance.pk is not None and data.get("seen_version") != current:
+            raise forms.ValidationError(
+                f"This order changed since the page was opened (it is now version {current}); "
+                "reload it and make your change again.", code="stale")
         return data
 
 
@@ -62,10 +63,10 @@ class OrderAdmin(admin.ModelAdmin):
             super().save_model(request, obj, form, change)  # a new order: version 1
             return
         seen = form.cleaned_data["seen_version"]  # the form checked it is still the current one
-        stored = Order.objects.get(pk=obj.pk)
-        # Compared with the stored row, not form.changed_data (which counts every JSON field as changed).
+        # Compared with the row as loaded (form.initial), not form.changed_data (which counts every
+        # JSON field as changed).
         changes = {name: form.cleaned_data[name] for name in CHANGEABLE
-                   if name in form.cleaned_data and form.cleaned_data[name] != getattr(stored, name)}
+                   if name in form.cleaned_data and form.cleaned_data[name] != form.initial.get(name)}
         if not changes:
             return
         try:
