@@ -56,10 +56,13 @@ def wait_status(request: RefundRequest, expected: str, timeout: float = 40) -> N
     wait_for(lambda: status_of(request) == expected, timeout=timeout, what=f"status {expected!r}")
 
 
-def pending_approval(request: RefundRequest, timeout: float = 40) -> ApprovalRequest:
-    found: ApprovalRequest = wait_for(
-        lambda: ApprovalRequest.objects.filter(run_id=request.run_id, status=ApprovalStatus.PENDING).first(),
-        timeout=timeout, what="a pending approval")
+def pending_approval(request: RefundRequest, timeout: float = 40, *, version: str | None = None) -> ApprovalRequest:
+    """Once the refund's run has a pending approval request (for ``version``, if given): that request."""
+    pending = ApprovalRequest.objects.filter(run_id=request.run_id, status=ApprovalStatus.PENDING)
+    if version is not None:
+        pending = pending.filter(version=version)
+    found: ApprovalRequest = wait_for(pending.first, timeout=timeout,
+                                      what=f"a pending approval{f' of version {version}' if version else ''}")
     return found
 
 
@@ -173,9 +176,7 @@ def test_an_order_change_supersedes_the_pending_approval_at_once(world: dict[str
         decide(first, by=world["carol"], approve=True, version="1")  # her page still shows version 1
     assert late.value.code == RefusalCode.NOT_PENDING
     # the run asks again, for the version that is current
-    second: ApprovalRequest = wait_for(
-        lambda: ApprovalRequest.objects.filter(run_id=request.run_id, version="2", status="pending").first(),
-        timeout=40, what="a request for the new version")
+    second = pending_approval(request, version="2")
     assert second.replaces_id == first.pk and second.content["shipping_address"]["street"] == "1 New Road"
     assert status_of(request) == "awaiting approval"
     assert sandbox.stats()["refunds"] == 0  # nothing refunded on the old version
@@ -196,9 +197,7 @@ def test_approval_of_an_old_version_is_not_acted_on(world: dict[str, Any]) -> No
     Order.objects.filter(pk=order.pk).update(shipping_address={"street": "1 New Road"}, version=F("version") + 1)
     decide(first, by=world["carol"], approve=True, version="1")
     # the workflow's re-check finds version 2, supersedes the approval and asks again
-    second: ApprovalRequest = wait_for(
-        lambda: ApprovalRequest.objects.filter(run_id=request.run_id, version="2", status="pending").first(),
-        timeout=40, what="a request for the new version")
+    second = pending_approval(request, version="2")
     first.refresh_from_db()
     assert first.status == ApprovalStatus.SUPERSEDED
     assert status_of(request) == "awaiting approval"
