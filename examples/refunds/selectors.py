@@ -70,3 +70,11 @@ def refund_request_get(*, user: AbstractBaseUser | AnonymousUser, request_id: in
     if not user.is_authenticated:
         return None
     return RefundRequest.objects.select_related("order", "run").filter(pk=request_id, customer_id=user.pk).first()
+
+
+def refund_requests_for(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[RefundRequest]:
+    """The customer's own requests, newest first (their home page); none for anyone signed out."""
+    if not user.is_authenticated:
+        return RefundRequest.objects.none()
+    return (RefundRequest.objects.select_related("order", "run").filter(customer_id=user.pk)
+            .order_by("-created_at", "-pk"))

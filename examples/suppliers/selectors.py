@@ -13,6 +13,7 @@ from examples.suppliers.models import (
     REVIEWERS,
     SUBJECT_TYPE,
     AssessmentReport,
+    AssessmentStatus,
     SupplierAssessment,
     report_number,
 )
@@ -105,3 +106,26 @@ def assessment_data(*, assessment: SupplierAssessment, user: User, detail: bool 
         },
     )
     return data
+
+
+# What the requester reads, in words, for each state (their home page).
+STATUS_WORDS = {
+    AssessmentStatus.AWAITING_INPUT: "awaiting your input",
+    AssessmentStatus.GATHERING_EVIDENCE: "gathering evidence",
+    AssessmentStatus.READY_FOR_REVIEW: "awaiting review",
+    AssessmentStatus.APPROVED: "approved",
+    AssessmentStatus.REJECTED: "rejected",
+    AssessmentStatus.FAILED: "could not be completed",
+}
+
+
+def assessment_status_words(assessment: SupplierAssessment) -> str:
+    return STATUS_WORDS.get(AssessmentStatus(assessment.status), str(assessment.status))
+
+
+def assessments_requested_by(*, user: User) -> QuerySet[SupplierAssessment]:
+    """The assessments the user asked for, newest first: a reviewer's home page lists their own
+    requests, not everyone's (``assessment_list`` is the reviewer's queue)."""
+    if not user.is_authenticated or not user.is_active:
+        return SupplierAssessment.objects.none()
+    return SupplierAssessment.objects.filter(requested_by_id=user.pk).order_by("-created_at", "-pk")
