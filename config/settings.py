@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "examples.demo",
     "examples.refunds",
     "examples.suppliers",
+    "portal",  # the pages a signed-in person sees; may read every app listed above
 ]
 
 MIDDLEWARE = [
@@ -93,7 +94,9 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
 # The ASGI app serves static files itself; turn off behind a web server that serves STATIC_ROOT.
 SERVE_STATIC = envbool("SERVE_STATIC", True)
-LOGIN_URL = "/admin/login/"
+# Customers and staff sign in at /accounts/login/ (portal); the admin keeps its own login for staff.
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
 
 REDIS_URL = envstr("REDIS_URL", "redis://127.0.0.1:6379/0")
 

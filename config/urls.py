@@ -12,4 +12,5 @@ urlpatterns = [
     path("api/", include("examples.refunds.urls")),
     path("api/", include("examples.suppliers.urls")),
     path("", include("workflows.urls")),
+    path("", include("portal.urls")),  # /accounts/login/, /accounts/logout/ and the home page /
 ]
