@@ -37,6 +37,7 @@ cat <<INFO
 
   The system is running (logs in var/web.log, var/worker.log, var/beat.log, var/sandbox.log).
 
+  Sign in          http://127.0.0.1:$PORT/accounts/login/  (alice / alice; her home page / lists her refunds and runs)
   Admin            http://127.0.0.1:$PORT/admin/           (admin / admin)
   API docs         http://127.0.0.1:$PORT/api/docs/
   Runs (API)       http://127.0.0.1:$PORT/api/runs

@@ -65,7 +65,8 @@ class Command(BaseCommand):
         state = "started" if run_new else f"already exists, {run.status}"
         self.stdout.write(f"Demo run {run.id} (demo.onboarding, owner alice): {state}.")
         self.stdout.write(
-            f"  Live page (log in as alice): /runs/{run.id}/\n"
+            "  Sign in as alice at /accounts/login/: her home page / lists her refunds, assessments and runs.\n"
+            f"  Live page (signed in as alice): /runs/{run.id}/\n"
             "  Admin: /admin/workflows/workflowrun/   Approve it with:\n"
             f"  manage.py workflows send-event {run.id} approve --payload '{{\"by\": \"admin\"}}'"
         )
@@ -104,7 +105,8 @@ class Command(BaseCommand):
         self.stdout.write(
             "  alice's orders: " + ", ".join(f"{n} (£{a})" for n, a, _ in DEMO_ORDERS)
             + f"; refunds above £{settings.REFUND_APPROVAL_LIMIT} wait for {REFUND_APPROVERS}.\n"
-            "  Ask for one as alice: POST /api/orders/<number>/refunds {\"amount\": \"120.00\"}"
+            "  Ask for one as alice: POST /api/orders/<number>/refunds {\"amount\": \"120.00\"};\n"
+            "  she reads it in words on her home page / and follows its run live from there."
         )
 
 
