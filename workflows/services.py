@@ -15,6 +15,7 @@ from workflows.effects import emit_status, enqueue_run
 from workflows.exceptions import IdempotencyConflict, InvalidPayload, PayloadTooLarge, TransitionNotAllowed
 from workflows.models import PAUSABLE, RunAttempt, RunEvent, RunStatus, WorkflowRun
 from workflows.registry import get_workflow
+from workflows.storable import MAX_JSON_DEPTH, json_problem
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -29,26 +30,24 @@ def check_payload(payload: Any, *, what: str = "payload") -> dict[str, Any]:
 
 
 def check_json_size(payload: Any, *, what: str) -> None:
-    """Any JSON value PostgreSQL can store, within WORKFLOWS_MAX_PAYLOAD_BYTES, or InvalidPayload."""
+    """Any JSON value PostgreSQL can store (no NUL, no unpaired surrogate, at most MAX_JSON_DEPTH
+    levels deep), within WORKFLOWS_MAX_PAYLOAD_BYTES, or InvalidPayload."""
     try:
         text = json.dumps(payload, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise InvalidPayload(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep") from None
     limit = conf()["MAX_PAYLOAD_BYTES"]
     if len(text) > limit:
         raise PayloadTooLarge(f"The {what} is {len(text):,} bytes of JSON; the limit is {limit:,}.")
-    if "\\u0000" in text and _has_nul(payload):  # the text test is cheap; it may match an escaped backslash
-        raise InvalidPayload(f"{what} contains a NUL character (\\u0000), which cannot be stored")
-
-
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_has_nul(v) for v in value)
-    return False
+    # Walk the value only when its JSON text says it may be needed (json.dumps escapes NUL as
+    # \u0000 and every surrogate as \udXXX; every level of nesting costs a bracket). Each test may
+    # also match an escaped backslash or a bracket inside a string: the walk decides.
+    if ("\\u0000" in text or "\\ud" in text or text.count("[") + text.count("{") > MAX_JSON_DEPTH) and (
+        problem := json_problem(payload)
+    ):
+        raise InvalidPayload(f"{what} {problem}")
 
 
 def check_text(value: str | None, *, what: str, max_length: int) -> None:

@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 
 from workflows.models import RunAttempt, WorkflowRun
 from workflows.selectors import can_control_all_runs, can_see_all_runs, run_get
+from workflows.storable import text_problem
 
 if TYPE_CHECKING:
     # django-stubs' name for the model settings.AUTH_USER_MODEL names (what request.user is).
@@ -37,11 +38,19 @@ class ApiBase(APIView):
 
 
 class StrictCharField(serializers.CharField):
-    """A string, and only a string: DRF's CharField quietly turns 5 or true into "5" or "True"."""
+    """A string, and only a string: DRF's CharField quietly turns 5 or true into "5" or "True".
+    And one PostgreSQL can store: a NUL character or an unpaired surrogate is a 400 here, never a
+    500 at the INSERT (every text field of every API is one of these; JSON fields are checked by
+    ``check_json_size``)."""
+
+    default_error_messages = {"unstorable": "The text contains {problem}."}
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
             self.fail("invalid")
+        problem = text_problem(data)
+        if problem is not None:
+            self.fail("unstorable", problem=problem)
         return str(super().to_internal_value(data))
 
 
@@ -94,6 +103,9 @@ def idempotency_key_header(request: Request) -> str | None:
         raise exceptions.ValidationError(
             {"Idempotency-Key": [f"The header must be 1 to {IDEMPOTENCY_KEY_MAX} characters."]}
         )
+    problem = text_problem(key)
+    if problem is not None:
+        raise exceptions.ValidationError({"Idempotency-Key": [f"The header contains {problem}."]})
     return key
 
 

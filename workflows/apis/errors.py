@@ -15,6 +15,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from workflows.exceptions import IdempotencyConflict, InvalidPayload, TransitionNotAllowed, UnknownWorkflow
 from workflows.exceptions import PayloadTooLarge as PayloadTooLargeError
+from workflows.storable import MAX_JSON_DEPTH, json_too_deep
 
 
 @extend_schema_serializer(component_name="ErrorBody")
@@ -52,10 +53,13 @@ class PayloadTooLarge(exceptions.APIException):
 
 
 class LimitedJSONParser(JSONParser):
-    """JSON only, and no more than WORKFLOWS_MAX_PAYLOAD_BYTES of it (plus room for the envelope).
+    """JSON only, no more than WORKFLOWS_MAX_PAYLOAD_BYTES of it and no deeper than MAX_JSON_DEPTH
+    levels (each plus room for the envelope).
 
-    DRF reads the stream itself, bypassing Django's DATA_UPLOAD_MAX_MEMORY_SIZE, so the limit is
-    enforced here, before anything is parsed.
+    DRF reads the stream itself, bypassing Django's DATA_UPLOAD_MAX_MEMORY_SIZE, so the size limit
+    is enforced here, before anything is parsed. Python's decoder recurses once a level: 100 KB of
+    ``[`` raises RecursionError, and a value just shallow enough to parse would raise it later,
+    wherever it is encoded again (validation, the jsonb adapter, the response). Both are a 400.
     """
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
@@ -63,7 +67,16 @@ class LimitedJSONParser(JSONParser):
         body = stream.read(limit + 1) if stream is not None else b""
         if len(body) > limit:
             raise PayloadTooLarge(f"The request body is larger than {limit:,} bytes.")
-        return super().parse(io.BytesIO(body), media_type, parser_context)
+        depth = MAX_JSON_DEPTH + 1  # room for the envelope: {"payload": <MAX_JSON_DEPTH levels>}
+        too_deep = exceptions.ParseError(f"JSON parse error - nested more than {depth} levels deep")
+        try:
+            data = super().parse(io.BytesIO(body), media_type, parser_context)
+        except RecursionError:
+            raise too_deep from None
+        # Every level costs a bracket, so most bodies need no walk.
+        if body.count(b"[") + body.count(b"{") > depth and json_too_deep(data, max_depth=depth):
+            raise too_deep
+        return data
 
 
 def body_limit() -> int:
