@@ -12,10 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import AbstractUser, AnonymousUser
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
-    OpenApiParameter,
     extend_schema,
     extend_schema_field,
     extend_schema_serializer,
@@ -29,10 +27,10 @@ from approvals.models import NOTE_MAX, VERSION_MAX, ApprovalRequest, ApprovalSta
 from approvals.selectors import approval_get, approval_list, may_decide_now, superseded_by
 from approvals.services import approval_decide
 from workflows.apis.common import ApiBase, RunCursorPagination, StrictCharField, StrictSerializer
+from workflows.apis.converters import id_parameter
 from workflows.apis.errors import error_response, error_responses
 
-REQUEST_ID = OpenApiParameter("request_id", OpenApiTypes.INT, OpenApiParameter.PATH,
-                              description="The approval request's id.")
+REQUEST_ID = id_parameter("request_id", "The approval request's id.")
 TAGS = ["approvals"]
 
 
@@ -107,11 +105,9 @@ def approval_data(*, request: ApprovalRequest, user: AbstractUser | AnonymousUse
     return data
 
 
-def visible_approval(*, user: AbstractUser | AnonymousUser, request_id: str) -> ApprovalRequest:
+def visible_approval(*, user: AbstractUser | AnonymousUser, request_id: int) -> ApprovalRequest:
     """The request if the user may see it, else NotFound (also when it exists but is not theirs)."""
-    if not request_id.isdigit():
-        raise exceptions.NotFound()
-    request = approval_get(user=user, request_id=int(request_id))
+    request = approval_get(user=user, request_id=request_id)
     if request is None:
         raise exceptions.NotFound()
     return request
@@ -161,7 +157,7 @@ class ApprovalDetailApi(ApiBase):
         operation_id="approval_retrieve", tags=TAGS, parameters=[REQUEST_ID],
         responses={200: OutputSerializer, **error_responses(401, 404)},
     )
-    def get(self, request: Request, request_id: str) -> Response:
+    def get(self, request: Request, request_id: int) -> Response:
         approval = visible_approval(user=request.user, request_id=request_id)
         return Response(self.OutputSerializer(approval_data(request=approval, user=request.user, detail=True)).data)
 
@@ -186,7 +182,7 @@ class ApprovalDecisionApi(ApiBase):
         examples=[OpenApiExample("approve", value={"approve": True, "version": "3", "note": "ok"},
                                  request_only=True)],
     )
-    def post(self, request: Request, request_id: str) -> Response:
+    def post(self, request: Request, request_id: int) -> Response:
         # Access first: whatever the body, a caller who may not see the request learns only "not found".
         approval = visible_approval(user=request.user, request_id=request_id)
         serializer = self.InputSerializer(data=request.data)

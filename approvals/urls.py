@@ -2,10 +2,11 @@
 from django.urls import URLPattern, path
 
 from approvals.apis import ApprovalDecisionApi, ApprovalDetailApi, ApprovalListApi
+from workflows.apis import converters  # noqa: F401  registers <id:...>
 
-# request_id is matched as text and parsed by the view: a malformed id is the API's JSON 404.
+# Any other request_id (², a thousand digits) matches no route: the API's catch-all JSON 404.
 urlpatterns: list[URLPattern] = [
     path("approvals", ApprovalListApi.as_view(), name="api-approval-list"),
-    path("approvals/<str:request_id>", ApprovalDetailApi.as_view(), name="api-approval-detail"),
-    path("approvals/<str:request_id>/decision", ApprovalDecisionApi.as_view(), name="api-approval-decision"),
+    path("approvals/<id:request_id>", ApprovalDetailApi.as_view(), name="api-approval-detail"),
+    path("approvals/<id:request_id>/decision", ApprovalDecisionApi.as_view(), name="api-approval-decision"),
 ]

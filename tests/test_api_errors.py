@@ -205,3 +205,108 @@ def test_services_refuse_what_postgresql_cannot_store_whoever_calls_them(db: Non
         with pytest.raises(InvalidPayload, match=re.escape(message)):
             services.run_start(workflow="test.echo", payload=payload)
     assert WorkflowRun.objects.count() == 0
+
+
+# --- 12: ids, unknown paths, unbounded integers ----------------------------------------------------
+BAD_IDS = ["\u00b2", "9" * 3_000, "1" * 19, "-1", "1.0", "0x1", "%00"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("method", "path"), [
+    ("GET", "/api/approvals/{id}"), ("POST", "/api/approvals/{id}/decision"), ("GET", "/api/refunds/{id}"),
+    ("GET", "/api/assessments/{id}"), ("POST", "/api/assessments/{id}/sources"),
+    ("POST", "/api/assessments/{id}/submit"), ("POST", "/api/assessments/{id}/review"), ("GET", "/api/runs/{id}"),
+    ("POST", "/api/runs/{id}/events"), ("POST", "/api/runs/{id}/pause"),
+])
+def test_a_malformed_id_is_the_apis_json_404(users: Users, method: str, path: str) -> None:
+    client = caller(users["carol"])
+    before = written()
+    for bad in BAD_IDS:
+        response = client.generic(method, path.format(id=bad), b"{}", content_type="application/json")
+
+        assert response.status_code == 404, (bad, response.status_code, response.content[:300])
+        assert error_of(response)["code"] == "not_found"
+    assert written() == before
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("number", ["%00", "12%0A34", "1" * 201])
+def test_an_order_number_with_a_control_character_or_too_long_is_the_json_404(users: Users, number: str) -> None:
+    order_create(number="1234", customer=users["alice"], amount="50.00")
+    before = written()
+
+    response = post_json(caller(users["alice"]), f"/api/orders/{number}/refunds", {"amount": "1.00"})
+
+    assert response.status_code == 404, response.content[:300]
+    assert error_of(response)["code"] == "not_found"
+    assert written() == before
+
+
+@pytest.mark.django_db
+def test_the_largest_id_the_routes_take_is_looked_up(users: Users) -> None:
+    for path in ["/api/approvals/", "/api/refunds/", "/api/assessments/"]:
+        response = caller(users["alice"]).get(path + "9" * 18)
+        assert response.status_code == 404 and error_of(response)["code"] == "not_found"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/api/nope", "/api/", "/api/runs/", "/api/runs/x/y/z", "/api/approvals/1/nope",
+                                  "/api/workflows/test.echo/runs/extra"])
+@pytest.mark.parametrize("method", ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"])
+@pytest.mark.parametrize("who", ["alice", None])
+def test_an_unknown_api_path_is_the_json_404_whatever_the_method_and_whoever_asks(
+    users: Users, path: str, method: str, who: str | None
+) -> None:
+    client = caller(users[who]) if who else APIClient()
+
+    response = client.generic(method, path, b"{}", content_type="application/json")
+
+    assert response.status_code == 404, response.content[:300]
+    assert response["Content-Type"] == "application/json"
+    if method != "HEAD":
+        assert error_of(response)["code"] == "not_found"
+
+
+@pytest.mark.django_db
+def test_pages_outside_the_api_keep_djangos_404(users: Users) -> None:
+    response = caller(users["alice"]).get("/no-such-page/")
+
+    assert response.status_code == 404
+    assert not response["Content-Type"].startswith("application/json")
+
+
+@pytest.mark.django_db
+def test_the_schema_states_the_ids_the_routes_take_and_leaves_out_the_catch_all() -> None:
+    from drf_spectacular.generators import SchemaGenerator
+
+    paths = SchemaGenerator().get_schema(request=None, public=True)["paths"]
+
+    assert "/api/" not in paths and not [path for path in paths if "^" in path or "(" in path]
+    ids = {"type": "integer", "minimum": 0, "maximum": 10**18 - 1}
+    for path, method, name in [("/api/approvals/{request_id}", "get", "request_id"),
+                               ("/api/refunds/{refund_id}", "get", "refund_id"),
+                               ("/api/assessments/{assessment_id}/review", "post", "assessment_id")]:
+        [parameter] = [p for p in paths[path][method]["parameters"] if p["name"] == name]
+        assert (parameter["in"], parameter["schema"]) == ("path", ids), path
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("version", [2**31, 10**30, 10**300])
+def test_a_report_version_beyond_any_report_is_a_400(users: Users, version: int) -> None:
+    # given an assessment whose report v1 waits for bob's review
+    Group.objects.create(name=REVIEWERS).user_set.add(users["bob"])
+    assessment = assessment_create(supplier_name="Acme", requested_by=users["alice"], sources={"credit": {"s": 1}})
+    review = waiting_request(subject_type="suppliers.supplierassessment", subject_id=str(assessment.pk),
+                             version="report-v1", approvers=REVIEWERS)
+    before = written()
+
+    # when bob sends a version no report can have
+    response = post_json(caller(users["bob"]), f"/api/assessments/{assessment.pk}/review",
+                         {"approve": True, "report_version": version})
+
+    # then it is refused as invalid input, the review still pending and nothing logged
+    assert response.status_code == 400, response.content[:300]
+    error = error_of(response)
+    assert error["code"] == "invalid" and "report_version" in error["detail"]
+    assert written() == before
+    assert ApprovalRequest.objects.get(pk=review.pk).status == "pending"

@@ -14,9 +14,12 @@ from examples.refunds.models import Order, RefundRequest
 from examples.refunds.selectors import refund_request_get, refund_status
 from examples.refunds.services import refund_request_create
 from workflows.apis.common import ApiBase, StrictCharField, StrictSerializer, idempotency_key_header
+from workflows.apis.converters import id_parameter, name_parameter
 from workflows.apis.errors import error_responses
 
 TAGS = ["refunds"]
+ORDER_NUMBER = name_parameter("number", "The order's number.")
+REFUND_ID = id_parameter("refund_id", "The refund request's id.")
 
 
 class RefundSerializer(serializers.Serializer):
@@ -37,7 +40,7 @@ class RefundCreateApi(ApiBase):
         amount = StrictCharField(help_text='The amount to refund, e.g. "120.00".')
         reason = StrictCharField(required=False, allow_blank=True, default="", max_length=500)
 
-    @extend_schema(operation_id="refund_create", tags=TAGS, request=InputSerializer,
+    @extend_schema(operation_id="refund_create", tags=TAGS, request=InputSerializer, parameters=[ORDER_NUMBER],
                    responses={201: RefundSerializer, 200: RefundSerializer, **error_responses(400, 401, 404, 409)})
     def post(self, request: Request, number: str) -> Response:
         serializer = self.InputSerializer(data=request.data)
@@ -60,8 +63,8 @@ class RefundCreateApi(ApiBase):
 
 
 class RefundDetailApi(ApiBase):
-    @extend_schema(operation_id="refund_get", tags=TAGS, responses={200: RefundSerializer,
-                                                                    **error_responses(401, 404)})
+    @extend_schema(operation_id="refund_get", tags=TAGS, parameters=[REFUND_ID],
+                   responses={200: RefundSerializer, **error_responses(401, 404)})
     def get(self, request: Request, refund_id: int) -> Response:
         refund = refund_request_get(user=request.user, request_id=refund_id)
         if refund is None:

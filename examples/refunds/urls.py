@@ -2,8 +2,9 @@
 from django.urls import URLPattern, path
 
 from examples.refunds.apis import RefundCreateApi, RefundDetailApi
+from workflows.apis import converters  # noqa: F401  registers <id:...> and <name:...>
 
 urlpatterns: list[URLPattern] = [
-    path("orders/<str:number>/refunds", RefundCreateApi.as_view(), name="api-refund-create"),
-    path("refunds/<int:refund_id>", RefundDetailApi.as_view(), name="api-refund-detail"),
+    path("orders/<name:number>/refunds", RefundCreateApi.as_view(), name="api-refund-create"),
+    path("refunds/<id:refund_id>", RefundDetailApi.as_view(), name="api-refund-detail"),
 ]

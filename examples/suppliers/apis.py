@@ -13,8 +13,7 @@ assessment's state, a stale report version: "review the current version"), with 
 """
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -26,12 +25,15 @@ from examples.suppliers import services
 from examples.suppliers.models import AssessmentStatus, SupplierAssessment
 from examples.suppliers.selectors import assessment_data, assessment_get, assessment_list
 from workflows.apis.common import ApiBase, RunCursorPagination, StrictCharField, StrictSerializer, authenticated_user
+from workflows.apis.converters import id_parameter
 from workflows.apis.errors import error_response, error_responses
 from workflows.services import check_json_size
 
 TAGS = ["supplier assessments"]
-ASSESSMENT_ID = OpenApiParameter("assessment_id", OpenApiTypes.INT, OpenApiParameter.PATH,
-                                 description="The assessment's id.")
+# The largest version AssessmentReport.version (a PositiveIntegerField) holds: a larger one made a
+# version label longer than any column takes, a 500 when the refused decision was logged.
+REPORT_VERSION_MAX = 2**31 - 1
+ASSESSMENT_ID = id_parameter("assessment_id", "The assessment's id.")
 
 
 # --- Shapes ---------------------------------------------------------------------------------------
@@ -217,7 +219,8 @@ class AssessmentReviewApi(ApiBase):
     @extend_schema_serializer(component_name="AssessmentReviewInput")
     class InputSerializer(StrictSerializer):
         approve = StrictBooleanField(help_text="true approves, false rejects.")
-        report_version = serializers.IntegerField(min_value=1, help_text="The report version the page showed.")
+        report_version = serializers.IntegerField(min_value=1, max_value=REPORT_VERSION_MAX,
+                                                  help_text="The report version the page showed.")
         note = StrictCharField(required=False, default="", allow_blank=True, max_length=NOTE_MAX)
 
     @extend_schema(operation_id="assessment_review", tags=TAGS, parameters=[ASSESSMENT_ID], request=InputSerializer,
