@@ -195,6 +195,10 @@ LEDGER: dict[str, Any] = {
     # the next perform, `manage.py reconcile` and the admin look it up. Must exceed
     # CONNECT_TIMEOUT + 2 * READ_TIMEOUT (checked at start-up, ledger.E001).
     "STALE_SUBMITTED_SECONDS": envfloat("LEDGER_STALE_SUBMITTED_SECONDS", 120.0),
+    # A provider may still be processing a request after our call gave up on it: a lookup's "not
+    # found" is believed only once the last send is older than CONNECT_TIMEOUT + 2 * READ_TIMEOUT
+    # plus this grace; before that the operation stays unknown and is looked up again later.
+    "PROVIDER_GRACE_SECONDS": envfloat("LEDGER_PROVIDER_GRACE_SECONDS", 60.0),
     # Keys whose values never reach operational records or logs, matched case-insensitively at
     # any depth, ignoring "_" and "-" (so cardNumber matches card_number). Whole keys only.
     "REDACT_KEYS": envlist("LEDGER_REDACT_KEYS", [

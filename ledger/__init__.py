@@ -1,6 +1,6 @@
 """The ledger: external side effects done at most once, and what a colleague needs to answer for them.
 
-    from ledger import perform, OutcomeUnknown, IdempotencyConflict, OperationFailed
+    from ledger import perform, prepare, OutcomeUnknown, IdempotencyConflict, OperationFailed
     from ledger import register_adapter, HttpAdapter, record_create
 
 The services are imported lazily so that importing this package does not need Django's app
@@ -36,6 +36,7 @@ from ledger.redaction import redact
 
 _LAZY = {
     "perform": ("ledger.services", "operation_perform"),
+    "prepare": ("ledger.services", "operation_prepare"),
     "record_create": ("ledger.services", "record_create"),
 }
 

@@ -21,10 +21,8 @@ from ledger.exceptions import ResolutionRefused
 from ledger.models import ExternalOperation, OperationalRecord, OperationEvent, OperationStatus
 from ledger.redaction import redact
 from ledger.selectors import (
-    FAILED_RANK,
+    ATTENTION_LABELS,
     NONE_RANK,
-    STALE_RANK,
-    UNKNOWN_RANK,
     attention_label,
     can_resolve_operations,
     can_see_operations,
@@ -44,13 +42,12 @@ class AttentionFilter(admin.SimpleListFilter):
     parameter_name = "attention"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
-        return [("any", "any reason"), (str(UNKNOWN_RANK), "unknown"), (str(STALE_RANK), "stale submit"),
-                (str(FAILED_RANK), "failed")]
+        return [("any", "any reason"), *((str(rank), label) for rank, label in ATTENTION_LABELS.items())]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if self.value() == "any":
             return queryset.exclude(attention_rank=NONE_RANK)
-        if self.value() in {str(UNKNOWN_RANK), str(STALE_RANK), str(FAILED_RANK)}:
+        if self.value() in {str(rank) for rank in ATTENTION_LABELS}:
             return queryset.filter(attention_rank=int(str(self.value())))
         return queryset
 

@@ -16,6 +16,15 @@ class LedgerConfig(AppConfig):
 
         checks.register(check_timeouts)
         hooks.register_run_section(run_section)
+        hooks.on_run_terminated(abandon_for_terminated_run)
+
+
+def abandon_for_terminated_run(run: Any) -> None:
+    """``workflows.hooks.on_run_terminated``: inside run_terminate's transaction, the run row locked.
+    The run's pending operations will never be sent: they are failed as abandoned at once."""
+    from ledger.services import operations_abandon_for_run
+
+    operations_abandon_for_run(run.id)
 
 
 def check_timeouts(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

@@ -14,6 +14,7 @@ class LedgerSettings(TypedDict):
     REDACT_KEYS: list[str]
     RETENTION_DAYS: int
     RECONCILE_CONCURRENCY: int
+    PROVIDER_GRACE_SECONDS: float
 
 
 def conf() -> LedgerSettings:
@@ -24,3 +25,13 @@ def conf() -> LedgerSettings:
 def stale_after() -> timedelta:
     """How long after its last submit a ``submitted`` operation is taken to be no longer in flight."""
     return timedelta(seconds=conf()["STALE_SUBMITTED_SECONDS"])
+
+
+def in_flight_window() -> timedelta:
+    """How long after a send the request may still reach the provider and take effect: the longest a
+    call may last (connect, write and read timeouts) plus LEDGER PROVIDER_GRACE_SECONDS for a
+    provider that is still processing it when our side gave up. A lookup that answers "not found"
+    within this window proves nothing: the request may be on its way, or queued at the provider."""
+    settings = conf()
+    seconds = settings["CONNECT_TIMEOUT"] + 2 * settings["READ_TIMEOUT"] + settings["PROVIDER_GRACE_SECONDS"]
+    return timedelta(seconds=seconds)

@@ -7,6 +7,8 @@ operational records.
     submitted → pending                (nothing reached the provider: safe to send again)
     unknown | stale submitted → succeeded | failed | pending    (only through reconciliation:
                                         a lookup at the provider, or a person with a note)
+    pending | unknown | stale submitted → failed    (abandon: certainly never took effect, and the
+                                        run that would send it has ended)
 
 Transitions change nothing but the row; the services call them inside ``transaction.atomic()``
 with the row locked (``select_for_update``).
@@ -124,11 +126,18 @@ class ExternalOperation(ConcurrentTransitionMixin, models.Model):
     def reconcile_not_found(self) -> None:
         """The provider has no record of the key: it never took effect, sending again is safe."""
 
+    @transition(field=status, source=[OperationStatus.PENDING, *RECONCILABLE], target=OperationStatus.FAILED)
+    def abandon(self) -> None:
+        """It certainly never took effect (never sent, or the provider has no record of it long
+        after the last send) and the run that would send it has ended: nobody will, so the key is
+        spent. Only the services call it, with that established under the row lock."""
+
 
 class EventKind(models.TextChoices):
     SUBMIT = "submit"
     LOOKUP = "lookup"
     RESOLVE = "resolve"  # by a person
+    ABANDON = "abandon"  # never took effect, and its run has ended: nobody will send it
 
 
 class EventOutcome(models.TextChoices):

@@ -10,11 +10,12 @@ from django.utils import timezone
 from ledger.conf import stale_after
 from ledger.models import ExternalOperation, OperationStatus
 from workflows.hooks import RunSection
-from workflows.models import WorkflowRun
+from workflows.models import TERMINAL, WorkflowRun
 
 # Attention ranks, most urgent first; NONE for operations that need nobody.
-UNKNOWN_RANK, STALE_RANK, FAILED_RANK, NONE_RANK = 0, 1, 2, 9
-ATTENTION_LABELS = {UNKNOWN_RANK: "unknown", STALE_RANK: "stale submit", FAILED_RANK: "failed"}
+UNKNOWN_RANK, STALE_RANK, RUN_ENDED_RANK, FAILED_RANK, NONE_RANK = 0, 1, 2, 3, 9
+ATTENTION_LABELS = {UNKNOWN_RANK: "unknown", STALE_RANK: "stale submit", RUN_ENDED_RANK: "run ended, not final",
+                    FAILED_RANK: "failed"}
 
 
 def can_see_operations(user: AbstractUser | AnonymousUser) -> bool:
@@ -33,11 +34,14 @@ def stale_submitted(now: datetime | None = None, age: timedelta | None = None) -
 
 def with_attention(operations: QuerySet[ExternalOperation], *, now: datetime | None = None
                    ) -> QuerySet[ExternalOperation]:
-    """Annotated with ``attention_rank``: unknown 0, stale submitted 1, failed 2, others 9."""
+    """Annotated with ``attention_rank``: unknown 0, stale submitted 1, pending or submitted with
+    its run ended 2 (nobody but reconcile will settle it), failed 3, others 9."""
     return operations.annotate(
         attention_rank=Case(
             When(status=OperationStatus.UNKNOWN, then=Value(UNKNOWN_RANK)),
             When(stale_submitted(now), then=Value(STALE_RANK)),
+            When(Q(status__in=[OperationStatus.PENDING, OperationStatus.SUBMITTED], run__status__in=TERMINAL),
+                 then=Value(RUN_ENDED_RANK)),
             When(status=OperationStatus.FAILED, then=Value(FAILED_RANK)),
             default=Value(NONE_RANK),
             output_field=IntegerField(),
@@ -60,31 +64,47 @@ def operation_list(*, status: str | None = None, system: str | None = None) -> Q
     return operations
 
 
+def run_ended(op: ExternalOperation) -> bool:
+    """The run that performed ``op`` has ended (completed, failed or terminated): it will not send
+    or check the operation again. False for an operation performed outside a run."""
+    return op.run_id is not None and op.run is not None and op.run.status in TERMINAL
+
+
+def pending_of_ended_runs() -> Q:
+    """Pending operations whose run has ended: nobody will send them (reconcile abandons them)."""
+    return Q(status=OperationStatus.PENDING, run__status__in=TERMINAL)
+
+
 def operations_to_reconcile(
     *, system: str | None = None, older_than: timedelta | None = None, now: datetime | None = None
 ) -> QuerySet[ExternalOperation]:
-    """Unknown operations and stale submitted ones, oldest submit first.
+    """Unknown operations, stale submitted ones and pending ones of ended runs, oldest submit first.
 
     Without ``older_than``: every unknown one, and submits older than LEDGER STALE_SUBMITTED_SECONDS.
     With it: unknown ones and submits last sent more than ``older_than`` ago (an operator may
     choose a shorter age than the setting; a submit younger than a call's timeouts may still be
-    in flight, and its lookup could then say "not found" for a request still on its way).
+    in flight, and its lookup could then say "not found" for a request still on its way: such a
+    "not found" is not believed, see ``ledger.conf.in_flight_window``). Every operation of a run
+    that ended stays here until it is final, whoever ended the run.
     """
     now = now or timezone.now()
     unknown = Q(status=OperationStatus.UNKNOWN)
     if older_than is not None:
         unknown &= Q(submitted_at__lt=now - older_than) | Q(submitted_at__isnull=True)
-    operations = ExternalOperation.objects.filter(unknown | stale_submitted(now, older_than))
+    operations = ExternalOperation.objects.filter(unknown | stale_submitted(now, older_than) | pending_of_ended_runs())
     if system:
         operations = operations.filter(system=system)
-    return operations.order_by("submitted_at", "pk")
+    return operations.select_related("run").order_by("submitted_at", "pk")
 
 
 def run_operations_needing_reconciliation(run: WorkflowRun) -> QuerySet[ExternalOperation]:
-    """The run's operations still submitted or unknown: their effect may or may not have happened."""
-    return ExternalOperation.objects.filter(
-        run=run, status__in=[OperationStatus.SUBMITTED, OperationStatus.UNKNOWN]
-    ).order_by("created_at", "id")
+    """The run's operations that are not final: submitted or unknown (their effect may or may not
+    have happened), and, once the run has ended, pending ones too (nobody but reconcile will
+    settle them)."""
+    open_states = [OperationStatus.SUBMITTED, OperationStatus.UNKNOWN]
+    if run.is_terminal:
+        open_states.append(OperationStatus.PENDING)
+    return ExternalOperation.objects.filter(run=run, status__in=open_states).order_by("created_at", "id")
 
 
 def run_section(run: WorkflowRun) -> RunSection | None:

@@ -1,7 +1,8 @@
 """Writes of the ledger: perform, reconcile, resolve by hand, records and their retention."""
-from ledger.services.operations import check_operation, operation_perform, request_fingerprint
+from ledger.services.operations import check_operation, operation_perform, operation_prepare, request_fingerprint
 from ledger.services.reconciliation import (
     ReconcileResult,
+    operations_abandon_for_run,
     operation_reconcile,
     operation_resolve,
     operations_reconcile,
@@ -9,6 +10,7 @@ from ledger.services.reconciliation import (
 from ledger.services.records import PurgeResult, record_create, record_purge
 
 __all__ = [
-    "PurgeResult", "ReconcileResult", "check_operation", "operation_perform", "operation_reconcile",
+    "PurgeResult", "ReconcileResult", "check_operation", "operation_perform", "operation_prepare",
+    "operations_abandon_for_run", "operation_reconcile",
     "operation_resolve", "operations_reconcile", "record_create", "record_purge", "request_fingerprint",
 ]

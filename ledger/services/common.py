@@ -9,7 +9,7 @@ from typing import Any
 from django.utils import timezone
 
 from ledger.adapters import Adapter, Failed, LookupOutcome, NoEffect, NotFound, SubmitOutcome, Succeeded, Unknown
-from ledger.conf import stale_after
+from ledger.conf import in_flight_window, stale_after
 from ledger.models import EventKind, EventOutcome, ExternalOperation, OperationEvent, OperationStatus
 from ledger.redaction import redact
 
@@ -108,20 +108,31 @@ def build_event(
 LOOKUP_FIELDS = ["status", "lookup_count", "looked_up_at", "response", "error", "finished_at", "note", "updated_at"]
 
 
-def apply_lookup(op: ExternalOperation, outcome: LookupOutcome, *, now: datetime) -> str:
-    note, event = prepare_lookup(op, outcome, now=now)
+def may_still_arrive(op: ExternalOperation, *, now: datetime) -> bool:
+    """Whether the last send of ``op`` may still reach the provider and take effect (see
+    ``ledger.conf.in_flight_window``): until then a lookup's "not found" proves nothing."""
+    return op.submitted_at is not None and op.submitted_at > now - in_flight_window()
+
+
+def apply_lookup(op: ExternalOperation, outcome: LookupOutcome, *, now: datetime, run_ended: bool = False) -> str:
+    note, event = prepare_lookup(op, outcome, now=now, run_ended=run_ended)
     op.save()
     event.save()
     return note
 
 
-def prepare_lookup(op: ExternalOperation, outcome: LookupOutcome, *, now: datetime) -> tuple[str, OperationEvent]:
+def prepare_lookup(
+    op: ExternalOperation, outcome: LookupOutcome, *, now: datetime, run_ended: bool = False,
+) -> tuple[str, OperationEvent]:
     """Record what a lookup found and return a note for people. Call inside atomic() with the row
     locked (``lock``), the operation unknown or stale submitted.
 
-    Found → succeeded or failed. Not found → pending (it never took effect; sending again is safe).
-    The lookup could not tell → an unknown operation stays unknown; a stale submitted one becomes
-    unknown, so it shows among those that need attention.
+    Found → succeeded or failed. Not found → believed only once the last send can no longer be in
+    flight (``may_still_arrive``): before that it stays unknown, to be looked up again later; after
+    it, pending (it never took effect; sending again is safe), or failed as abandoned when the run
+    that would send it has ended (``run_ended``: nobody will). The lookup could not tell → an
+    unknown operation stays unknown; a stale submitted one becomes unknown, so it shows among
+    those that need attention.
     """
     before = op.status
     op.lookup_count += 1
@@ -134,6 +145,15 @@ def prepare_lookup(op: ExternalOperation, outcome: LookupOutcome, *, now: dateti
         op.reconcile_failed()
         op.error, op.finished_at = {"reason": outcome.reason, "detail": outcome.detail}, now
         note = f"the provider has it as failed: {outcome.reason}"
+    elif isinstance(outcome, NotFound) and may_still_arrive(op, now=now):
+        if op.status == OperationStatus.SUBMITTED:
+            op.lose_track()
+        assert op.submitted_at is not None  # may_still_arrive says so
+        trusted = op.submitted_at + in_flight_window()
+        note = (f"not found yet, but it may still reach the provider (sent {op.submitted_at.isoformat(timespec='seconds')}"
+                f"; \"not found\" is believed from {trusted.isoformat(timespec='seconds')})")
+    elif isinstance(outcome, NotFound) and run_ended:
+        note = abandon(op, now=now, why="the provider never received it and the run that would send it has ended")
     elif isinstance(outcome, NotFound):
         op.reconcile_not_found()
         note = "the provider never received it, so it never took effect: safe to send again"
@@ -146,6 +166,15 @@ def prepare_lookup(op: ExternalOperation, outcome: LookupOutcome, *, now: dateti
     event = build_event(op, kind=EventKind.LOOKUP, outcome=outcome_code(outcome), before=before,
                         detail=outcome_detail(outcome), note=note)
     return note, event
+
+
+def abandon(op: ExternalOperation, *, now: datetime, why: str) -> str:
+    """Fail an operation that certainly never took effect and that nobody will send: the key is
+    spent, and a new attempt is a new request with a new key. Call with the row locked; the
+    caller saves it. Returns the note."""
+    op.abandon()
+    op.error, op.finished_at = {"reason": "abandoned", "detail": why}, now
+    return f"abandoned: {why}"
 
 
 def ago(when: datetime | None, *, now: datetime | None = None) -> str:

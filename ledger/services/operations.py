@@ -127,24 +127,50 @@ def request_fingerprint(*, system: str, action: str, request: dict[str, Any]) ->
 
 
 # --- 1. open: insert or lock, compare, decide ---------------------------------------------------
-def _open(*, key: str, system: str, action: str, request: dict[str, Any], can_lookup: bool) -> Plan:
-    fingerprint = request_fingerprint(system=system, action=action, request=request)
+def operation_prepare(*, key: str, system: str, action: str, request: dict[str, Any]) -> ExternalOperation:
+    """Record ``action`` at ``system`` for ``key`` as ``pending`` without sending it: the operation
+    exists from the caller's commit on, and ``perform`` with the same arguments later sends it.
+
+    Call inside the caller's transaction, next to the checks that decide the effect may happen (a
+    refund checks the order's balance with the order row locked): the intent and the decision then
+    commit together, so whatever counts operations sees this one from that commit on. Returns the
+    operation (an existing one as it is); IdempotencyConflict for the key with another request.
+    """
+    check_operation(key=key, system=system, action=action, request=request)
+    with transaction.atomic():  # a savepoint inside the caller's transaction
+        op = _insert_and_lock(key=key, system=system, action=action, request=request)
+    if op.request_hash != request_fingerprint(system=system, action=action, request=request):
+        raise _conflict(op)
+    return op
+
+
+def _insert_and_lock(*, key: str, system: str, action: str, request: dict[str, Any]) -> ExternalOperation:
+    """The key's operation, inserted if new, its row locked. Call inside atomic()."""
     context = current_step()  # called from a step body: remember which run and step
+    # INSERT ... ON CONFLICT DO NOTHING: when another perform inserted this key and has not
+    # committed yet, PostgreSQL makes this insert wait for it, then do nothing; the locking read
+    # below then sees that row (already claimed), never a second one.
+    ExternalOperation.objects.bulk_create(
+        [ExternalOperation(key=key, system=system, action=action, request=request,
+                           request_hash=request_fingerprint(system=system, action=action, request=request),
+                           run_id=context.run_id if context else None, step=context.step if context else "")],
+        ignore_conflicts=True,
+    )
+    return ExternalOperation.objects.select_for_update().get(key=key)
+
+
+def _conflict(op: ExternalOperation) -> IdempotencyConflict:
+    return IdempotencyConflict(
+        f"operation key {op.key!r} was used for {op.system} {op.action} with another request; "
+        "nothing was changed or sent"
+    )
+
+
+def _open(*, key: str, system: str, action: str, request: dict[str, Any], can_lookup: bool) -> Plan:
     with transaction.atomic():
-        # INSERT ... ON CONFLICT DO NOTHING: when another perform inserted this key and has not
-        # committed yet, PostgreSQL makes this insert wait for it, then do nothing; the locking
-        # read below then sees that row (already claimed), never a second one.
-        ExternalOperation.objects.bulk_create(
-            [ExternalOperation(key=key, system=system, action=action, request=request, request_hash=fingerprint,
-                               run_id=context.run_id if context else None, step=context.step if context else "")],
-            ignore_conflicts=True,
-        )
-        op = ExternalOperation.objects.select_for_update().get(key=key)
-        if op.request_hash != fingerprint:
-            return Refuse(IdempotencyConflict(
-                f"operation key {key!r} was used for {op.system} {op.action} with another request; "
-                "nothing was changed or sent"
-            ))
+        op = _insert_and_lock(key=key, system=system, action=action, request=request)
+        if op.request_hash != request_fingerprint(system=system, action=action, request=request):
+            return Refuse(_conflict(op))
         return _decide(op, can_lookup=can_lookup)
 
 

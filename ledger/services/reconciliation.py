@@ -3,8 +3,11 @@
 with a note (``operation_resolve``: the admin's manual resolution).
 
 Reconciliation never submits: a key the provider never saw goes back to ``pending``, and the
-next ``perform`` (the workflow's retry) sends it. Lookups run outside any transaction; what they
-found is recorded with the row locked, and only if nobody moved the operation in between.
+next ``perform`` (the workflow's retry) sends it; if the run that performed it has ended, nobody
+will, so it is failed as abandoned instead (the key is spent; a pending operation of an ended run
+is abandoned the same way). "Not found" is believed only once the last send can no longer be in
+flight (``ledger.conf.in_flight_window``). Lookups run outside any transaction; what they found
+is recorded with the row locked, and only if nobody moved the operation in between.
 """
 from __future__ import annotations
 
@@ -22,14 +25,16 @@ from ledger.adapters import Failed, LookupOutcome, NotFound, Succeeded, get_adap
 from ledger.conf import conf
 from ledger.exceptions import ResolutionRefused
 from ledger.models import RECONCILABLE, EventKind, EventOutcome, ExternalOperation, OperationEvent, OperationStatus
-from ledger.selectors import can_resolve_operations, operations_to_reconcile
+from ledger.selectors import can_resolve_operations, operations_to_reconcile, run_ended
 from ledger.services.common import (
     LOOKUP_FIELDS,
+    abandon,
     ago,
     apply_lookup,
     is_stale,
     lock,
     logger,
+    may_still_arrive,
     prepare_lookup,
     record_event,
     safe_lookup,
@@ -141,11 +146,10 @@ def _record_batch(pairs: list[tuple[ExternalOperation, LookupOutcome]]) -> list[
                 results.append(_result(op, op.status, "skipped", f"changed while it was looked up (it was "
                                        f"{seen.status}); left as it is", before=seen.status))
                 continue
-            note, event = prepare_lookup(op, outcome, now=now)
+            note, event = prepare_lookup(op, outcome, now=now, run_ended=run_ended(seen))
             changed.append(op)
             events.append(event)
-            verdict: Verdict = "flagged" if op.status == OperationStatus.UNKNOWN else "resolved"
-            results.append(_result(op, op.status, verdict, note, before=seen.status))
+            results.append(_result(op, op.status, _verdict(op, outcome), note, before=seen.status))
         _save_lookups(changed)
         OperationEvent.objects.bulk_create(events)
     return results
@@ -185,9 +189,16 @@ def _record_lookup(seen: ExternalOperation, current: ExternalOperation, outcome:
     if (current.status, current.submit_count) != (seen.status, seen.submit_count):
         return _result(current, current.status, "skipped",
                        f"changed while it was looked up (it was {seen.status}); left as it is", before=seen.status)
-    note = apply_lookup(current, outcome, now=timezone.now())
-    verdict: Verdict = "flagged" if current.status == OperationStatus.UNKNOWN else "resolved"
-    return _result(current, current.status, verdict, note, before=seen.status)
+    note = apply_lookup(current, outcome, now=timezone.now(), run_ended=run_ended(seen))
+    return _result(current, current.status, _verdict(current, outcome), note, before=seen.status)
+
+
+def _verdict(op: ExternalOperation, outcome: LookupOutcome) -> Verdict:
+    """After a lookup: still unknown needs a person, unless the provider said "not found" while the
+    request may still be in flight (then it only needs time: the next reconcile looks again)."""
+    if op.status != OperationStatus.UNKNOWN:
+        return "resolved"
+    return "skipped" if isinstance(outcome, NotFound) else "flagged"
 
 
 def operation_reconcile(
@@ -196,8 +207,10 @@ def operation_reconcile(
     """Look one operation up and record what the provider says, if it is unknown or a submit
     older than ``min_age`` (default LEDGER STALE_SUBMITTED_SECONDS). ``dry_run`` looks up (a read
     at the provider) but changes nothing here, and says what it would have done."""
-    op = ExternalOperation.objects.get(pk=operation_id)
+    op = ExternalOperation.objects.select_related("run").get(pk=operation_id)
     now = timezone.now()
+    if op.status == OperationStatus.PENDING and run_ended(op):
+        return _abandon_pending(op, dry_run=dry_run)
     if op.status not in RECONCILABLE:
         return _result(op, op.status, "skipped", f"nothing to reconcile: it is {op.status}", dry_run=dry_run)
     if op.status == OperationStatus.SUBMITTED and not is_stale(op, now=now, age=min_age):
@@ -214,6 +227,47 @@ def operation_reconcile(
         return _result(op, after, would, note, dry_run=True, before=op.status)
     with transaction.atomic():
         return _record_lookup(op, lock(op.pk), outcome)
+
+
+def _abandon_pending(op: ExternalOperation, *, dry_run: bool) -> ReconcileResult:
+    """A pending operation (never sent, or known not to have reached the provider) whose run has
+    ended: nobody will send it. Failed as abandoned, so it no longer waits for anyone and whatever
+    it held (a refund's amount) is released. Re-checked under the row lock: a restarted run that
+    claimed it in between keeps it."""
+    why = "it never reached the provider and the run that would send it has ended"
+    if dry_run:
+        return _result(op, OperationStatus.FAILED, "resolved", f"would be abandoned: {why}", dry_run=True)
+    with transaction.atomic():
+        current = lock(op.pk)
+        if current.status != OperationStatus.PENDING:
+            return _result(current, current.status, "skipped", "changed since it was read (it was pending)",
+                           before=OperationStatus.PENDING)
+        note = abandon(current, now=timezone.now(), why=why)
+        current.note = note
+        current.save()
+        record_event(current, kind=EventKind.ABANDON, outcome=EventOutcome.FAILED, before=OperationStatus.PENDING,
+                     note=note)
+    return _result(current, current.status, "resolved", note, before=OperationStatus.PENDING)
+
+
+def operations_abandon_for_run(run_id: Any) -> int:
+    """Abandon the run's pending operations (see ``_abandon_pending``); returns how many.
+
+    The engine's terminate hook calls it inside ``run_terminate``'s transaction, the run row
+    locked: a step body still in flight that has not claimed its operation yet then finds it failed
+    (``perform`` locks the row too) and sends nothing, and the amount it held is free at once.
+    """
+    abandoned = 0
+    why = "its run was terminated before it was sent"
+    now = timezone.now()
+    for op in ExternalOperation.objects.select_for_update().filter(
+            run_id=run_id, status=OperationStatus.PENDING).order_by("pk"):
+        op.note = abandon(op, now=now, why=why)
+        op.save()
+        record_event(op, kind=EventKind.ABANDON, outcome=EventOutcome.FAILED, before=OperationStatus.PENDING,
+                     note=op.note)
+        abandoned += 1
+    return abandoned
 
 
 def _cannot_look_up(op: ExternalOperation, *, dry_run: bool) -> ReconcileResult:
@@ -239,6 +293,10 @@ def _would_be(op: ExternalOperation, outcome: LookupOutcome) -> tuple[str, Verdi
         return OperationStatus.SUCCEEDED, "resolved", "the provider has it as succeeded"
     if isinstance(outcome, Failed):
         return OperationStatus.FAILED, "resolved", f"the provider has it as failed: {outcome.reason}"
+    if isinstance(outcome, NotFound) and may_still_arrive(op, now=timezone.now()):
+        return OperationStatus.UNKNOWN, "skipped", "not found yet, but the last send may still reach the provider"
+    if isinstance(outcome, NotFound) and run_ended(op):
+        return OperationStatus.FAILED, "resolved", "the provider never received it and its run has ended: abandoned"
     if isinstance(outcome, NotFound):
         return OperationStatus.PENDING, "resolved", "the provider never received it: safe to send again"
     return OperationStatus.UNKNOWN, "flagged", f"the lookup could not tell: {outcome.reason}"
@@ -279,13 +337,15 @@ def operation_resolve(
                 f"only unknown operations (or submits gone stale) are resolved by hand; this one is {before}",
                 status=before,
             )
-        by_hand = {"by": username, "at": now.isoformat(), "note": note}
+        # What perform() returns to the run from now on (and a run's owner may read in its step
+        # results): the fact, never the note, which is a person's free text for the audit only
+        # (resolution_note and the event).
         if outcome == "succeeded":
             op.reconcile_succeeded()
-            op.response = {"resolved_by_hand": by_hand}
+            op.response = {"status": "succeeded", "resolved_by_hand": True}
         else:
             op.reconcile_failed()
-            op.error = {"reason": "resolved_by_hand", "detail": by_hand}
+            op.error = {"reason": "resolved_by_hand", "detail": None}
         op.resolved_by_id = user.pk
         op.resolved_at = op.finished_at = now
         op.resolution_note = note

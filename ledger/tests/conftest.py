@@ -10,7 +10,9 @@ from ledger import HttpAdapter, register_adapter, unregister_adapter
 from ledger.tests.provider import FakeProvider
 
 # Short timeouts so a hanging provider costs the suite half a second, not thirty.
-TEST_LEDGER = {"CONNECT_TIMEOUT": 0.5, "READ_TIMEOUT": 0.5, "STALE_SUBMITTED_SECONDS": 5.0}
+# A lookup's "not found" is believed 2.5 s after the last send (0.5 + 2 x 0.5 + a grace of 1).
+TEST_LEDGER = {"CONNECT_TIMEOUT": 0.5, "READ_TIMEOUT": 0.5, "STALE_SUBMITTED_SECONDS": 5.0,
+               "PROVIDER_GRACE_SECONDS": 1.0}
 
 
 @pytest.fixture

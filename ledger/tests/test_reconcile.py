@@ -208,3 +208,68 @@ def test_parse_duration_says_what_it_expected() -> None:
         parse_duration("99999999999999d")
     assert [describe(parse_duration(t)) for t in ("90d", "36h", "10m", "45s", "2w")] == ["90d", "36h", "10m", "45s",
                                                                                        "2w"]
+
+
+# --- operations of runs that ended ------------------------------------------------------------------
+def ended_run(status: str = "terminated") -> Any:
+    """A run row that has ended (the engine's status is protected: set once, at creation)."""
+    from workflows.models import WorkflowRun
+
+    return WorkflowRun.objects.create(workflow="ledger.test.refund", queue="none", status=status)
+
+
+def test_a_pending_operation_of_an_ended_run_is_abandoned_and_listed_until_then(payments: FakeProvider) -> None:
+    from ledger.selectors import operations_to_reconcile, run_operations_needing_reconciliation
+
+    # given a run that ended (failed) before it sent its operation, and a live one that will
+    run = ended_run("failed")
+    orphan = make_operation("orphan", OperationStatus.PENDING, sent_ago=None, run=run)
+    live = make_operation("live", OperationStatus.PENDING, sent_ago=None)
+    assert orphan.pk in {op.pk for op in operations_to_reconcile()}
+    assert live.pk not in {op.pk for op in operations_to_reconcile()}
+    assert [op.key for op in run_operations_needing_reconciliation(run)] == ["orphan"]
+
+    # when
+    output = reconcile()
+
+    # then nobody will send it: it is failed as abandoned (the key is spent), and nothing was sent
+    op = ExternalOperation.objects.get(pk=orphan.pk)
+    assert (op.status, op.error["reason"]) == (OperationStatus.FAILED, "abandoned")
+    assert "abandoned" in row_of(output, "orphan")
+    assert status_of(live) == OperationStatus.PENDING
+    assert payments.submits() == 0 and payments.lookups() == 0
+    assert list(run_operations_needing_reconciliation(run)) == []
+
+
+def test_a_not_found_is_believed_only_after_the_in_flight_window(payments: FakeProvider) -> None:
+    # given an operation of an ended run, sent a second ago, that the provider has no record of
+    run = ended_run()
+    op = make_operation("young", sent_ago=timedelta(seconds=1), run=run)
+
+    # when reconcile looks it up: "not found" proves nothing yet
+    output = reconcile()
+    assert status_of(op) == OperationStatus.UNKNOWN
+    assert "may still reach the provider" in row_of(output, "young")  # (the table cuts long notes)
+    assert not row_of(output, "young").startswith("!")  # it needs time, not a person
+
+    # when the send is older than the window: nobody will send it, so it is abandoned
+    ExternalOperation.objects.filter(pk=op.pk).update(submitted_at=op.submitted_at - timedelta(minutes=5))
+    reconcile()
+    current = ExternalOperation.objects.get(pk=op.pk)
+    assert (current.status, current.error["reason"]) == (OperationStatus.FAILED, "abandoned")
+    assert payments.submits() == 0 and payments.lookups("young") == 2
+
+
+def test_terminating_a_run_abandons_its_pending_operations_at_once(payments: FakeProvider) -> None:
+    from workflows.models import WorkflowRun
+    from workflows.services import run_terminate
+
+    run = WorkflowRun.objects.create(workflow="ledger.test.refund", queue="none", status="waiting")
+    pending = make_operation("held", OperationStatus.PENDING, sent_ago=None, run=run)
+    unknown = make_operation("maybe", run=run)
+
+    run_terminate(run_id=run.id)
+
+    assert status_of(pending) == OperationStatus.FAILED
+    assert status_of(unknown) == OperationStatus.UNKNOWN  # it may have happened: reconcile finds out
+    assert [e.kind for e in OperationEvent.objects.filter(operation=pending)] == ["abandon"]

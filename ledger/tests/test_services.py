@@ -16,6 +16,7 @@ import pytest
 import redis
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from ledger import (
     HttpAdapter,
@@ -36,7 +37,7 @@ from ledger.exceptions import (
 from ledger.models import EventKind, ExternalOperation, OperationEvent, OperationStatus
 from ledger.tests.provider import FakeProvider, Fault
 from ledger.tests.support import make_operation, snapshot
-from tests.support import free_port, race
+from tests.support import free_port, race, wait_for
 from workflows import IdempotencyConflict as WorkflowsIdempotencyConflict
 from workflows import NonRetryableError
 
@@ -144,6 +145,11 @@ def test_accept_then_timeout_is_unknown_and_the_next_perform_reconciles_without_
     assert payments.lookups("refund:7") == 1
 
 
+def sent_long_ago(key: str) -> None:
+    """Move the last send of ``key`` back past the in-flight window: it can no longer be on its way."""
+    ExternalOperation.objects.filter(key=key).update(submitted_at=timezone.now() - timedelta(minutes=5))
+
+
 def test_lost_response_then_lookup_not_found_submits_again_safely(payments: FakeProvider) -> None:
     # given the connection drops before the provider did anything
     payments.inject("submit", "refund:8", Fault("drop"))
@@ -152,20 +158,50 @@ def test_lost_response_then_lookup_not_found_submits_again_safely(payments: Fake
     assert operation("refund:8").status == OperationStatus.UNKNOWN
     assert payments.applied == []
 
-    # when
+    # when the lookup says "not found" while the request may still be on its way
+    with pytest.raises(OutcomeUnknown) as early:
+        refund("refund:8")
+
+    # then that proves nothing: still unknown, nothing sent again
+    assert "may still reach the provider" in str(early.value)
+    assert operation("refund:8").status == OperationStatus.UNKNOWN
+    assert payments.lookups("refund:8") == 1 and payments.submits("refund:8") == 1
+
+    # when the send is older than the in-flight window and the provider still has no record of it
+    sent_long_ago("refund:8")
     result = refund("refund:8")
 
-    # then the lookup said "never received", so it was sent again, once
+    # then "never received" is believed, so it was sent again, once
     assert result["status"] == "succeeded"
-    assert payments.lookups("refund:8") == 1 and payments.submits("refund:8") == 2
+    assert payments.lookups("refund:8") == 2 and payments.submits("refund:8") == 2
     assert payments.applied == ["refund:8"]
     op = operation("refund:8")
     assert (op.status, op.submit_count) == (OperationStatus.SUCCEEDED, 2)
     assert events("refund:8") == [
         ("submit", "unknown", "submitted", "unknown"),
+        ("lookup", "not_found", "unknown", "unknown"),
         ("lookup", "not_found", "unknown", "pending"),
         ("submit", "succeeded", "submitted", "succeeded"),
     ]
+
+
+def test_a_not_found_while_the_provider_still_processes_is_not_believed(payments: FakeProvider) -> None:
+    """The provider answers lookups "not found" while it is still working on the original request:
+    the ledger must not send it again, and must learn the outcome once the provider has it."""
+    # given the provider holds the submit (reading it) past our read timeout, then acts on it
+    payments.inject("submit", "refund:80", Fault("delay", seconds=1.5))
+    with pytest.raises(OutcomeUnknown):
+        refund("refund:80")
+
+    # when the next perform looks it up before the provider has recorded it
+    with pytest.raises(OutcomeUnknown):
+        refund("refund:80")
+    assert payments.submits("refund:80") == 1 and operation("refund:80").status == OperationStatus.UNKNOWN
+
+    # then once the provider has it, the lookup finds it: one refund, never two
+    wait_for(lambda: "refund:80" in payments.applied, timeout=10, what="the provider to act")
+    assert refund("refund:80")["status"] == "succeeded"
+    assert payments.applied == ["refund:80"] and payments.submits("refund:80") == 1
 
 
 def test_a_5xx_is_unknown_and_the_next_perform_finds_out_by_lookup(payments: FakeProvider) -> None:
@@ -176,6 +212,9 @@ def test_a_5xx_is_unknown_and_the_next_perform_finds_out_by_lookup(payments: Fak
     assert "HTTP 503" in str(unknown.value)
     assert operation("refund:9").status == OperationStatus.UNKNOWN
 
+    # (a 502/504 from a gateway says the service behind it may still be working on it: a "not
+    # found" is believed only once the send is older than the in-flight window)
+    sent_long_ago("refund:9")
     assert refund("refund:9")["status"] == "succeeded"
     assert payments.lookups("refund:9") == 1 and payments.submits("refund:9") == 2
     assert payments.applied == ["refund:9"]
@@ -423,3 +462,20 @@ def test_a_workflow_step_that_timed_out_reconciles_on_its_retry_and_refunds_once
         ("submit", "unknown", "submitted", "unknown"),
         ("lookup", "succeeded", "unknown", "succeeded"),
     ]
+
+
+def test_prepare_records_the_intent_in_the_callers_transaction_and_perform_sends_it(payments: FakeProvider) -> None:
+    from ledger import prepare
+
+    request = {"order": "P1", "amount": "10.00"}
+    with transaction.atomic():
+        op = prepare(key="refund:p1", system="payments", action="refund", request=request)
+        assert prepare(key="refund:p1", system="payments", action="refund", request=request).pk == op.pk
+    assert (op.status, op.submit_count) == (OperationStatus.PENDING, 0)
+    assert payments.submits() == 0
+
+    with pytest.raises(IdempotencyConflict):
+        prepare(key="refund:p1", system="payments", action="refund", request={**request, "amount": "11.00"})
+
+    assert refund("refund:p1", request)["status"] == "succeeded"
+    assert payments.submits("refund:p1") == 1
