@@ -310,3 +310,34 @@ def test_a_report_version_beyond_any_report_is_a_400(users: Users, version: int)
     assert error["code"] == "invalid" and "report_version" in error["detail"]
     assert written() == before
     assert ApprovalRequest.objects.get(pk=review.pk).status == "pending"
+
+
+# --- 13: a service's PermissionDenied ---------------------------------------------------------------
+@pytest.mark.django_db
+def test_a_services_permission_denied_is_a_403_permission_denied_with_its_reason(users: Users) -> None:
+    # given alice's assessment, and bob, a reviewer, who may see it but not submit its input
+    Group.objects.create(name=REVIEWERS).user_set.add(users["bob"])
+    assessment = assessment_create(supplier_name="Acme", requested_by=users["alice"], sources={"credit": {"s": 1}})
+    before = written()
+
+    # when bob submits the input (the service raises django.core.exceptions.PermissionDenied)
+    response = post_json(caller(users["bob"]), f"/api/assessments/{assessment.pk}/submit", {"input": {}})
+
+    # then the refusal has the API's code for it and the service's reason, and nothing started
+    assert response.status_code == 403
+    error = error_of(response)
+    assert error["code"] == "permission_denied", error
+    assert error["message"].startswith("bob may not") and f"assessment {assessment.pk}" in error["message"], error
+    assert written() == before
+
+
+def test_a_permission_denied_without_a_reason_gets_drfs_message() -> None:
+    from django.core.exceptions import PermissionDenied
+
+    from workflows.apis.errors import exception_handler
+
+    response = exception_handler(PermissionDenied(), {})
+
+    assert response is not None and response.status_code == 403
+    assert response.data == {"error": {"code": "permission_denied", "detail": None,
+                                       "message": "You do not have permission to perform this action."}}

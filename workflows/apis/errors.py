@@ -5,6 +5,7 @@ import io
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from drf_spectacular.utils import OpenApiResponse, extend_schema_serializer
@@ -97,6 +98,10 @@ DOMAIN_ERRORS: dict[type[Exception], int] = {
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, DjangoPermissionDenied):
+        # A service's refusal of who asks (DRF's handler answers it 403 too, but under the generic
+        # code "error", with the service's reason lost).
+        exc = exceptions.PermissionDenied(str(exc) or None)
     for error_class, http_status in DOMAIN_ERRORS.items():
         if isinstance(exc, error_class):
             detail = {"status": exc.status} if isinstance(exc, TransitionNotAllowed) else None
