@@ -24,6 +24,7 @@ import os
 import platform
 import pstats
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -91,6 +92,8 @@ def configure_environment(args: argparse.Namespace) -> None:
         # Per-task INFO lines would cost the plain chain (N log lines per run) more than the engine.
         "LOG_LEVEL": "WARNING",
         "PYTHONPATH": str(ROOT),
+        # Settings refuse to start without one (DEBUG is off here, as in production).
+        "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(50),
     })
 
 

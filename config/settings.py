@@ -5,13 +5,25 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from config.env import envbool, envfloat, envint, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-SECRET_KEY = envstr("SECRET_KEY", "insecure-development-key-change-me")
 DEBUG = envbool("DEBUG", False)
+# SECRET_KEY signs sessions, CSRF tokens and password-reset links: whoever knows it can forge them.
+# The development default is public, so without DEBUG the process refuses to start rather than
+# use it (scripts/run.sh generates a key into var/, the tests set their own).
+INSECURE_SECRET_KEY = "insecure-development-key-change-me"
+SECRET_KEY = envstr("SECRET_KEY", "") or (INSECURE_SECRET_KEY if DEBUG else "")
+if not DEBUG and (SECRET_KEY in ("", INSECURE_SECRET_KEY) or SECRET_KEY.startswith("django-insecure-")):
+    raise ImproperlyConfigured(
+        "SECRET_KEY is unset or a publicly known development key, and DEBUG is off. Set SECRET_KEY in "
+        "the environment to a long random value kept secret, e.g. "
+        "SECRET_KEY=\"$(python -c 'import secrets; print(secrets.token_urlsafe(50))')\", "
+        "or set DEBUG=1 on a development machine (scripts/run.sh does both for you)."
+    )
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
 

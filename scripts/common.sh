@@ -19,6 +19,23 @@ ensure_venv() {
     fi
 }
 
+ensure_secret_key() {
+    # Settings refuse to start with DEBUG off and no SECRET_KEY. Unless one is in the environment,
+    # use the key in var/secret_key (gitignored), generated the first time: sessions and
+    # password-reset links stay valid across restarts, and the key never leaves this machine.
+    if [ -n "${SECRET_KEY:-}" ]; then
+        export SECRET_KEY
+        return
+    fi
+    local file=var/secret_key
+    if [ ! -s "$file" ]; then
+        mkdir -p var
+        (umask 077 && "$PYTHON" -c 'import secrets; print(secrets.token_urlsafe(50))' >"$file.tmp" && mv "$file.tmp" "$file")
+    fi
+    SECRET_KEY="$(cat "$file")"
+    export SECRET_KEY
+}
+
 ensure_redis() {
     local url="${REDIS_URL:-redis://127.0.0.1:6379/0}"
     if redis-cli -u "$url" ping >/dev/null 2>&1; then

@@ -9,6 +9,7 @@ source scripts/common.sh
 ensure_venv ""
 ensure_redis
 mkdir -p var
+ensure_secret_key  # var/secret_key, made once (SECRET_KEY in the environment wins)
 PORT="${PORT:-8000}"
 export DEBUG="${DEBUG:-1}"
 

@@ -1,0 +1,82 @@
+"""Settings refuse the public development SECRET_KEY outside DEBUG, and the run command brings
+its own key. Each case imports the settings in a fresh interpreter, as a process starting would."""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def import_settings(**env: str) -> subprocess.CompletedProcess[str]:
+    """``import config.settings`` with only ``env`` on top of a bare environment."""
+    base = {key: value for key, value in os.environ.items() if key not in ("SECRET_KEY", "DEBUG")}
+    return subprocess.run([sys.executable, "-c", "import config.settings as s; print(s.SECRET_KEY)"],
+                          cwd=ROOT, env={**base, "PYTHONPATH": str(ROOT), **env},
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("env", [
+    pytest.param({}, id="no DEBUG, no key"),
+    pytest.param({"DEBUG": "0"}, id="DEBUG=0, no key"),
+    pytest.param({"DEBUG": "0", "SECRET_KEY": ""}, id="empty key"),
+    pytest.param({"DEBUG": "0", "SECRET_KEY": "insecure-development-key-change-me"}, id="the public default"),
+    pytest.param({"DEBUG": "0", "SECRET_KEY": "django-insecure-abc123"}, id="startproject's insecure key"),
+])
+def test_without_debug_an_unset_or_public_key_refuses_to_start(env: dict[str, str]) -> None:
+    result = import_settings(**env)
+
+    assert result.returncode != 0
+    assert "django.core.exceptions.ImproperlyConfigured: SECRET_KEY is unset" in result.stderr
+    assert "Set SECRET_KEY in the environment" in result.stderr  # and says how
+
+
+def test_with_debug_the_development_key_is_used() -> None:
+    result = import_settings(DEBUG="1")
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "insecure-development-key-change-me"
+
+
+@pytest.mark.parametrize("debug", ["0", "1"])
+def test_a_key_of_its_own_is_used_with_or_without_debug(debug: str) -> None:
+    result = import_settings(DEBUG=debug, SECRET_KEY="k" * 50)
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "k" * 50
+
+
+def ensure_secret_key(cwd: Path, **env: str) -> str:
+    """scripts/common.sh's ensure_secret_key, as scripts/run.sh calls it, in ``cwd``."""
+    base = {key: value for key, value in os.environ.items() if key != "SECRET_KEY"}
+    script = f'source "{ROOT}/scripts/common.sh" && ensure_secret_key && printf %s "$SECRET_KEY"'
+    result = subprocess.run(["bash", "-c", script], cwd=cwd, env={**base, **env}, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_the_run_command_generates_a_key_once_keeps_it_private_and_reuses_it(tmp_path: Path) -> None:
+    # when the run command starts twice in a fresh checkout
+    first = ensure_secret_key(tmp_path)
+    second = ensure_secret_key(tmp_path)
+
+    # then it made one random key, in var/ (gitignored), readable by its owner only, and kept it
+    key_file = tmp_path / "var" / "secret_key"
+    assert len(first) >= 50 and first == second == key_file.read_text().strip()
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert "/var/" in (ROOT / ".gitignore").read_text().split()
+    # and the settings accept it with DEBUG off
+    assert import_settings(DEBUG="0", SECRET_KEY=first).returncode == 0
+    # and another directory gets another key
+    assert ensure_secret_key(tmp_path / "var") != first
+
+
+def test_a_key_in_the_environment_wins_over_the_generated_one(tmp_path: Path) -> None:
+    assert ensure_secret_key(tmp_path, SECRET_KEY="from-the-environment") == "from-the-environment"
+    assert not (tmp_path / "var" / "secret_key").exists()
