@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
-from django.contrib import admin, messages
-from django.http import HttpRequest
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html_join
 
 from examples.refunds.models import Order, RefundRequest
@@ -20,6 +20,8 @@ class OrderForm(forms.ModelForm):
     values over the new ones."""
 
     seen_version = forms.IntegerField(widget=forms.HiddenInput, required=False)
+    # Set by OrderAdmin when order_change refused this very submission: shown as the form's error.
+    refusal: str | None = None
 
     class Meta:
         model = Order
@@ -32,6 +34,8 @@ class OrderForm(forms.ModelForm):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        if self.refusal is not None:
+            raise forms.ValidationError(self.refusal, code="stale")
         # The instance is the row as this request loaded it (version is not a form field, so the
         # posted values never touch it); order_change checks again under the row lock.
         current = self.instance.version
@@ -40,6 +44,14 @@ class OrderForm(forms.ModelForm):
                 f"This order changed since the page was opened (it is now version {current}); "
                 "reload it and make your change again.", code="stale")
         return data
+
+
+class _Refused(Exception):
+    """order_change refused the admin's save: raised out of save_model, so that the admin neither
+    reports success nor logs a change (see OrderAdmin.changeform_view)."""
+
+
+_REFUSAL = "_order_admin_refusal"  # the request attribute that carries it to the second rendering
 
 
 @admin.register(Order)
@@ -58,6 +70,24 @@ class OrderAdmin(admin.ModelAdmin):
             return self.readonly_fields
         return [*self.readonly_fields, "number", "customer"]  # who and which order: fixed once placed
 
+    def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
+                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except _Refused as refusal:
+            # The order changed between the form's check and order_change (which wrote nothing).
+            # The admin's transaction has rolled back before its change message and LogEntry, so
+            # nothing says "changed"; the same submission is shown again with the refusal as the
+            # form's error, the way the form's own check shows a stale page.
+            setattr(request, _REFUSAL, str(refusal))
+            return super().changeform_view(request, object_id, form_url, extra_context)
+
+    def get_form(self, request: HttpRequest, obj: Order | None = None, change: bool = False,
+                 **kwargs: Any) -> type[forms.ModelForm[Order]]:
+        form: type[OrderForm] = super().get_form(request, obj, change, **kwargs)  # type: ignore[assignment]
+        refusal = getattr(request, _REFUSAL, None)
+        return form if refusal is None else type(form.__name__, (form,), {"refusal": refusal})
+
     def save_model(self, request: HttpRequest, obj: Order, form: Any, change: bool) -> None:
         if not change:
             super().save_model(request, obj, form, change)  # a new order: version 1
@@ -71,8 +101,8 @@ class OrderAdmin(admin.ModelAdmin):
             return
         try:
             obj.version = order_change(order_id=obj.pk, expected_version=seen, **changes).version
-        except StaleOrder as exc:  # changed between the form's check and this save: nothing written
-            self.message_user(request, f"Not saved: {exc}", messages.ERROR)
+        except StaleOrder as exc:  # changed since the form's check: see changeform_view
+            raise _Refused(f"Not saved: {exc}.") from exc
 
 
 @admin.register(RefundRequest)

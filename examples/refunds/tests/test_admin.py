@@ -1,8 +1,13 @@
 """The admin page of a refund request shows the customer's status and in-flight operations."""
 from __future__ import annotations
 
+import threading
+from decimal import Decimal
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import User
+from django.contrib.messages import get_messages
 from django.test import Client
 
 from approvals.models import ApprovalRequest, ApprovalStatus
@@ -95,3 +100,71 @@ def test_a_stale_order_page_is_refused_instead_of_undoing_a_newer_change(client:
     with pytest.raises(StaleOrder):
         order_change(order_id=order.pk, expected_version=1, status="placed")
     assert Order.objects.get(pk=order.pk).status == "refunded"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_order_changed_between_the_forms_check_and_the_save_is_a_form_error_and_not_logged(
+    client: Client, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a page on version 1 of an order, and a change committed by someone else just after the
+    # form's version check passed, before the admin saves (another connection: a real race)
+    from django.contrib.admin.models import LogEntry
+    from django.db import connection
+
+    from examples.refunds.admin import OrderForm
+
+    alice = User.objects.create_user("alice")
+    admin = User.objects.create_superuser("root", "root@example.com", "pw")
+    order = order_create(number="9004", customer=alice, amount="50.00")
+    client.force_login(admin)
+    url = f"/admin/refunds/order/{order.pk}/change/"
+    checked = OrderForm.clean
+
+    def clean_then_someone_else_changes_it(form: OrderForm) -> dict[str, Any]:
+        data = checked(form)
+
+        def change() -> None:
+            try:
+                order_change(order_id=order.pk, expected_version=1, amount="40.00")
+            finally:
+                connection.close()
+
+        racer = threading.Thread(target=change)
+        racer.start()
+        racer.join()
+        return data
+
+    monkeypatch.setattr(OrderForm, "clean", clean_then_someone_else_changes_it)
+
+    # when staff save an address edit from that page
+    response = client.post(url, {"amount": "50.00", "currency": "GBP", "status": "placed", "items": "[]",
+                                 "shipping_address": '{"street": "1 New Road"}', "seen_version": "1"})
+
+    # then the page is shown again with the refusal as the form's error, no success message
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "Not saved: order 9004 changed since (it is now version 2)" in page
+    assert "errornote" in page and "was changed successfully" not in page
+    assert not [str(m) for m in get_messages(response.wsgi_request)]
+    # and no change is logged, and the order holds the other change only
+    assert not LogEntry.objects.filter(object_id=str(order.pk)).exists()
+    order.refresh_from_db()
+    assert (order.version, order.amount, order.shipping_address) == (2, Decimal("40.00"), {})
+
+
+@pytest.mark.django_db
+def test_a_successful_admin_edit_is_still_logged_and_reported(client: Client) -> None:
+    from django.contrib.admin.models import LogEntry
+
+    alice = User.objects.create_user("alice")
+    admin = User.objects.create_superuser("root", "root@example.com", "pw")
+    order = order_create(number="9005", customer=alice, amount="50.00")
+    client.force_login(admin)
+
+    response = client.post(f"/admin/refunds/order/{order.pk}/change/", {
+        "amount": "45.00", "currency": "GBP", "status": "placed", "items": "[]", "shipping_address": "{}",
+        "seen_version": "1"}, follow=True)
+
+    assert "was changed successfully" in response.content.decode()
+    assert LogEntry.objects.filter(object_id=str(order.pk)).count() == 1
+    assert Order.objects.get(pk=order.pk).version == 2
