@@ -74,11 +74,12 @@ class Adapter(Protocol):
     def lookup(self, op: ExternalOperation) -> LookupOutcome: ...
 
     # Optional: ``lookup_many(ops) -> list[LookupOutcome]`` (same order) for a provider that can
-    # answer many keys in one request; reconciliation uses it when present (see has_lookup_many).
+    # answer many keys in one request; reconciliation uses it when present (see has_lookup_many),
+    # unless a ``can_lookup_many`` attribute says it is not available (any more).
 
 
 def has_lookup_many(adapter: Adapter) -> bool:
-    return callable(getattr(adapter, "lookup_many", None))
+    return callable(getattr(adapter, "lookup_many", None)) and bool(getattr(adapter, "can_lookup_many", True))
 
 
 _adapters: dict[str, Adapter] = {}

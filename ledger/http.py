@@ -48,12 +48,17 @@ logger = logging.getLogger(__name__)
 FAILED_STATES = frozenset({"failed", "declined", "rejected", "canceled", "cancelled"})
 PENDING_STATES = frozenset({"pending", "processing", "queued", "in_progress", "accepted"})
 UNKNOWN_HTTP = frozenset({408, 409, 425})
+# Answers to the batch lookup that mean the provider has no such endpoint (no route, the route of
+# something else that takes another method, not implemented).
+NO_BATCH_HTTP = frozenset({404, 405, 501})
 
 
 class HttpAdapter:
     """POST ``base_url + submit_path`` with the request as JSON and ``Idempotency-Key: <op.key>``;
     GET ``base_url + lookup_path`` to ask what happened to the key (200 with the operation, 404 if
-    the provider never saw it). Paths may use ``{action}`` and ``{key}`` (URL-quoted).
+    the provider never saw it). Optionally POST ``base_url + batch_lookup_path`` with many keys
+    (``lookup_many``); a provider without that endpoint is looked up one key at a time. Paths may
+    use ``{action}`` and ``{key}`` (URL-quoted). The README's "provider protocol" says it all.
 
     Timeouts default to settings.LEDGER CONNECT_TIMEOUT and READ_TIMEOUT, read at call time.
     Subclass and override ``submit_body``, ``submit_outcome``, ``lookup_outcome`` or
@@ -78,10 +83,17 @@ class HttpAdapter:
         self.headers = dict(headers or {})
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        # Set once the provider answers the batch path as missing: from then on this adapter looks
+        # keys up one at a time, without asking again every batch.
+        self.batch_lookup_missing = False
 
     @property
     def can_lookup(self) -> bool:
         return self.lookup_path is not None
+
+    @property
+    def can_lookup_many(self) -> bool:
+        return self.batch_lookup_path is not None and not self.batch_lookup_missing
 
     # --- the two calls ---
     def submit(self, op: ExternalOperation) -> SubmitOutcome:
@@ -111,14 +123,21 @@ class HttpAdapter:
     def lookup_many(self, ops: list[ExternalOperation]) -> list[LookupOutcome]:
         """One POST of ``{"keys": [...]}`` to ``batch_lookup_path`` answered with ``{"found": {key:
         operation}, "missing": [key]}``; without that path, one lookup each. Any failure of the
-        batch request means "still unknown" for every key in it."""
-        if self.batch_lookup_path is None or not ops:
+        batch request means "still unknown" for every key in it, except an answer saying the path
+        does not exist (404, 405, 501): then one lookup each, now and from then on."""
+        path = self.batch_lookup_path
+        if path is None or self.batch_lookup_missing or not ops:
             return [self.lookup(op) for op in ops]
-        url = self.url(self.batch_lookup_path, ops[0])
+        url = self.url(path, ops[0])
         try:
             response = self._send("POST", url, json={"keys": [op.key for op in ops]}, reuse_connection=True)
         except httpx.HTTPError as exc:
             return [Unknown(f"the lookup at {self.base_url} failed: {_describe(exc)}")] * len(ops)
+        if response.status_code in NO_BATCH_HTTP:
+            self.batch_lookup_missing = True  # a plain flag: threads racing here at worst ask once each
+            logger.warning("%s has no batch lookup (POST %s answered HTTP %s): looking keys up one at a time",
+                           self.base_url, url, response.status_code)
+            return [self.lookup(op) for op in ops]
         body = _json(response) if response.status_code == 200 else None
         if not (isinstance(body, dict) and isinstance(body.get("found"), dict)
                 and isinstance(body.get("missing"), list)):

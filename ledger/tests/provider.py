@@ -5,6 +5,9 @@ Test-only (the demo's sandbox provider lives in examples/). It behaves like a ca
 - ``POST /<action>`` with ``Idempotency-Key``: applies the effect once per key and answers 201
   with the stored record; the same key again answers the stored record (200), never a second effect.
 - ``GET /<action>/<key>``: 200 with the record, or 404 if the key was never applied.
+- No batch lookup, like many providers: a POST to ``/<action>/<anything>`` meets the lookup route,
+  which takes GET only (405); a POST to a deeper path meets no route (404). Counted as
+  ``batch_lookup`` calls.
 
 Faults are injected per request, per endpoint and key, consumed in order (``inject``):
 
@@ -27,7 +30,7 @@ from typing import Any, Literal
 from urllib.parse import unquote
 
 FaultKind = Literal["delay", "accept_then_hang", "drop", "error", "rate_limit", "reject"]
-Endpoint = Literal["submit", "lookup"]
+Endpoint = Literal["submit", "lookup", "batch_lookup"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,9 @@ class FakeProvider:
     def lookups(self, key: str | None = None) -> int:
         return sum(1 for c in self.calls if c.endpoint == "lookup" and (key is None or c.key == key))
 
+    def batch_lookups(self) -> int:
+        return sum(1 for c in self.calls if c.endpoint == "batch_lookup")
+
     # --- what the handler calls ---
     def next_fault(self, endpoint: Endpoint, key: str) -> Fault | None:
         with self._lock:
@@ -129,8 +135,16 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # quiet: pytest shows failures, not every request
 
     def do_POST(self) -> None:
-        action = unquote(self.path.strip("/"))
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"null")
+        segments = self.path.strip("/").split("/")
+        if len(segments) > 1:  # not a submit: see the module docstring
+            self.provider.log_call(Call("batch_lookup", "", "none", body=body))
+            if len(segments) == 2:
+                self._answer(405, {"error": {"code": "method_not_allowed"}}, Allow="GET")
+            else:
+                self._answer(404, {"error": {"code": "no_such_endpoint"}})
+            return
+        action = unquote(segments[0])
         key = self.headers.get("Idempotency-Key")
         if not key:
             self._answer(400, {"error": {"code": "missing_idempotency_key"}})
@@ -176,11 +190,13 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._answer(200, record)
 
-    def _answer(self, status: int, body: Any) -> None:
+    def _answer(self, status: int, body: Any, **headers: str) -> None:
         data = json.dumps(body).encode()
         try:
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
+            for name, value in headers.items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

@@ -1,5 +1,6 @@
 """What HttpAdapter makes of each kind of answer (pure logic; the HTTP paths themselves are
-exercised against the real fake provider in test_services and test_reconcile)."""
+exercised against the real fake provider in test_services and test_reconcile), and, over real
+HTTP, a provider without the optional batch lookup."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,8 +8,13 @@ from typing import Any
 import httpx
 import pytest
 
-from ledger import Failed, HttpAdapter, NoEffect, NotFound, Succeeded, Unknown
+from ledger import Failed, HttpAdapter, NoEffect, NotFound, Succeeded, Unknown, register_adapter, unregister_adapter
+from ledger.adapters import has_lookup_many
 from ledger.apps import check_timeouts
+from ledger.models import ExternalOperation, OperationStatus
+from ledger.services import operations_reconcile
+from ledger.tests.provider import FakeProvider
+from ledger.tests.support import make_operation
 
 ADAPTER = HttpAdapter(base_url="http://provider.invalid/")
 
@@ -67,3 +73,77 @@ def test_a_stale_age_shorter_than_a_call_is_a_configuration_error(settings: Any)
 
     settings.LEDGER = {**settings.LEDGER, "STALE_SUBMITTED_SECONDS": 120.0}
     assert check_timeouts() == []
+
+
+# --- a provider without the batch lookup, over real HTTP --------------------------------------------
+NO_BATCH = [pytest.param("/{action}/lookup", id="405: the path is the lookup route, GET only"),
+            pytest.param("/batch/{action}/lookup", id="404: no such path")]
+
+
+@pytest.mark.parametrize("batch_path", NO_BATCH)
+def test_without_the_batch_path_each_key_is_looked_up_on_its_own_and_the_path_is_not_asked_again(
+    provider: FakeProvider, ledger_settings: Any, batch_path: str
+) -> None:
+    # given a provider that did one key, declined another, never saw a third, and has no batch lookup
+    paid, declined = provider.seed("k-paid"), provider.seed("k-declined", status="failed", reason="card_declined")
+    adapter = HttpAdapter(base_url=provider.url, batch_lookup_path=batch_path)
+    ops = [ExternalOperation(key=key, system="payments", action="refund") for key in ("k-paid", "k-declined", "k-new")]
+    expected = [Succeeded(paid), Failed("card_declined", declined), NotFound()]
+
+    # when a batch is looked up
+    outcomes = adapter.lookup_many(ops)
+
+    # then the batch path was tried once, and each key looked up on its own: nothing left "unknown"
+    assert outcomes == expected
+    assert (provider.batch_lookups(), provider.lookups()) == (1, 3)
+    assert not adapter.can_lookup_many and not has_lookup_many(adapter)
+
+    # and later batches go straight to single lookups
+    assert adapter.lookup_many(ops) == expected
+    assert (provider.batch_lookups(), provider.lookups()) == (1, 6)
+
+
+def test_a_provider_with_the_batch_path_is_asked_once_a_batch(ledger_settings: Any, tmp_path: Any) -> None:
+    """The same adapter against the sandbox, which has the batch lookup: one request, no single lookups."""
+    from examples.sandbox.process import SandboxProcess
+
+    with SandboxProcess(tmp_path / "sandbox.sqlite3") as sandbox:
+        sandbox.request("POST", "/v1/refunds", {"order": "A1", "amount": "5.00", "currency": "GBP"},
+                        headers={"Idempotency-Key": "k-paid"})
+        adapter = HttpAdapter(base_url=sandbox.url, submit_path="/v1/{action}s", lookup_path="/v1/{action}s?key={key}",
+                              batch_lookup_path="/v1/{action}s/lookup")
+        ops = [ExternalOperation(key=key, system="payments", action="refund") for key in ("k-paid", "k-new")]
+
+        outcomes = adapter.lookup_many(ops)
+
+        assert [type(outcome) for outcome in outcomes] == [Succeeded, NotFound]
+        assert adapter.can_lookup_many and has_lookup_many(adapter)
+        requests = sandbox.stats()["requests"]
+        assert requests.get("batch_lookup") == 1 and "found" not in requests and "not_found" not in requests
+
+
+@pytest.mark.django_db
+def test_reconcile_resolves_everything_at_a_provider_without_the_batch_path(
+    provider: FakeProvider, ledger_settings: Any
+) -> None:
+    # given unknown operations the provider did, and an adapter configured with a batch path it lacks
+    register_adapter("payments", HttpAdapter(base_url=provider.url, batch_lookup_path="/{action}/lookup"))
+    first = [make_operation(f"paid-{n}") for n in range(3)]
+    for op in first:
+        provider.seed(op.key)
+
+    # when reconcile runs, and runs again for more
+    try:
+        operations_reconcile()
+        later = [make_operation(f"paid-{n}") for n in range(3, 6)]
+        for op in later:
+            provider.seed(op.key)
+        operations_reconcile()
+    finally:
+        unregister_adapter("payments")  # as the payments fixture does
+
+    # then every operation is resolved from a lookup of its own, and the batch path was asked once
+    statuses = set(ExternalOperation.objects.filter(pk__in=[op.pk for op in first + later])
+                   .values_list("status", flat=True))
+    assert statuses == {OperationStatus.SUCCEEDED}
+    assert (provider.batch_lookups(), provider.lookups()) == (1, 6)
