@@ -41,6 +41,7 @@ from approvals.models import (
 )
 from approvals.selectors import decision_payload, is_authorised, is_requester, superseded_by, supersession_payload
 from approvals.types import Proposal
+from ledger.redaction import redact
 from workflows.exceptions import InvalidPayload, NonRetryableError
 from workflows.models import TERMINAL, WorkflowRun
 from workflows.services import check_json_size, run_send_event
@@ -112,7 +113,9 @@ def approval_request_create(
         requested_by_id = None  # deleted since the run started: the foreign key would fail at commit
     return ApprovalRequest.objects.create(
         run=run, attempt=attempt, step_name=step_name, subject_type=subject[0], subject_id=subject[1],
-        version=proposal.version, summary=proposal.summary, content=proposal.content, approvers=approvers,
+        # Reviewers decide on what the workflow shows them, never on personal data: whatever a
+        # workflow puts under a key the ledger redacts (address, email, phone, card ...) is not kept.
+        version=proposal.version, summary=proposal.summary, content=redact(proposal.content), approvers=approvers,
         requested_by_id=requested_by_id, replaces_id=replaces_id, expires_at=timezone.now() + timeout,
     )
 

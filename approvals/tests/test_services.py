@@ -235,6 +235,17 @@ class TestWorkflowSide:
                 proposal=Proposal(version="3", content={1, 2}), approvers=GROUP, timeout=timedelta(hours=1),
             )
 
+    def test_personal_data_in_the_content_is_redacted_before_it_is_stored(self, cast: Cast) -> None:
+        run = waiting_request().run
+        content = {"order": "7", "customer": {"email": "alice@example.com", "shipping_address": {"street": "x"}}}
+        request = approval_request_create(
+            run_id=run.id, attempt=1, step_name="refund approval", subject=("shop.order", "7"),
+            proposal=Proposal(version="3", content=content, summary="Refund £120"),
+            approvers=GROUP, timeout=timedelta(hours=48),
+        )
+        stored = ApprovalRequest.objects.get(pk=request.pk).content
+        assert stored == {"order": "7", "customer": {"email": "[redacted]", "shipping_address": "[redacted]"}}
+
     def test_no_request_is_raised_for_a_run_that_has_ended(self, cast: Cast) -> None:
         run = waiting_request(run_status=RunStatus.TERMINATED).run
 

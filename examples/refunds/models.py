@@ -9,6 +9,7 @@ from django.db.models import Q
 
 class OrderStatus(models.TextChoices):
     PLACED = "placed", "placed"
+    PARTIALLY_REFUNDED = "partially_refunded", "partially refunded"
     REFUNDED = "refunded", "refunded"
 
 
@@ -21,7 +22,8 @@ class Order(models.Model):
     # Bumped by every service that changes the order: approvals are for one exact version.
     version = models.PositiveIntegerField(default=1)
     items = models.JSONField(default=list, blank=True)
-    # Personal data: redacted from operational records (LEDGER REDACT_KEYS has shipping_address).
+    # Personal data: never copied into step results, approvals or records (no refund decision needs
+    # it); the ledger's redaction (LEDGER REDACT_KEYS has shipping_address) is the second line.
     shipping_address = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -1,12 +1,15 @@
-"""Reads: what a customer is told about a refund request, and what a run left in flight."""
+"""Reads: what a customer is told about a refund request, what a run left in flight, and how much
+of an order is refunded or may still be."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import TYPE_CHECKING, Literal
 
 from django.db.models import QuerySet
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from examples.refunds.models import RefundRequest
+from examples.refunds.models import Order, RefundRequest, operation_key
 from ledger.models import ExternalOperation, OperationStatus
 from workflows.models import RunStatus, WorkflowRun
 
@@ -58,11 +61,69 @@ def refund_status(refund_request: RefundRequest) -> str:
     return BEING_PREPARED
 
 
+# --- the order's money: what is refunded, and what may still be ---------------------------------
+Hold = Literal["refunded", "in_flight", "released"]
+
+
+@dataclass(frozen=True)
+class OrderBalance:
+    """An order's amount and what its refund requests did or may still do with it."""
+
+    amount: Decimal
+    refunded: Decimal  # the provider confirmed it
+    in_flight: Decimal  # sent, unknown, or not decided yet: it may still be paid
+
+    @property
+    def refundable(self) -> Decimal:
+        """What a new request may still ask for."""
+        return self.amount - self.refunded - self.in_flight
+
+
+def refund_hold(*, operation_status: str | None, run: WorkflowRun | None) -> Hold:
+    """What one request does to its order's balance.
+
+    The ledger operation decides once it exists (created by the refund step under the order's
+    lock, before anything is sent): succeeded is refunded, failed (rejected, or abandoned because
+    it was never sent) is released, anything else may still pay. Without an operation the request
+    holds its amount while its run may still get there (waiting for approval, checking the policy),
+    and releases it once the run has ended (rejected, expired, refused, terminated): an ended run
+    can no longer create the operation (``services.refund_reserve`` checks the run under the same
+    locks). A restarted run holds again from its restart, and re-checks the balance before it pays.
+    """
+    if operation_status == OperationStatus.SUCCEEDED:
+        return "refunded"
+    if operation_status == OperationStatus.FAILED:
+        return "released"
+    if operation_status is not None:
+        return "in_flight"
+    return "in_flight" if run is not None and not run.is_terminal else "released"
+
+
+def order_balance(*, order: Order, exclude_request_id: int | None = None) -> OrderBalance:
+    """The order's balance from every refund request on it (but ``exclude_request_id``).
+
+    To decide on it, call inside atomic() with the order row locked (``select_for_update``): every
+    change to what the requests hold (a new request, a refund step reserving its operation) takes
+    that lock first, so two decisions never both spend the same money.
+    """
+    requests = RefundRequest.objects.filter(order=order).select_related("run").order_by("pk")
+    if exclude_request_id is not None:
+        requests = requests.exclude(pk=exclude_request_id)
+    keys = {operation_key(order.number, r.pk): r for r in requests}
+    statuses = dict(ExternalOperation.objects.filter(key__in=keys).values_list("key", "status"))
+    totals: dict[Hold, Decimal] = {"refunded": Decimal("0"), "in_flight": Decimal("0"), "released": Decimal("0")}
+    for key, request in keys.items():
+        totals[refund_hold(operation_status=statuses.get(key), run=request.run)] += request.amount
+    return OrderBalance(amount=order.amount, refunded=totals["refunded"], in_flight=totals["in_flight"])
+
+
 def run_pending_operations(run: WorkflowRun) -> QuerySet[ExternalOperation]:
-    """The run's refund operations still submitted or unknown: after a terminate, what someone
-    must reconcile (``manage.py reconcile`` or the admin) before telling the customer anything."""
+    """The run's refund operations not final yet: after a terminate, what someone must reconcile
+    (``manage.py reconcile`` or the admin) before telling the customer anything."""
     keys = [r.operation_key for r in RefundRequest.objects.filter(run=run).select_related("order")]
-    return ExternalOperation.objects.filter(key__in=keys, status__in=IN_FLIGHT).order_by("created_at")
+    # Once the run has ended, a pending one too: nobody but reconcile will settle it.
+    open_states = [*IN_FLIGHT, OperationStatus.PENDING] if run.is_terminal else list(IN_FLIGHT)
+    return ExternalOperation.objects.filter(key__in=keys, status__in=open_states).order_by("created_at")
 
 
 def refund_request_get(*, user: AbstractBaseUser | AnonymousUser, request_id: int) -> RefundRequest | None:

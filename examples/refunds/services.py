@@ -1,4 +1,11 @@
-"""Writes: orders (every change bumps the version) and refund requests (which start the workflow)."""
+"""Writes: orders (every change bumps the version) and refund requests (which start the workflow).
+
+Money rule: what an order's refund requests have refunded or may still refund never exceeds the
+order's amount (``selectors.order_balance``). Two writes change that balance, and both decide with
+the order row locked: ``refund_request_create`` (a new request holds its amount) and
+``refund_reserve`` (the refund step records its ledger operation just before sending it). Lock
+order: the order row, then the run row (as ``order_change`` and the approval's proposal take them).
+"""
 from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
@@ -9,8 +16,13 @@ from django.db import IntegrityError, transaction
 
 from approvals import supersede_pending
 from examples.refunds.models import Order, OrderStatus, RefundRequest
+from examples.refunds.selectors import OrderBalance, order_balance
+from ledger import prepare
+from ledger.models import ExternalOperation
+from workflows import NonRetryableError
 from workflows import services as workflow_services
 from workflows.exceptions import IdempotencyConflict
+from workflows.models import WorkflowRun
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -57,7 +69,13 @@ def order_change(*, order_id: int, expected_version: int | None = None, **change
 
 
 def order_mark_refunded(*, order_id: int) -> Order:
-    return order_change(order_id=order_id, status=OrderStatus.REFUNDED)
+    """After a refund succeeded: refunded once the provider confirmed the whole amount, else
+    partially refunded. A change like any other (a new version), with the row locked."""
+    with transaction.atomic():
+        order = Order.objects.select_for_update().get(pk=order_id)
+        balance = order_balance(order=order)
+        status = OrderStatus.REFUNDED if balance.refunded >= order.amount else OrderStatus.PARTIALLY_REFUNDED
+        return order_change(order_id=order_id, status=status)
 
 
 def parse_amount(value: Any) -> Decimal:
@@ -78,7 +96,9 @@ def refund_request_create(
 
     Returns (request, created). The same Idempotency-Key with the same order, amount and reason
     returns the existing request; with anything else raises IdempotencyConflict. ValidationError
-    for an amount above the order's, or an order already refunded.
+    when the amount is more than the order still has to refund: what was refunded and what other
+    requests may still refund (sent, unknown, awaiting approval) count, decided with the order row
+    locked, so two requests sent together cannot both take the same money.
     """
     value = parse_amount(amount)
     key = idempotency_key or ""
@@ -88,18 +108,16 @@ def refund_request_create(
             return _same(existing, order=order, amount=value, reason=reason), False
     if order.customer_id != customer.pk:
         raise Order.DoesNotExist("no such order")
-    if value > order.amount:
-        raise ValidationError({"amount": f"at most the order's amount ({order.amount})"})
-    if order.status == OrderStatus.REFUNDED:
-        raise ValidationError({"order": "this order is already refunded"})
     extra = {k: v for k, v in (options or {}).items() if k in OPTIONS}
     try:
         with transaction.atomic():
-            request = RefundRequest.objects.create(order=order, customer=customer, amount=value, reason=reason,
+            locked = Order.objects.select_for_update().get(pk=order.pk)
+            check_refundable(locked, value, order_balance(order=locked))
+            request = RefundRequest.objects.create(order=locked, customer=customer, amount=value, reason=reason,
                                                    idempotency_key=key)
             # The run and its request commit together: no request without its run.
             run, _ = workflow_services.run_start(
-                workflow=WORKFLOW, payload={"request_id": request.pk, "order": order.number, **extra},
+                workflow=WORKFLOW, payload={"request_id": request.pk, "order": locked.number, **extra},
                 idempotency_key=f"refund-request:{request.pk}", owner=customer,
             )
             request.run = run
@@ -111,6 +129,48 @@ def refund_request_create(
             raise
         return _same(existing, order=order, amount=value, reason=reason), False
     return request, True
+
+
+def check_refundable(order: Order, amount: Decimal, balance: OrderBalance) -> None:
+    """ValidationError unless ``amount`` fits what the order still has to refund."""
+    if balance.refundable <= 0 and balance.refunded >= order.amount:
+        raise ValidationError({"order": "this order is already refunded"})
+    if amount > balance.refundable:
+        raise ValidationError({"amount": (
+            f"at most {balance.refundable} of this order's {order.amount} can still be refunded "
+            f"({balance.refunded} refunded, {balance.in_flight} in requests still being handled)"
+        )})
+
+
+class RefundRefused(NonRetryableError):
+    """The refund step found it may not pay: the order's balance no longer allows it, or its run
+    was stopped before it sent anything."""
+
+
+def refund_reserve(*, request_id: int, key: str, request: dict[str, Any]) -> None:
+    """Record the request's refund as a pending ledger operation, if the order's balance allows it.
+
+    The refund step calls it right before ``ledger.perform``. Under the order's row lock it checks
+    again what every other request refunded or may still refund, and that the run was not stopped
+    (the run row locked too: a terminate either came first, and nothing is reserved, or waits for
+    this commit, and finds the operation to abandon). From this commit on the operation holds the
+    amount whatever becomes of the run. Idempotent: an operation already reserved is kept as it is
+    (a retry of the step). Raises RefundRefused.
+    """
+    with transaction.atomic():
+        refund = RefundRequest.objects.get(pk=request_id)
+        order = Order.objects.select_for_update().get(pk=refund.order_id)
+        if ExternalOperation.objects.filter(key=key).exists():
+            return  # reserved by an earlier try of this step: it holds the amount already
+        run = (WorkflowRun.objects.select_for_update().filter(pk=refund.run_id).first()
+               if refund.run_id is not None else None)
+        if run is None or run.is_terminal:
+            raise RefundRefused("the refund was stopped before it was sent")
+        try:
+            check_refundable(order, refund.amount, order_balance(order=order, exclude_request_id=refund.pk))
+        except ValidationError as exc:
+            raise RefundRefused("; ".join(exc.messages)) from None
+        prepare(key=key, system="payments", action="refund", request=request)
 
 
 def _same(existing: RefundRequest, *, order: Order, amount: Decimal, reason: str) -> RefundRequest:

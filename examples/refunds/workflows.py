@@ -5,9 +5,14 @@ Payload: ``{"request_id": int, "order": str}`` plus optional waits for tests and
 backoff) and ``check_interval_seconds`` (10 min between outcome checks once it is unknown).
 
 The refund goes through ``ledger.perform`` with one key per request, so no retry, replay or
-recovered worker can refund twice. A refund whose outcome stays unknown after the step's retries
-is checked again every interval (``perform`` answers from storage once ``manage.py reconcile``
-or a person resolved it, or looks it up itself), at most MAX_CHECKS times.
+recovered worker can refund twice; right before it, ``refund_reserve`` checks the order's balance
+again under its row lock and records the operation, so no two requests pay the same money. A
+refund whose outcome stays unknown after the step's retries is checked again every interval
+(``perform`` answers from storage once ``manage.py reconcile`` or a person resolved it, or looks
+it up itself), at most MAX_CHECKS times.
+
+Personal data stays out of the run: step results and the approval hold ids, amounts and what a
+reviewer decides on, never the shipping address.
 """
 from __future__ import annotations
 
@@ -22,11 +27,12 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from approvals import ApprovalExpired, ApprovalRejected, Proposal, approve_current
-from examples.refunds.models import Order, OrderStatus, RefundRequest, operation_key
-from examples.refunds.services import order_mark_refunded
+from examples.refunds.models import Order, RefundRequest, operation_key
+from examples.refunds.selectors import order_balance
+from examples.refunds.services import RefundRefused, order_mark_refunded, refund_reserve
 from ledger import OperationFailed, OperationInProgress, OutcomeUnknown, ProviderUnavailable, perform, record_create
 from ledger.models import ExternalOperation
-from workflows import NonRetryableError, Retries, StepError, Workflow, workflow
+from workflows import NonRetryableError, Retries, StepError, StepTimeout, Workflow, current_step, workflow
 from workflows.registry import Event
 
 if TYPE_CHECKING:
@@ -37,7 +43,7 @@ APPROVAL_TIMEOUT = timedelta(hours=48)
 CHECK_INTERVAL = timedelta(minutes=10)
 MAX_CHECKS = 144  # a day of checks at the default interval, then the run fails and staff take over
 # Step errors that leave the refund possibly done: never a new refund, only checks of this key.
-UNSETTLED = frozenset({"OutcomeUnknown", "OperationInProgress", "ProviderUnavailable", "StepTimeout"})
+UNSETTLED = frozenset(e.__name__ for e in (OutcomeUnknown, OperationInProgress, ProviderUnavailable, StepTimeout))
 CURRENCY_SIGNS = {"GBP": "£", "EUR": "€", "USD": "$"}
 
 
@@ -57,6 +63,7 @@ class Refund(Workflow):
                 approve_current(
                     step, name="refund approval", subject=("refunds.order", snapshot["order_id"]),
                     load=partial(order_proposal, request_id), approvers=APPROVERS, timeout=timeout,
+                    requested_by=snapshot["customer_id"],  # four eyes: never approved by who asked
                 )
             except ApprovalRejected:
                 return {"outcome": "rejected", "request_id": request_id}
@@ -71,11 +78,11 @@ class Refund(Workflow):
         self.report_progress({"stage": "submitting"})
         delay = float(payload.get("retry_delay_seconds") or 2)
         try:
-            response = step.do("refund", submit_refund, key, request,
+            response = step.do("refund", submit_refund, request_id, key, request,
                                retries=Retries(limit=5, delay=timedelta(seconds=delay), backoff="exponential"),
                                timeout=timedelta(minutes=2))
         except StepError as exc:
-            if exc.error_type == "OperationFailed":
+            if exc.error_type in (OperationFailed.__name__, RefundRefused.__name__):
                 return {"outcome": "failed", "request_id": request_id, "reason": exc.message}
             if exc.error_type not in UNSETTLED:
                 raise
@@ -105,27 +112,37 @@ class Refund(Workflow):
 
 # --- the steps ----------------------------------------------------------------------------------
 def load_snapshot(request_id: int, *, lock: bool = False) -> dict[str, Any]:
-    """The order as it is now, with its version and when it was read (the record's observed_at).
-    ``lock``: hold the order row to the end of the caller's transaction."""
+    """What the run decides on: the order's version, amounts and balance, the request, and when it
+    was read (the record's observed_at). Ids and what a decision needs, never personal data (no
+    shipping address): it is stored in the step's result and shown to reviewers.
+
+    The request must be this run's own (a refund run is started only by ``refund_request_create``,
+    in the transaction that creates its request). ``lock``: hold the order row to the end of the
+    caller's transaction.
+    """
     request = RefundRequest.objects.select_related("order").get(pk=request_id)
+    context = current_step()
+    if context is not None and request.run_id != context.run_id:
+        raise NonRetryableError(f"refund request {request_id} belongs to another run")
     order = Order.objects.select_for_update().get(pk=request.order_id) if lock else request.order
+    balance = order_balance(order=order, exclude_request_id=request.pk)
     limit = Decimal(str(settings.REFUND_APPROVAL_LIMIT))
     return {
         "request_id": request.pk, "order_id": order.pk, "order": order.number, "version": str(order.version),
-        "order_amount": str(order.amount), "refund_amount": str(request.amount), "currency": order.currency,
-        "status": order.status, "items": order.items, "shipping_address": order.shipping_address,
-        "reason": request.reason, "observed_at": timezone.now().isoformat(),
+        "customer_id": request.customer_id, "order_amount": str(order.amount),
+        "refund_amount": str(request.amount), "refundable": str(balance.refundable),
+        "already_refunded": str(balance.refunded), "currency": order.currency, "status": order.status,
+        "items": order.items, "reason": request.reason, "observed_at": timezone.now().isoformat(),
         # Decided once and stored: a limit changed later does not change a run in flight.
         "needs_approval": request.amount > limit,
     }
 
 
 def check_policy(snapshot: dict[str, Any]) -> bool:
-    if Decimal(snapshot["refund_amount"]) > Decimal(snapshot["order_amount"]):
-        raise NonRetryableError(f"the refund ({snapshot['refund_amount']}) exceeds the order's amount "
-                                f"({snapshot['order_amount']})")
-    if snapshot["status"] == OrderStatus.REFUNDED:
-        raise NonRetryableError(f"order {snapshot['order']} is already refunded")
+    """An early, cheap answer from the snapshot; ``refund_reserve`` decides again under the lock."""
+    if Decimal(snapshot["refund_amount"]) > Decimal(snapshot["refundable"]):
+        raise RefundRefused(f"the refund ({snapshot['refund_amount']}) exceeds what order {snapshot['order']} "
+                            f"can still refund ({snapshot['refundable']} of {snapshot['order_amount']})")
     return True
 
 
@@ -149,9 +166,11 @@ def refund_body(snapshot: dict[str, Any]) -> dict[str, Any]:
     return {"order": snapshot["order"], "amount": snapshot["refund_amount"], "currency": snapshot["currency"]}
 
 
-def submit_refund(key: str, request: dict[str, Any]) -> Any:
-    # OutcomeUnknown and OperationInProgress propagate: the step's retries call perform again,
-    # which looks the key up before it could send anything a second time.
+def submit_refund(request_id: int, key: str, request: dict[str, Any]) -> Any:
+    """Reserve (the balance checked again under the order's lock; the operation recorded), then
+    send. OutcomeUnknown and OperationInProgress propagate: the step's retries call perform again,
+    which looks the key up before it could send anything a second time."""
+    refund_reserve(request_id=request_id, key=key, request=request)
     return perform(key=key, system="payments", action="refund", request=request)
 
 

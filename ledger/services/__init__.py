@@ -2,9 +2,9 @@
 from ledger.services.operations import check_operation, operation_perform, operation_prepare, request_fingerprint
 from ledger.services.reconciliation import (
     ReconcileResult,
-    operations_abandon_for_run,
     operation_reconcile,
     operation_resolve,
+    operations_abandon_for_run,
     operations_reconcile,
 )
 from ledger.services.records import PurgeResult, record_create, record_purge

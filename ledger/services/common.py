@@ -149,9 +149,9 @@ def prepare_lookup(
         if op.status == OperationStatus.SUBMITTED:
             op.lose_track()
         assert op.submitted_at is not None  # may_still_arrive says so
-        trusted = op.submitted_at + in_flight_window()
-        note = (f"not found yet, but it may still reach the provider (sent {op.submitted_at.isoformat(timespec='seconds')}"
-                f"; \"not found\" is believed from {trusted.isoformat(timespec='seconds')})")
+        sent, trusted = op.submitted_at, op.submitted_at + in_flight_window()
+        note = (f"not found yet, but it may still reach the provider (sent {sent.isoformat(timespec='seconds')}; "
+                f"\"not found\" is believed from {trusted.isoformat(timespec='seconds')})")
     elif isinstance(outcome, NotFound) and run_ended:
         note = abandon(op, now=now, why="the provider never received it and the run that would send it has ended")
     elif isinstance(outcome, NotFound):

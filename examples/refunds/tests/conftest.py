@@ -18,9 +18,11 @@ from ledger import HttpAdapter, register_adapter
 from tests.support import Worker
 
 # Read timeout 1 s: a sandbox "timeout" fault makes the outcome unknown quickly. Stale after 4 s
-# (> connect 1 + 2 x read 1, ledger.E001): a killed worker's submit is looked up soon.
+# (> connect 1 + 2 x read 1, ledger.E001): a killed worker's submit is looked up soon. A lookup's
+# "not found" is believed 5 s after the last send (connect 1 + 2 x read 1 + grace 2).
+LEDGER = {"CONNECT_TIMEOUT": 1.0, "READ_TIMEOUT": 1.0, "STALE_SUBMITTED_SECONDS": 4.0, "PROVIDER_GRACE_SECONDS": 2.0}
 WORKER_ENV = {"LEDGER_CONNECT_TIMEOUT": "1", "LEDGER_READ_TIMEOUT": "1", "LEDGER_STALE_SUBMITTED_SECONDS": "4",
-              "REFUND_APPROVAL_LIMIT": "100.00"}
+              "LEDGER_PROVIDER_GRACE_SECONDS": "2", "REFUND_APPROVAL_LIMIT": "100.00"}
 
 
 class Workers:
@@ -49,9 +51,10 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SandboxProcess
 @pytest.fixture(scope="module")
 def refund_workers(django_db_setup: None, django_db_blocker: Any, sandbox: SandboxProcess) -> Iterator[Workers]:
     # This process enqueues runs on the module's queue, and reconciles against the sandbox.
-    saved = settings.WORKFLOWS, settings.SANDBOX_PAYMENTS_URL
+    saved = settings.WORKFLOWS, settings.SANDBOX_PAYMENTS_URL, settings.LEDGER
     queue = f"refunds-{uuid.uuid4().hex[:8]}"
     settings.WORKFLOWS = {**settings.WORKFLOWS, "QUEUE": queue}
+    settings.LEDGER = {**settings.LEDGER, **LEDGER}  # reconcile here judges as the workers do
     settings.SANDBOX_PAYMENTS_URL = sandbox.url
     register_adapter("payments", HttpAdapter(base_url=sandbox.url, submit_path="/v1/{action}s",
                                              lookup_path="/v1/{action}s?key={key}",
@@ -59,7 +62,7 @@ def refund_workers(django_db_setup: None, django_db_blocker: Any, sandbox: Sandb
     workers = Workers(queue, sandbox.url)
     yield workers
     workers.current.stop()
-    settings.WORKFLOWS, settings.SANDBOX_PAYMENTS_URL = saved
+    settings.WORKFLOWS, settings.SANDBOX_PAYMENTS_URL, settings.LEDGER = saved
 
 
 @pytest.fixture

@@ -1,0 +1,228 @@
+"""No order is refunded more than its amount, whatever the customer sends and whatever fails:
+requests sent together, a request while another's outcome is unknown, a run stopped while its
+refund was in flight, and a provider that answers "not found" while it is still working.
+
+Every test counts what the sandbox provider really refunded, by its own list."""
+from __future__ import annotations
+
+import io
+import json
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.apps import apps
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+from django.db import models
+from rest_framework.test import APIClient
+
+from approvals import ApprovalRefused, RefusalCode, decide
+from approvals.models import ApprovalRequest, DecisionLog
+from examples.refunds.models import Order, RefundRequest
+from examples.refunds.selectors import order_balance
+from examples.refunds.tests.support import (
+    ADDRESS,
+    ask,
+    assert_confirmed,
+    drain_lookup_faults,
+    new_order,
+    pending_approval,
+    refunded_at_provider,
+    status_of,
+)
+from examples.sandbox.process import SandboxProcess
+from ledger.models import ExternalOperation, OperationStatus
+from ledger.services import operation_resolve
+from tests.support import race, wait_for, wait_for_status, wait_for_terminal
+from workflows import terminate
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def reconcile() -> str:
+    out = io.StringIO()
+    call_command("reconcile", stdout=out)
+    return out.getvalue()
+
+
+def unknown_refund(world: dict[str, Any], number: str, order_amount: str, amount: str) -> RefundRequest:
+    """A refund the provider makes, but whose answer is lost; lookups fail until drained."""
+    sandbox: SandboxProcess = world["sandbox"]
+    request = ask(new_order(world["alice"], number, order_amount), amount, sandbox=sandbox,
+                  faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")),
+                  retry_delay_seconds=0.5, check_interval_seconds=2)
+    wait_for(lambda: ExternalOperation.objects.filter(key=request.operation_key, status=OperationStatus.UNKNOWN)
+             .exists(), timeout=40, what="the refund's outcome to be unknown")
+    return request
+
+
+def test_two_requests_for_the_whole_order_sent_together_pay_once(world: dict[str, Any]) -> None:
+    # given a £30 order and two API calls for all of it, sent at the same instant with different keys
+    order = new_order(world["alice"], "2001", "30.00")
+
+    def ask_over_http() -> Any:
+        client = APIClient()
+        client.force_authenticate(world["alice"])
+        key = f"k-{id(client)}"
+        return client.post("/api/orders/2001/refunds", {"amount": "30.00"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+
+    # when
+    answers = race(ask_over_http, n=2)
+
+    # then one is accepted and the other refused, saying what is left
+    assert sorted(a.status_code for a in answers) == [201, 400], [a.content for a in answers]
+    [refused] = [a for a in answers if a.status_code == 400]
+    assert "at most 0.00" in json.dumps(refused.json()["error"]["detail"])
+    [request] = RefundRequest.objects.filter(order=order)
+    assert_confirmed(request, world["sandbox"])
+    assert refunded_at_provider(world["sandbox"], "2001") == Decimal("30.00")
+
+
+def test_two_partial_requests_that_fit_both_pay(world: dict[str, Any]) -> None:
+    order = new_order(world["alice"], "2002", "50.00")
+    first, second = ask(order, "20.00"), ask(order, "30.00")
+    with pytest.raises(ValidationError):
+        ask(order, "0.01")  # nothing is left
+    for request in (first, second):
+        run = wait_for_terminal(request.run_id)  # type: ignore[arg-type]
+        assert (run.status, run.result["outcome"]) == ("completed", "refunded")
+    assert refunded_at_provider(world["sandbox"], "2002") == Decimal("50.00")
+    assert Order.objects.get(pk=order.pk).status == "refunded"
+
+
+def test_a_request_while_another_is_unknown_counts_the_unknown_one(world: dict[str, Any]) -> None:
+    # given £30 of a £50 order sent, its outcome unknown ("outcome being checked")
+    first = unknown_refund(world, "2003", "50.00", "30.00")
+    assert status_of(first) == "outcome being checked"
+    order = Order.objects.get(pk=first.order_id)
+
+    # when the customer asks for the whole order again, then for what is really left
+    with pytest.raises(ValidationError) as too_much:
+        ask(order, "50.00")
+    second = ask(order, "20.00")
+
+    # then the unknown £30 counted: only £20 more was accepted, and the provider never paid more
+    # than the order, once the first one's outcome is known
+    assert "20.00" in str(too_much.value)
+    assert_confirmed(second, world["sandbox"], provider_refunds=2)
+    drain_lookup_faults(world["sandbox"], first.operation_key)
+    reconcile()
+    wait_for(lambda: status_of(first) == "confirmed", timeout=40, what="the first refund to be confirmed")
+    assert refunded_at_provider(world["sandbox"], "2003") == Decimal("50.00")
+
+
+def test_a_terminated_run_whose_refund_reconciles_as_paid_still_counts(world: dict[str, Any]) -> None:
+    # given a run terminated while its £30 refund's outcome was unknown
+    first = unknown_refund(world, "2004", "30.00", "30.00")
+    terminate(first.run_id)  # type: ignore[arg-type]
+    wait_for_status(first.run_id, "terminated")  # type: ignore[arg-type]
+    order = Order.objects.get(pk=first.order_id)
+    with pytest.raises(ValidationError):
+        ask(order, "30.00")  # unknown still counts
+
+    # when reconcile learns the provider paid it
+    drain_lookup_faults(world["sandbox"], first.operation_key)
+    reconcile()
+    assert ExternalOperation.objects.get(key=first.operation_key).status == OperationStatus.SUCCEEDED
+
+    # then asking again is refused: the order is refunded, though its run never said so
+    with pytest.raises(ValidationError) as again:
+        ask(order, "30.00")
+    assert "already refunded" in str(again.value)
+    assert order_balance(order=order).refunded == Decimal("30.00")
+    assert refunded_at_provider(world["sandbox"], "2004") == Decimal("30.00")
+
+
+def test_a_not_found_while_the_provider_still_processes_is_not_believed(world: dict[str, Any]) -> None:
+    sandbox: SandboxProcess = world["sandbox"]
+    # given the provider takes 4 s before it stores the refund (our read timeout is 1 s), and the
+    # run is terminated as soon as the outcome is unknown: nobody but reconcile will look again
+    request = ask(new_order(world["alice"], "2005", "30.00"), "30.00", sandbox=sandbox,
+                  faults=(("delay=4", "create", 1, ""),), retry_delay_seconds=30)
+    key = request.operation_key
+    wait_for(lambda: ExternalOperation.objects.filter(key=key, status=OperationStatus.UNKNOWN).exists(),
+             timeout=40, interval=0.02, what="the refund's outcome to be unknown")
+    terminate(request.run_id)  # type: ignore[arg-type]
+
+    # when reconcile asks while the provider is still working on it: "not found"
+    output = reconcile()
+
+    # then that is not believed: still unknown, still counted, and the customer is told so
+    assert ExternalOperation.objects.get(key=key).status == OperationStatus.UNKNOWN, output
+    assert "may still reach the provider" in ExternalOperation.objects.get(key=key).note
+    assert status_of(request) == "outcome being checked"
+    with pytest.raises(ValidationError):
+        ask(Order.objects.get(pk=request.order_id), "30.00")
+
+    # when the provider has done it, reconcile finds it
+    wait_for(lambda: refunded_at_provider(sandbox, "2005") > 0, timeout=20, what="the provider to refund")
+    reconcile()
+    assert ExternalOperation.objects.get(key=key).status == OperationStatus.SUCCEEDED
+    assert status_of(request) == "confirmed"
+    assert refunded_at_provider(sandbox, "2005") == Decimal("30.00")
+    assert sandbox.stats()["refunds"] == 1
+
+
+def test_a_refund_approver_cannot_approve_a_refund_they_asked_for(world: dict[str, Any]) -> None:
+    # given carol, a refund approver, asks for a refund on her own order
+    carol = world["carol"]
+    request = ask(new_order(carol, "2006", "300.00"), "150.00")
+    approval = pending_approval(request)
+    assert approval.requested_by_id == carol.pk
+
+    # when she tries to approve it
+    with pytest.raises(ApprovalRefused) as refused:
+        decide(approval, by=carol, approve=True, version=approval.version)
+
+    # then four eyes: refused, logged, nothing else changed and nothing paid
+    assert refused.value.code == RefusalCode.FOUR_EYES
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
+    assert DecisionLog.objects.filter(request=approval, code=RefusalCode.FOUR_EYES).count() == 1
+    assert world["sandbox"].stats()["refunds"] == 0
+
+
+def stored_json(exclude: set[tuple[str, str]]) -> list[tuple[str, int, str]]:
+    """Every JSON column of every model, as (model, pk, JSON text)."""
+    rows = []
+    for model in apps.get_models():
+        fields = [f.name for f in model._meta.get_fields()
+                  if isinstance(f, models.JSONField) and (model._meta.label, f.name) not in exclude]
+        for values in model.objects.values("pk", *fields) if fields else []:
+            pk = values.pop("pk")
+            rows.append((model._meta.label, pk, json.dumps(values, default=str)))
+    return rows
+
+
+def test_no_personal_data_or_staff_note_is_stored_outside_the_order(world: dict[str, Any]) -> None:
+    sandbox: SandboxProcess = world["sandbox"]
+    # given a refund that needed an approval, and one whose outcome a person resolved with a note
+    approved = ask(new_order(world["alice"], "2007", "300.00"), "150.00")
+    approval = pending_approval(approved)
+    decide(approval, by=world["carol"], approve=True, version=approval.version)
+    assert_confirmed(approved, sandbox)
+    by_hand = unknown_refund(world, "2008", "30.00", "10.00")
+    carol = world["carol"]
+    carol.user_permissions.add(*_ledger_permissions())
+    note = "Called the provider: paid, ref RF-1, customer on 07700 900123"
+    operation_resolve(operation_id=ExternalOperation.objects.get(key=by_hand.operation_key).pk,
+                      outcome="succeeded", note=note, user=type(carol).objects.get(pk=carol.pk))
+    run = wait_for_terminal(by_hand.run_id, timeout=60)  # type: ignore[arg-type]
+    assert run.result["outcome"] == "refunded"
+
+    # then the address is in the order's own column and nowhere else (step results, approvals,
+    # records, events, run results ...), and the note stays with the operation's resolution
+    leaks = [(label, pk) for label, pk, text in stored_json(exclude={("refunds.Order", "shipping_address")})
+             if ADDRESS["street"] in text or ADDRESS["postcode"] in text]
+    assert leaks == []
+    assert [(label, pk) for label, pk, text in stored_json(exclude=set()) if "07700" in text] == []
+    client = APIClient()
+    client.force_authenticate(world["alice"])
+    assert "07700" not in client.get(f"/api/runs/{run.id}").content.decode()
+    assert ExternalOperation.objects.get(key=by_hand.operation_key).resolution_note == note
+
+
+def _ledger_permissions() -> list[Any]:
+    from django.contrib.auth.models import Permission
+
+    return list(Permission.objects.filter(codename__in=["view_externaloperation", "resolve_externaloperation"]))
