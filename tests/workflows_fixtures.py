@@ -87,7 +87,7 @@ class Sleep(Workflow):
         return {"slept": after - before}
 
 
-@workflow("test.wait")
+@workflow("test.wait", public=True)
 class Wait(Workflow):
     def run(self, event: Event, step: Any) -> Any:
         try:
@@ -158,7 +158,7 @@ class Dispatch(Workflow):
         return [first, second]
 
 
-@workflow("test.echo")
+@workflow("test.echo", public=True)
 class Echo(Workflow):
     def run(self, event: Event, step: Any) -> Any:
         return step.do("echo", dict, event.payload)

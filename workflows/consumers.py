@@ -198,7 +198,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         run = run_get(user=self.scope["user"], run_id=self.run_id)
         if run is None:
             return None
-        return {"type": "snapshot", "seq": seq, "run": run_snapshot(run=run)}
+        return {"type": "snapshot", "seq": seq, "run": run_snapshot(run=run, user=self.scope["user"])}
 
 
 def _check_after(value: Any) -> int:

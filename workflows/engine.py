@@ -414,7 +414,8 @@ def _execute(run: WorkflowRun, owner: str, *, first_claim: bool = False) -> str:
         return _finish(run, owner, failed=step_store.error_record(exc), reason=FailureReason.UNKNOWN_WORKFLOW)
     instance = cls()
     instance.run_id = run.id
-    event = Event(payload=run.payload, run_id=run.id, created_at=run.created_at, attempt=run.attempt)
+    event = Event(payload=run.payload, run_id=run.id, created_at=run.created_at, attempt=run.attempt,
+                  owner_id=run.owner_id)
     step = Step(run, owner, first_claim=first_claim)
     try:
         value = instance.run(event, step)

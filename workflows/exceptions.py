@@ -14,6 +14,12 @@ class UnknownWorkflow(WorkflowError):
     code = "unknown_workflow"
 
 
+class NotStartable(WorkflowError):
+    """The workflow exists but is not public: it starts only through its own service (HTTP 403)."""
+
+    code = "not_startable"
+
+
 class IdempotencyConflict(WorkflowError):
     """The key was used before with a different payload."""
 
@@ -32,6 +38,14 @@ class TransitionNotAllowed(WorkflowError):
 
 class InvalidPayload(WorkflowError):
     code = "invalid_payload"
+
+
+def check_ids(payload: dict[str, Any], *keys: str) -> None:
+    """For ``Workflow.validate_payload``: each of ``keys`` is a positive integer (a row's id)."""
+    for key in keys:
+        value = payload.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**63:
+            raise InvalidPayload(f"{key} must be a positive integer id")
 
 
 class PayloadTooLarge(InvalidPayload):

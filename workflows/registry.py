@@ -20,12 +20,14 @@ W = TypeVar("W", bound="type[Workflow]")
 
 @dataclass(frozen=True)
 class Event:
-    """What ``run()`` receives: the run's payload and identity."""
+    """What ``run()`` receives: the run's payload and identity, and who started it (``owner_id``,
+    None for a run started by the system)."""
 
     payload: dict[str, Any]
     run_id: UUID
     created_at: datetime
     attempt: int
+    owner_id: int | None = None
 
 
 class Workflow:
@@ -37,10 +39,23 @@ class Workflow:
 
     name: str = ""
     version: str = "1"
+    # Startable by anyone signed in, over ``POST /api/workflows/<name>/runs`` and ``manage.py
+    # workflows start``: set by ``@workflow(name, public=True)``. A process with its own service
+    # and API (a refund, an assessment) stays private and starts only through that service, which
+    # checks who may start it and builds its payload.
+    public: bool = False
     run_id: UUID
 
     def run(self, event: Event, step: Step) -> Any:
         raise NotImplementedError
+
+    @classmethod
+    def validate_payload(cls, payload: dict[str, Any]) -> dict[str, Any]:
+        """The payload to store for a new run, or InvalidPayload saying what is wrong (a 400 over
+        HTTP). Called by every start, before anything is written. The default takes any JSON
+        object; a workflow with inputs checks their types and bounds here (a public workflow must:
+        its payload comes from whoever is signed in)."""
+        return payload
 
     def report_progress(self, data: Any) -> None:
         """Best effort, not durable: may repeat on replay."""
@@ -55,7 +70,10 @@ class Workflow:
         publish(self.run_id, "broadcast", message)
 
 
-def workflow(name: str) -> Callable[[W], W]:
+def workflow(name: str, *, public: bool = False) -> Callable[[W], W]:
+    """Register the decorated Workflow subclass as ``name``; ``public`` makes it startable over the
+    API and the command line (see ``Workflow.public``)."""
+
     def register(cls: W) -> W:
         if not (isinstance(cls, type) and issubclass(cls, Workflow)):
             raise TypeError(f"@workflow({name!r}) decorates a subclass of Workflow")
@@ -64,6 +82,7 @@ def workflow(name: str) -> Callable[[W], W]:
             where = f"{existing.__module__}.{existing.__qualname__}"
             raise ValueError(f"workflow {name!r} is already registered by {where}")
         cls.name = name
+        cls.public = public
         _registry[name] = cls
         return cls
 

@@ -134,9 +134,21 @@ def _attempt_status(run: WorkflowRun, attempt: RunAttempt) -> str:
     return attempt.status
 
 
-def run_snapshot(*, run: WorkflowRun) -> RunSnapshot:
-    """Everything one row read (plus its steps and attempts) says about the run: the WebSocket
-    snapshot and the run page."""
+def public_error(error: Any, *, user: AbstractUser | AnonymousUser) -> Any:
+    """An error record as ``user`` may see it: the traceback (file paths, source lines) only for
+    staff who may see all runs; a run's owner gets the type and message. The one rule for the API,
+    the run page and its WebSocket."""
+    if isinstance(error, dict) and "traceback" in error and not can_see_all_runs(user):
+        return {key: value for key, value in error.items() if key != "traceback"}
+    return error
+
+
+def run_snapshot(*, run: WorkflowRun, user: AbstractUser | AnonymousUser) -> RunSnapshot:
+    """Everything one row read (plus its steps and attempts) says about the run, as ``user`` may
+    see it (``public_error``): the WebSocket snapshot and the run page."""
+    timeline = run_timeline(run=run)
+    for step in timeline:
+        step["error"] = public_error(step["error"], user=user)
     return {
         "id": str(run.id),
         "workflow": run.workflow,
@@ -149,14 +161,14 @@ def run_snapshot(*, run: WorkflowRun) -> RunSnapshot:
         "failure_reason": run.failure_reason,
         "progress": run.progress,
         "result": run.result,
-        "error": run.error,
+        "error": public_error(run.error, user=user),
         "created_at": run.created_at.isoformat(),
         "started_at": _iso(run.started_at),
         "finished_at": _iso(run.finished_at),
         "attempts": [
-            {"number": a.number, "status": _attempt_status(run, a), "error": a.error,
+            {"number": a.number, "status": _attempt_status(run, a), "error": public_error(a.error, user=user),
              "started_at": _iso(a.started_at), "finished_at": _iso(a.finished_at)}
             for a in run.attempts.order_by("number")
         ],
-        "timeline": run_timeline(run=run),
+        "timeline": timeline,
     }

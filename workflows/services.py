@@ -12,7 +12,13 @@ from django_fsm import TransitionNotAllowed as FSMTransitionNotAllowed
 from workflows import hooks
 from workflows.conf import conf
 from workflows.effects import emit_status, enqueue_run
-from workflows.exceptions import IdempotencyConflict, InvalidPayload, PayloadTooLarge, TransitionNotAllowed
+from workflows.exceptions import (
+    IdempotencyConflict,
+    InvalidPayload,
+    NotStartable,
+    PayloadTooLarge,
+    TransitionNotAllowed,
+)
 from workflows.models import PAUSABLE, RunAttempt, RunEvent, RunStatus, WorkflowRun
 from workflows.registry import get_workflow
 from workflows.storable import MAX_JSON_DEPTH, json_problem
@@ -55,6 +61,16 @@ def check_text(value: str | None, *, what: str, max_length: int) -> None:
         raise InvalidPayload(f"{what} is {len(value)} characters; the limit is {max_length}")
 
 
+def check_startable(*, workflow: str) -> None:
+    """Whether anyone signed in may start ``workflow`` directly (the API, ``manage.py workflows
+    start``): UnknownWorkflow, or NotStartable for a workflow that is not public (it starts only
+    through its own service, which decides who may start it and with what payload)."""
+    cls = get_workflow(workflow)
+    if not cls.public:
+        raise NotStartable(f"workflow {workflow!r} cannot be started directly: it is started by its own "
+                           "service (for example a refund request or an assessment's submission)")
+
+
 def run_start(
     *,
     workflow: str,
@@ -67,10 +83,14 @@ def run_start(
 
     The same key with the same payload returns the existing run; with another payload it raises
     IdempotencyConflict. Keys are scoped to the owner and the workflow. ``queue`` is the Celery
-    queue the run advances on (default WORKFLOWS_QUEUE).
+    queue the run advances on (default WORKFLOWS_QUEUE). The workflow's ``validate_payload``
+    checks the payload first (InvalidPayload). Who may start it is the caller's to check
+    (``check_startable`` for the API and the command line; a process's own service otherwise).
     """
     cls = get_workflow(workflow)
     check_payload(payload)
+    payload = cls.validate_payload(payload)
+    check_payload(payload, what="validated payload")
     check_text(idempotency_key, what="idempotency key", max_length=255)
     dedupe_key = None
     if idempotency_key:

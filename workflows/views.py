@@ -62,7 +62,7 @@ def run_detail(request: HttpRequest, run_id: UUID) -> HttpResponse:
     if run is None:
         # The same answer for another user's run and a missing one: do not confirm it exists.
         raise Http404("No such run.")
-    snapshot = run_snapshot(run=run)
+    snapshot = run_snapshot(run=run, user=request.user)
     context = {
         "run": snapshot,
         "attempts": attempts_with_steps(snapshot),

@@ -1,33 +1,36 @@
 """The demo workflow: onboarding a customer, slow enough to watch in the admin and on the run page.
 
-``demo.onboarding`` payload (a JSON object, every key optional):
+``demo.onboarding`` is public: anyone signed in may start it (``POST /api/workflows/demo.onboarding/runs``),
+so ``validate_payload`` bounds every input. Payload (a JSON object, every key optional):
 
-    customer                  str    who is onboarded ("alice")
-    plan                      str    "starter" | "team" | ... ("starter")
-    work_seconds              float  how long each working step takes (0.7; real work is a sleep here)
-    settle_seconds            float  the durable sleep between provisioning and approval (3)
-    approval_timeout_seconds  float  how long to wait for an "approve" event (600)
+    customer                  str    who is onboarded ("alice"), at most 100 characters
+    plan                      str    "starter" | "team" | ... ("starter"), at most 100 characters
+    work_seconds              float  how long each working step takes, 0 to 10 (0.7; real work is a sleep)
+    settle_seconds            float  the durable sleep between provisioning and approval, 0 to 600 (3)
+    approval_timeout_seconds  float  how long to wait for the approval, 1 s to 7 days (600)
 
 It creates an account, provisions a workspace, imports sample data (reporting progress after each),
-sleeps durably, then waits for an ``approve`` event, e.g.
-
-    manage.py workflows send-event <run id> approve --payload '{"by": "admin"}'
-
-Without one before the timeout it carries on unapproved (WaitTimeout is caught, not fatal), and
-finally sends a welcome. The result says which of the two happened.
+sleeps durably, then asks the ``onboarding-approvers`` group for an approval (a real approval
+request, decided in the admin or with ``POST /api/approvals/<id>/decision``; whoever started the
+run may not decide it). Without a decision before the timeout it carries on unapproved; a
+rejection ends it without a welcome. The result says which happened.
 """
 from __future__ import annotations
 
+import math
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from workflows import WaitTimeout, Workflow, workflow
+from approvals import ApprovalExpired, ApprovalRejected, wait_for_approval
+from workflows import Workflow, workflow
+from workflows.exceptions import InvalidPayload
 from workflows.registry import Event
 
 if TYPE_CHECKING:
     from workflows.engine import Step
 
+APPROVERS = "onboarding-approvers"
 # (step name, stage shown in progress); the step bodies stand in for calls to other systems.
 WORK = [
     ("create account", "account created"),
@@ -35,6 +38,10 @@ WORK = [
     ("import sample data", "sample data imported"),
 ]
 TOTAL = len(WORK) + 3  # the working steps, the settle sleep, the approval, the welcome
+# key: (default, lowest, highest) for numbers; the strings are checked apart.
+NUMBERS = {"work_seconds": (0.7, 0.0, 10.0), "settle_seconds": (3.0, 0.0, 600.0),
+           "approval_timeout_seconds": (600.0, 1.0, 7 * 24 * 3600.0)}
+TEXTS = {"customer": "alice", "plan": "starter"}
 
 
 def do_work(stage: str, customer: str, plan: str, seconds: float) -> dict[str, Any]:
@@ -48,14 +55,37 @@ def send_welcome(customer: str, approved_by: str | None) -> dict[str, Any]:
     return {"to": customer, "template": "welcome" if approved_by else "welcome-pending-review"}
 
 
-@workflow("demo.onboarding")
+def _number(payload: dict[str, Any], key: str) -> float:
+    default, low, high = NUMBERS[key]
+    value = payload.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidPayload(f"{key} must be a number of seconds")
+    if not low <= value <= high:
+        raise InvalidPayload(f"{key} must be between {low:g} and {high:g} seconds, not {value:g}")
+    return float(value)
+
+
+@workflow("demo.onboarding", public=True)
 class Onboarding(Workflow):
-    version = "1"
+    version = "2"
+
+    @classmethod
+    def validate_payload(cls, payload: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(payload) - set(NUMBERS) - set(TEXTS))
+        if unknown:
+            raise InvalidPayload(f"unknown payload keys: {', '.join(unknown)}")
+        for key in TEXTS:
+            value = payload.get(key, TEXTS[key])
+            if not isinstance(value, str) or not 0 < len(value) <= 100:
+                raise InvalidPayload(f"{key} must be a string of 1 to 100 characters")
+        for key in NUMBERS:
+            _number(payload, key)
+        return payload
 
     def run(self, event: Event, step: Step) -> dict[str, Any]:
         p = event.payload
-        customer, plan = str(p.get("customer", "alice")), str(p.get("plan", "starter"))
-        seconds = float(p.get("work_seconds", 0.7))
+        customer, plan = str(p.get("customer", TEXTS["customer"])), str(p.get("plan", TEXTS["plan"]))
+        seconds = _number(p, "work_seconds")
         done = 0
         # Progress is best effort and repeats on replay: run() reaches these lines again each time
         # the run advances, which is harmless for a progress bar.
@@ -64,16 +94,25 @@ class Onboarding(Workflow):
             done += 1
             self.report_progress({"done": done, "total": TOTAL, "stage": stage})
 
-        step.sleep("let the workspace settle", timedelta(seconds=float(p.get("settle_seconds", 3))))
+        step.sleep("let the workspace settle", timedelta(seconds=_number(p, "settle_seconds")))
         done += 1
         self.report_progress({"done": done, "total": TOTAL, "stage": "settled; awaiting approval"})
 
-        timeout = timedelta(seconds=float(p.get("approval_timeout_seconds", 600)))
+        approved_by: str | None = None
         try:
-            approval = step.wait_for_event("wait for approval", type="approve", timeout=timeout)
-            approved_by: str | None = str(approval.get("by", "someone")) if isinstance(approval, dict) else "someone"
-        except WaitTimeout:
-            approved_by = None  # no approval in time: carry on, flagged for review
+            decision = wait_for_approval(
+                step, name="onboarding approval", subject=("demo.onboarding", str(event.run_id)), version="1",
+                summary=f"Onboard {customer} on the {plan} plan", approvers=APPROVERS,
+                timeout=_number(p, "approval_timeout_seconds"), content={"customer": customer, "plan": plan},
+                requested_by=event.owner_id,  # whoever started it may not approve it
+            )
+            approved_by = decision.decided_by or "someone"
+        except ApprovalRejected as rejected:
+            self.report_progress({"done": TOTAL, "total": TOTAL, "stage": "rejected"})
+            return {"customer": customer, "plan": plan, "approved": False, "rejected": True,
+                    "rejected_by": rejected.decision.decided_by}
+        except ApprovalExpired:
+            pass  # no decision in time: carry on, flagged for review
         done += 1
         self.report_progress({"done": done, "total": TOTAL,
                               "stage": f"approved by {approved_by}" if approved_by else "approval timed out"})

@@ -29,10 +29,11 @@ from django.utils.dateparse import parse_datetime
 from approvals import ApprovalExpired, ApprovalRejected, Proposal, approve_current
 from examples.refunds.models import Order, RefundRequest, operation_key
 from examples.refunds.selectors import order_balance
-from examples.refunds.services import RefundRefused, order_mark_refunded, refund_reserve
+from examples.refunds.services import OPTIONS, RefundRefused, order_mark_refunded, refund_reserve
 from ledger import OperationFailed, OperationInProgress, OutcomeUnknown, ProviderUnavailable, perform, record_create
 from ledger.models import ExternalOperation
 from workflows import NonRetryableError, Retries, StepError, StepTimeout, Workflow, current_step, workflow
+from workflows.exceptions import InvalidPayload, check_ids
 from workflows.registry import Event
 
 if TYPE_CHECKING:
@@ -49,7 +50,23 @@ CURRENCY_SIGNS = {"GBP": "£", "EUR": "€", "USD": "$"}
 
 @workflow("refund")
 class Refund(Workflow):
+    """Not public: ``refund_request_create`` starts it, for the order's customer only."""
+
     version = "1"
+
+    @classmethod
+    def validate_payload(cls, payload: dict[str, Any]) -> dict[str, Any]:
+        check_ids(payload, "request_id")
+        if not isinstance(payload.get("order"), str):
+            raise InvalidPayload("order must be the order's number")
+        unknown = sorted(set(payload) - {"request_id", "order"} - OPTIONS)
+        if unknown:
+            raise InvalidPayload(f"unknown payload keys: {', '.join(unknown)}")
+        for key in OPTIONS & set(payload):
+            value = payload[key]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 7 * 24 * 3600:
+                raise InvalidPayload(f"{key} must be a number of seconds up to a week")
+        return payload
 
     def run(self, event: Event, step: Step) -> dict[str, Any]:
         payload = event.payload

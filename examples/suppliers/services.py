@@ -22,9 +22,9 @@ from approvals import Proposal, decide, supersede_pending
 from approvals.models import DecisionChannel
 from approvals.services import Decided
 from examples.suppliers.models import (
+    SUBJECT_TYPE,
     AssessmentReport,
     AssessmentStatus,
-    SUBJECT_TYPE,
     SourceRecord,
     SupplierAssessment,
     is_requester,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from approvals import ApprovalExpired, ApprovalRejected, approve_current
 from examples.suppliers.models import REVIEWERS, SUBJECT_TYPE, report_number
 from workflows import NonRetryableError, StepError, Workflow, workflow
+from workflows.exceptions import InvalidPayload, check_ids
 from workflows.registry import Event
 
 if TYPE_CHECKING:
@@ -41,7 +42,15 @@ DEFAULT_REVIEW_TIMEOUT = timedelta(days=7)
 # Step bodies import the services when called: this module is imported while apps load.
 def start_gathering(assessment_id: int) -> str:
     from examples.suppliers import services
+    from examples.suppliers.models import SupplierAssessment
+    from workflows import current_step
 
+    # The assessment must be this run's own (assessment_submit_input starts the run and records it
+    # on the assessment in one commit): a run started any other way touches nothing.
+    context = current_step()
+    run_id = SupplierAssessment.objects.filter(pk=assessment_id).values_list("run_id", flat=True).first()
+    if context is not None and run_id != context.run_id:
+        raise NonRetryableError(f"assessment {assessment_id} belongs to another run")
     try:
         return services.assessment_start_gathering(assessment_id=assessment_id)
     except services.AssessmentStateError as exc:
@@ -100,7 +109,18 @@ def fail(assessment_id: int, reason: str) -> str:
 
 @workflow(NAME)
 class SupplierAssessmentWorkflow(Workflow):
+    """Not public: ``assessment_submit_input`` starts it, for the requester only."""
+
     version = "1"
+
+    @classmethod
+    def validate_payload(cls, payload: dict[str, Any]) -> dict[str, Any]:
+        check_ids(payload, "assessment_id", "requested_by_id")
+        timeout = payload.get("review_timeout_seconds")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                    or not 0 < timeout <= 90 * 24 * 3600):
+            raise InvalidPayload("review_timeout_seconds must be a number of seconds up to 90 days")
+        return payload
 
     def run(self, event: Event, step: Step) -> dict[str, Any]:
         payload = event.payload

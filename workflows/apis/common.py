@@ -17,7 +17,7 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from workflows.models import RunAttempt, WorkflowRun
-from workflows.selectors import can_control_all_runs, can_see_all_runs, run_get
+from workflows.selectors import can_control_all_runs, run_get
 from workflows.storable import text_problem
 
 if TYPE_CHECKING:
@@ -145,11 +145,3 @@ def authenticated_user(request: Request) -> _User:
 
 def run_attempts(*, run: WorkflowRun) -> QuerySet[RunAttempt]:
     return RunAttempt.objects.filter(run=run).order_by("number")
-
-
-def public_error(error: Any, *, user: AbstractUser | AnonymousUser) -> Any:
-    """An error record as the caller may see it: the traceback (file paths, source lines) only for
-    staff who may see all runs; the run's owner gets the type and message."""
-    if isinstance(error, dict) and "traceback" in error and not can_see_all_runs(user):
-        return {key: value for key, value in error.items() if key != "traceback"}
-    return error

@@ -14,7 +14,13 @@ from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from workflows.exceptions import IdempotencyConflict, InvalidPayload, TransitionNotAllowed, UnknownWorkflow
+from workflows.exceptions import (
+    IdempotencyConflict,
+    InvalidPayload,
+    NotStartable,
+    TransitionNotAllowed,
+    UnknownWorkflow,
+)
 from workflows.exceptions import PayloadTooLarge as PayloadTooLargeError
 from workflows.storable import MAX_JSON_DEPTH, json_too_deep
 
@@ -90,6 +96,7 @@ def error_response(code: str, message: str, http_status: int, detail: Any = None
 
 DOMAIN_ERRORS: dict[type[Exception], int] = {
     UnknownWorkflow: status.HTTP_404_NOT_FOUND,
+    NotStartable: status.HTTP_403_FORBIDDEN,
     IdempotencyConflict: status.HTTP_409_CONFLICT,
     TransitionNotAllowed: status.HTTP_409_CONFLICT,
     PayloadTooLargeError: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,  # before its base class

@@ -34,13 +34,12 @@ from workflows.apis.common import (
     authenticated_user,
     controllable_run,
     idempotency_key_header,
-    public_error,
     run_attempts,
     visible_run,
 )
 from workflows.apis.errors import error_responses
 from workflows.models import RunStatus, WorkflowRun
-from workflows.selectors import run_list, run_timeline, waiting_for
+from workflows.selectors import public_error, run_list, run_timeline, waiting_for
 
 RUN_ID = OpenApiParameter("run_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The run's id.")
 TAGS = ["runs"]
@@ -158,7 +157,8 @@ def _run_location(run_id: UUID) -> str:
 
 # --- Operations ---------------------------------------------------------------------------------
 class RunStartApi(ApiBase):
-    """POST /api/workflows/<name>/runs: start a run of the named workflow."""
+    """POST /api/workflows/<name>/runs: start a run of the named workflow, if it is public
+    (``@workflow(name, public=True)``); its ``validate_payload`` checks the payload."""
 
     @extend_schema_serializer(component_name="RunStartInput")
     class InputSerializer(StrictSerializer):
@@ -189,6 +189,7 @@ class RunStartApi(ApiBase):
         serializer.is_valid(raise_exception=True)
         payload = serializer.validated_data["payload"]
         key = idempotency_key_header(request)
+        services.check_startable(workflow=name)
         run, created = services.run_start(workflow=name, payload=payload, idempotency_key=key,
                                           owner=authenticated_user(request))
         return Response(

@@ -196,6 +196,36 @@ def test_idempotency_keys_belong_to_the_caller(users: Users) -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("name, payload", [
+    ("refund", {"request_id": 1, "order": "1041"}),
+    ("supplier-assessment", {"assessment_id": 1, "requested_by_id": 1}),
+    ("test.lines", {"path": "/tmp/x", "steps": 1}),
+])
+def test_a_workflow_that_is_not_public_is_403_and_starts_nothing(users: Users, name: str,
+                                                                 payload: dict[str, Any]) -> None:
+    """A process with its own service (a refund, an assessment) starts only through it: anyone
+    else's ids in a payload would otherwise run someone else's process as theirs."""
+    response = client_for(users["mallory"]).post(start_url(name), {"payload": payload}, format="json")
+
+    assert response.status_code == 403
+    error = error_of(response)
+    assert error["code"] == "not_startable"
+    assert f"workflow {name!r} cannot be started directly" in error["message"]
+    assert WorkflowRun.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_the_workflow_validates_the_payload_even_from_its_own_services(users: Users) -> None:
+    from workflows.exceptions import InvalidPayload
+
+    with pytest.raises(InvalidPayload, match="request_id must be a positive integer id"):
+        services.run_start(workflow="refund", payload={"request_id": "1; drop", "order": "1"}, owner=users["alice"])
+    with pytest.raises(InvalidPayload, match="unknown payload keys: admin"):
+        services.run_start(workflow="refund", payload={"request_id": 1, "order": "1", "admin": True})
+    assert WorkflowRun.objects.count() == 0
+
+
+@pytest.mark.django_db
 def test_unknown_workflow_is_404_and_starts_nothing(users: Users) -> None:
     response = client_for(users["alice"]).post(start_url("no.such.workflow"), {"payload": {}}, format="json")
 

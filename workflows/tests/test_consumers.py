@@ -165,7 +165,7 @@ def test_snapshot_comes_first_matches_the_database_then_status_events_follow_liv
         # then the snapshot comes first and is the database's view at the stream's counter
         assert snapshot["type"] == "snapshot"
         assert snapshot["seq"] == settled == streams.current_seq(run.id)
-        assert snapshot["run"] == as_json(run_snapshot(run=WorkflowRun.objects.get(pk=run.id)))
+        assert snapshot["run"] == as_json(run_snapshot(run=WorkflowRun.objects.get(pk=run.id), user=alice))
         assert snapshot["run"]["status"] == "waiting"
         assert snapshot["run"]["waiting_for"]["event_type"] == "reply"
         [wait_step] = snapshot["run"]["timeline"]
@@ -371,3 +371,33 @@ def test_cursor_sends_each_seq_once_and_forwards_a_late_one() -> None:
     cursor.mark_sent(7)  # arrived late
     assert cursor.missing == {8} and not cursor.wants_live(7)
     assert not cursor.was_sent(3)  # below the snapshot: a resume may still ask for it
+
+
+def test_a_traceback_is_for_staff_only_on_the_socket_and_the_page(asgi_server: AsgiServer,
+                                                                   users: dict[str, User]) -> None:
+    """The same rule as the API (``selectors.public_error``): file paths and source lines of a
+    failed run are for staff who may see every run, never for its owner."""
+    # given alice's run failed with a traceback
+    alice, carol = users["alice"], users["carol"]
+    run = wf.start("test.echo", {}, owner=alice)
+    traceback = 'Traceback (most recent call last):\n  File "/srv/app/secret_module.py", line 7'
+    error = {"type": "KeyError", "message": "'order_id'", "traceback": traceback}
+    WorkflowRun.objects.filter(pk=run.pk).update(status=RunStatus.FAILED, error=error, failure_reason="error")
+    RunAttempt.objects.filter(run=run).update(status=RunStatus.FAILED, error=error)
+
+    # when each opens the socket and the page
+    seen = {}
+    for user in (alice, carol):
+        with open_socket(asgi_server, run.id, user) as ws:
+            snapshot = receive(ws)
+        client = Client()
+        client.force_login(user)
+        seen[user.username] = (snapshot["run"], client.get(f"/runs/{run.id}/").content.decode())
+
+    # then alice sees what failed, not where in the code; carol sees it all
+    alices_run, alices_page = seen["alice"]
+    assert alices_run["error"] == {"type": "KeyError", "message": "'order_id'"}
+    assert "traceback" not in alices_run["attempts"][0]["error"]
+    assert "secret_module.py" not in json.dumps(alices_run) and "secret_module.py" not in alices_page
+    carols_run, carols_page = seen["carol"]
+    assert carols_run["error"] == error and "secret_module.py" in carols_page

@@ -6,18 +6,23 @@ from typing import Any, cast
 
 import pytest
 from django.contrib.auth import authenticate
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, User
 from django.core.management import call_command
+from rest_framework.test import APIClient
 
+from approvals import ApprovalRefused, decide
+from approvals.models import ApprovalRequest
 from examples.demo.management.commands.seed_demo import RUN_KEY
+from examples.demo.workflows import APPROVERS
 from tests.support import Worker, wait_for_status, wait_for_terminal
 from workflows import public as wf
+from workflows.exceptions import InvalidPayload
 from workflows.models import RunStatus, StepResult, StepStatus, WorkflowRun
 
 # Short enough for a test, long enough that the sleep really suspends the run.
 FAST = {"customer": "bob", "plan": "team", "work_seconds": 0.5, "settle_seconds": 1}
 STEPS = ["create account", "provision workspace", "import sample data", "let the workspace settle",
-         "wait for approval", "send welcome"]
+         "onboarding approval: request", "onboarding approval: decision", "send welcome"]
 
 
 def steps_of(run_id: Any) -> list[tuple[str, str]]:
@@ -25,15 +30,24 @@ def steps_of(run_id: Any) -> list[tuple[str, str]]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_onboarding_completes_after_approval(worker: Worker) -> None:
-    # given: the run works through its steps and its durable sleep, then waits for approval
-    run = wf.start("demo.onboarding", {**FAST, "approval_timeout_seconds": 300})
+def test_onboarding_completes_after_a_real_approval_its_owner_could_not_give(worker: Worker, users: Any) -> None:
+    # given: the run works through its steps and its durable sleep, then asks for an approval
+    alice, carol = users["alice"], users["carol"]
+    carol.groups.add(Group.objects.create(name=APPROVERS))
+    run = wf.start("demo.onboarding", {**FAST, "approval_timeout_seconds": 300}, owner=alice)
     waiting = cast(WorkflowRun, wait_for_status(run.id, RunStatus.WAITING, timeout=90))
-    assert waiting.wait_event_type == "approve"
+    request = ApprovalRequest.objects.get(run=run)
+    assert waiting.wait_event_type == f"approval:{request.pk}"
+    assert (request.approvers, request.requested_by, request.summary) == (APPROVERS, alice, "Onboard bob on the "
+                                                                          "team plan")
     assert waiting.progress == {"done": 4, "total": 6, "stage": "settled; awaiting approval"}
 
-    # when
-    wf.send_event(run.id, "approve", {"by": "carol"})
+    # when alice, who started it, tries to approve it (as the "approve" event did before), then carol does
+    with pytest.raises(InvalidPayload):
+        wf.send_event(run.id, f"approval:{request.pk}", {"approved": True})
+    with pytest.raises(ApprovalRefused):
+        decide(request, by=alice, approve=True, version="1")
+    decide(request, by=carol, approve=True, version="1")
 
     # then
     done = cast(WorkflowRun, wait_for_terminal(run.id, timeout=60))
@@ -55,7 +69,30 @@ def test_onboarding_carries_on_unapproved_when_the_wait_times_out(worker: Worker
     assert done.result is not None
     assert done.result["approved"] is False
     assert done.result["welcome"]["template"] == "welcome-pending-review"
-    assert ("wait for approval", StepStatus.FAILED) in steps_of(run.id)  # the WaitTimeout, recorded
+    assert ("onboarding approval: decision", StepStatus.FAILED) in steps_of(run.id)  # the timeout, recorded
+    assert ApprovalRequest.objects.get(run=run).status == "expired"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("payload, why", [
+    ({"work_seconds": 36000}, "work_seconds must be between 0 and 10"),
+    ({"settle_seconds": -1}, "settle_seconds must be between 0 and 600"),
+    ({"approval_timeout_seconds": "soon"}, "approval_timeout_seconds must be a number"),
+    ({"customer": ""}, "customer must be a string"),
+    ({"plan": ["team"]}, "plan must be a string"),
+    ({"work_seconds": True}, "work_seconds must be a number"),
+    ({"hack": 1}, "unknown payload keys: hack"),
+])
+def test_a_bad_onboarding_payload_is_a_400_and_starts_nothing(users: Any, payload: dict[str, Any], why: str) -> None:
+    client = APIClient()
+    client.force_authenticate(users["mallory"])
+
+    response = client.post("/api/workflows/demo.onboarding/runs", {"payload": payload}, format="json")
+
+    assert response.status_code == 400, response.json()
+    assert response.json()["error"]["code"] == "invalid_payload"
+    assert why in response.json()["error"]["message"]
+    assert not WorkflowRun.objects.exists()
 
 
 @pytest.mark.django_db

@@ -36,6 +36,7 @@ from ledger.models import ExternalOperation, OperationStatus
 from ledger.services import operation_resolve
 from tests.support import race, wait_for, wait_for_status, wait_for_terminal
 from workflows import terminate
+from workflows.models import StepResult
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -226,3 +227,25 @@ def _ledger_permissions() -> list[Any]:
     from django.contrib.auth.models import Permission
 
     return list(Permission.objects.filter(codename__in=["view_externaloperation", "resolve_externaloperation"]))
+
+
+def test_a_refund_run_started_for_someone_elses_request_touches_nothing(world: dict[str, Any]) -> None:
+    """Even started behind the API's back (the API refuses: not public), a refund run only ever
+    acts on its own request: mallory's run naming alice's request fails at once, having read
+    nothing of alice's order into its steps and moved nothing."""
+    from workflows.services import run_start
+
+    # given alice's refund, waiting for an approval
+    alices = ask(new_order(world["alice"], "2009", "300.00"), "150.00")
+    pending_approval(alices)
+
+    # when mallory's own run names alice's request
+    run, _ = run_start(workflow="refund", payload={"request_id": alices.pk, "order": "2009"},
+                       owner=world["mallory"])
+
+    # then it fails on its first step, which stored nothing of alice's
+    done = wait_for_terminal(run.id)
+    assert done.status == "failed" and "belongs to another run" in done.error["message"]
+    assert not StepResult.objects.filter(run=run, status="completed").exists()
+    assert status_of(alices) == "awaiting approval"
+    assert world["sandbox"].stats()["refunds"] == 0

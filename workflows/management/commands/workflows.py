@@ -149,6 +149,7 @@ class Command(BaseCommand):
     def cmd_start(self, options: dict[str, Any]) -> None:
         payload = parse_json(options["payload"], "--payload")
         owner = get_owner(options["owner"]) if options["owner"] else None
+        services.check_startable(workflow=options["workflow"])
         run, created = services.run_start(
             workflow=options["workflow"], payload=payload, idempotency_key=options["idempotency_key"], owner=owner
         )

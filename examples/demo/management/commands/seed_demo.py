@@ -22,6 +22,7 @@ ADMIN = ("admin", "admin")
 CUSTOMER = ("alice", "alice")
 RUN_KEY = "seed-demo-onboarding"
 REFUND_APPROVERS = "refund-approvers"
+ONBOARDING_APPROVERS = "onboarding-approvers"  # examples.demo.workflows.APPROVERS
 VIEW_ORDERS = ["refunds.view_order", "refunds.view_refundrequest"]
 VIEW_OPERATIONS = ["ledger.view_externaloperation", "ledger.view_operationalrecord"]
 # (username, password, staff, permissions): the refund example's cast.
@@ -35,7 +36,7 @@ REFUND_CAST: list[tuple[str, str, bool, list[str]]] = [
 ]
 ROLES = {
     "bob": "colleague: sees orders and refund requests in the admin",
-    "carol": "refund approver: decides refund approvals in the admin (group refund-approvers)",
+    "carol": "approver: decides refund and onboarding approvals in the admin (refund-, onboarding-approvers)",
     "dave": "auditor: sees runs, operations, records and approvals, changes nothing",
     "mallory": "another customer: sees none of alice's refunds",
 }
@@ -67,8 +68,9 @@ class Command(BaseCommand):
         self.stdout.write(
             "  Sign in as alice at /accounts/login/: her home page / lists her refunds, assessments and runs.\n"
             f"  Live page (signed in as alice): /runs/{run.id}/\n"
-            "  Admin: /admin/workflows/workflowrun/   Approve it with:\n"
-            f"  manage.py workflows send-event {run.id} approve --payload '{{\"by\": \"admin\"}}'"
+            "  Admin: /admin/workflows/workflowrun/. It asks the onboarding-approvers group (carol) for an\n"
+            "  approval once provisioned: decide it as carol or admin in Admin -> Approval requests, or with\n"
+            "  POST /api/approvals/<id>/decision {\"approve\": true, \"version\": \"1\"} (alice may not: four eyes)."
         )
         self.seed_refunds(alice)
         from examples.suppliers.demo import seed as seed_suppliers
@@ -85,6 +87,7 @@ class Command(BaseCommand):
 
         with transaction.atomic():
             approvers, _ = Group.objects.get_or_create(name=REFUND_APPROVERS)
+            onboarding, _ = Group.objects.get_or_create(name=ONBOARDING_APPROVERS)
             created = {}
             for username, password, staff, perms in REFUND_CAST:
                 user, created[username] = ensure_user(username, password, superuser=False)
@@ -93,7 +96,7 @@ class Command(BaseCommand):
                     user.save(update_fields=["is_staff"])
                 user.user_permissions.add(*permissions(perms))
                 if username == "carol":
-                    user.groups.add(approvers)
+                    user.groups.add(approvers, onboarding)
             for number, amount, items in DEMO_ORDERS:
                 if not Order.objects.filter(number=number).exists():
                     order_create(number=number, customer=alice, amount=amount, items=items,
