@@ -182,3 +182,19 @@ def test_a_restarted_run_gathers_again_and_asks_for_the_new_report(
     run = wait_for_terminal(run.id, timeout=WAIT)
     assert run.result == {"outcome": "approved", "report_version": 2, "decided_by_id": cast["carol"].pk}, run.error
     assert status(assessment) == AssessmentStatus.APPROVED
+
+
+def test_a_run_started_for_someone_elses_assessment_touches_nothing(worker: Worker, cast: Cast,
+                                                                    assessment: SupplierAssessment) -> None:
+    """Even started behind the API's back (the API refuses it: not public), the workflow acts only
+    on the assessment whose run it is: mallory's run naming alice's assessment fails at once."""
+    from workflows.services import run_start
+
+    run, _ = run_start(workflow="supplier-assessment", owner=cast["mallory"],
+                       payload={"assessment_id": assessment.pk, "requested_by_id": cast["mallory"].pk})
+
+    done = wait_for_terminal(run.id, timeout=WAIT)
+    assert done.status == RunStatus.FAILED and "belongs to another run" in done.error["message"]
+    assert status(assessment) == AssessmentStatus.AWAITING_INPUT  # not moved to gathering evidence
+    assert not AssessmentReport.objects.filter(assessment=assessment).exists()
+    assert not ApprovalRequest.objects.filter(run=run).exists()
