@@ -2,6 +2,10 @@
 
 The try's outcome is written to the step row and wakes the run, which replays and moves on (or
 decides the retry backoff, since only the workflow code knows its Retries).
+
+A message may come late (a try the run already gave up on and sent again) or twice (a broker
+redelivery): it names its try, and the task first claims that try with a conditional UPDATE, so
+a body runs at most once per try and a stale message runs nothing.
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from workflows.context import in_step
 from workflows.models import RunStatus, StepResult, StepStatus, WorkflowRun
 from workflows.services import wake_locked_run
 
+CLAIMED = "claimed_at"  # the key of StepResult.call that marks the try as taken by a task
+
 
 def resolve(reference: str) -> Callable[..., Any]:
     module_name, _, qualname = reference.partition(":")
@@ -27,12 +33,20 @@ def resolve(reference: str) -> Callable[..., Any]:
     return target
 
 
-def run_dispatched_step(*, run_id: UUID | str, attempt: int, position: int) -> str:
+def run_dispatched_step(*, run_id: UUID | str, attempt: int, position: int, tries: int | None = None) -> str:
+    """Run try ``tries`` of the step, unless it is not the step's current try or was claimed already.
+
+    ``tries`` is None for a message sent before messages named their try: it takes the current one.
+    """
     row = StepResult.objects.filter(
         run_id=UUID(str(run_id)), attempt=attempt, position=position, status=StepStatus.RUNNING
     ).first()
     if row is None or not row.call:
         return "gone"
+    if tries is not None and row.tries != tries:
+        return "stale"
+    if not _claim(row):
+        return "duplicate"
     fields: dict[str, Any] = {"finished_at": timezone.now(), "wake_at": None}
     try:
         fn = resolve(row.call["fn"])
@@ -51,3 +65,14 @@ def run_dispatched_step(*, run_id: UUID | str, attempt: int, position: int) -> s
         if written and run.attempt == attempt and run.status == RunStatus.WAITING and run.wait_step == row.name:
             wake_locked_run(run)
     return str(fields["status"]) if written else "superseded"
+
+
+def _claim(row: StepResult) -> bool:
+    """Take the try for this task: one conditional UPDATE, so of two deliveries one runs the body."""
+    assert row.call is not None
+    call = {**row.call, CLAIMED: timezone.now().isoformat()}
+    return bool(
+        StepResult.objects.filter(pk=row.pk, status=StepStatus.RUNNING, tries=row.tries)
+        .exclude(call__has_key=CLAIMED)
+        .update(call=call)
+    )

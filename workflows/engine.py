@@ -369,7 +369,8 @@ class Step:
             def send() -> None:
                 from workflows.tasks import run_step
 
-                run_step.apply_async((str(run_id), attempt, position), queue=queue)
+                # The try number lets the task refuse a late or redelivered message of an earlier try.
+                run_step.apply_async((str(run_id), attempt, position, tries), queue=queue)
 
             on_commit(send)
         raise _Suspended

@@ -12,8 +12,9 @@ def advance_run(run_id: str) -> str:
 
 
 @shared_task(name="workflows.run_step")
-def run_step(run_id: str, attempt: int, position: int) -> str:
-    return dispatch.run_dispatched_step(run_id=run_id, attempt=attempt, position=position)
+def run_step(run_id: str, attempt: int, position: int, tries: int | None = None) -> str:
+    # tries is absent from messages queued before it was added: they run the step's current try.
+    return dispatch.run_dispatched_step(run_id=run_id, attempt=attempt, position=position, tries=tries)
 
 
 @shared_task(name="workflows.sweep")
