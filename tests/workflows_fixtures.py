@@ -207,3 +207,67 @@ class DatabaseSession(Workflow):
 
     def run(self, event: Event, step: Any) -> Any:
         return step.do("database session", database_session)
+
+
+# --- values PostgreSQL cannot store (engine correctness, issue 6 item 7) -------------------------
+def unstorable_value(kind: str) -> Any:
+    return "\ud800" if kind == "surrogate" else {"a": ["x\u0000"]}
+
+
+def unstorable(path: str, kind: str) -> Any:
+    append(path, kind)
+    return unstorable_value(kind)
+
+
+@workflow("test.unstorable")
+class Unstorable(Workflow):
+    """A step returns a lone surrogate or a NUL: as the run's last step (``last``), or in the middle
+    with its StepError caught; or the run itself returns one (``as_result``)."""
+
+    def run(self, event: Event, step: Any) -> Any:
+        p = event.payload
+        step.do("before", append, p["path"], "before")
+        if p.get("as_result"):
+            return unstorable_value(p["kind"])
+        if p.get("last"):
+            return step.do("unstorable", unstorable, p["path"], p["kind"])
+        try:
+            step.do("unstorable", unstorable, p["path"], p["kind"])
+        except StepError as exc:
+            caught = {"type": exc.error_type, "message": exc.message}
+        step.do("after", append, p["path"], "after")
+        return {"caught": caught}
+
+
+# --- a database connection lost inside a step (item 10) -----------------------------------------
+def cut_own_connection(path: str, then: str) -> str:
+    """On its first try, terminate this worker's own PostgreSQL backend from another session (as a
+    failover or a proxy's idle timeout would, unseen by the worker), then raise or return."""
+    from django.db import connection, connections
+
+    append(path, then)
+    if lines(path).count(then) == 1:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            (backend,) = cursor.fetchone()
+        other = connections.create_connection("default")
+        try:
+            with other.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [backend])  # waits until it is gone
+        finally:
+            other.close()
+        if then == "raise":
+            raise ValueError("the step failed after its connection was lost")
+    return then
+
+
+@workflow("test.cut_connection")
+class CutConnection(Workflow):
+    """Three steps that each lose the worker's connection on their first try: the first then raises
+    (an ordinary retryable error), the second returns, and so does the third, the run's last."""
+
+    def run(self, event: Event, step: Any) -> Any:
+        path = event.payload["path"]
+        retries = Retries(limit=2, delay=timedelta(seconds=0.2), backoff="constant")
+        return [step.do(f"{then} after the cut", cut_own_connection, path, then, retries=retries)
+                for then in ("raise", "return", "return last")]

@@ -12,11 +12,12 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 
 from workflows import statements
@@ -46,6 +47,7 @@ from workflows.registry import Event, get_workflow
 from workflows.retries import DEFAULT_RETRIES, DEFAULT_TIMEOUT, Retries
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Timers this close are also sent as a Celery countdown, so short sleeps and retry backoffs do
 # not wait for the next sweep. The database timer stays the authority; the sweeper is the backstop.
@@ -198,10 +200,10 @@ class Step:
         inside the step's body would.
         """
         write, self._pending = self._pending, None
-        may_continue, written = statements.checkpoint(
+        may_continue, written = _reconnecting(lambda: statements.checkpoint(
             run_id=self._run.id, owner=self._owner, current_step=key,
             lease_until=timezone.now() + lease_duration(), write=write,
-        )
+        ))
         if not written:
             raise _LeaseLost  # another worker stored that step first: it owns the run now
         if may_continue:
@@ -217,12 +219,19 @@ class Step:
     @contextmanager
     def _owned(self) -> Iterator[WorkflowRun]:
         """Lock the run row for a transition; raise _LeaseLost unless this worker still owns it."""
-        with transaction.atomic():
-            self.flush()
-            run = WorkflowRun.objects.select_for_update().get(pk=self._run.id)
-            if run.lease_owner != self._owner or run.status != RunStatus.RUNNING:
-                raise _LeaseLost
-            yield run
+        write = self._pending
+        try:
+            with transaction.atomic():
+                self.flush()
+                run = WorkflowRun.objects.select_for_update().get(pk=self._run.id)
+                if run.lease_owner != self._owner or run.status != RunStatus.RUNNING:
+                    raise _LeaseLost
+                yield run
+        except BaseException:
+            # The held-back result rode in the transaction that rolled back: it is still to store.
+            if self._pending is None:
+                self._pending = write
+            raise
 
     def flush(self) -> None:
         """Store the held-back result of the last step now."""
@@ -313,7 +322,10 @@ class Step:
         except _LostRace:
             return self._adopt(key, position)
         except Exception as exc:
-            self._after_failure(key, position, tries, retries, step_store.error_record(exc), exc)
+            error = step_store.error_record(exc)
+            # The connection may have died while the body ran (it is the worker's, not the step's):
+            # reconnect and record the try.
+            _reconnecting(lambda: self._after_failure(key, position, tries, retries, error, exc))
         # Held back until the next boundary (or the run's end), which writes it in its statement.
         self._pending = self._write(key, position, StepKind.DO, StepStatus.COMPLETED, result_json=text,
                                     tries=tries, started_at=started, finished_at=timezone.now())
@@ -387,6 +399,26 @@ def _seconds(value: timedelta | float) -> float:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
 
 
+def _reconnecting(operation: Callable[[], T]) -> T:
+    """Run an engine write; if it fails on a lost database connection, reconnect and run it once more.
+
+    The connection is most often lost while a step body ran (a failover, a proxy's idle timeout,
+    pg_terminate_backend) and nobody noticed until the engine's next statement. Every engine write
+    is conditional on the lease and never overwrites a final step row, so running one again is
+    safe. Inside an atomic block (an atomic step's transaction) nothing can be run again here.
+    """
+    try:
+        return operation()
+    except (OperationalError, InterfaceError):
+        db = connections[DEFAULT_DB_ALIAS]
+        if db.in_atomic_block:
+            raise
+        logger.warning("database error in the engine; reconnecting if needed and trying once more", exc_info=True)
+        if not db.is_usable():
+            db.close()
+        return operation()
+
+
 # --- advancing a run ---------------------------------------------------------------------------
 def advance(run_id: UUID | str) -> str:
     """Advance the run as far as it goes now. Returns what happened (for logs and tests)."""
@@ -424,27 +456,84 @@ def _execute(run: WorkflowRun, owner: str, *, first_claim: bool = False) -> str:
     except _Suspended:
         return "suspended"
     except _LeaseLost:
-        try:
-            step.flush()  # a result this worker holds is still the step's: store it for the next
-        except _LeaseLost:
-            pass
+        _store_held_back(step)
         return "lease_lost"
     except NonDeterminismError as exc:
         return _finish(run, owner, failed=step_store.error_record(exc), reason=FailureReason.NON_DETERMINISM,
                        step=step)
+    except (OperationalError, InterfaceError):
+        # The database, not the workflow: the engine's statement failed even after reconnecting.
+        # The run is left to recovery (its lease expires, the sweeper enqueues it again); failing
+        # it here would fail a healthy workflow for good over a failover.
+        logger.warning("run %s: database unavailable; left to recovery", run.id, exc_info=True)
+        _store_held_back(step)
+        return "database_error"
     except Exception as exc:
         error = step_store.error_record(exc)
         if not isinstance(exc, (StepError, NotSerializable, ResultTooLarge)):
-            error["traceback"] = traceback.format_exc(limit=20)
+            error["traceback"] = step_store.storable_text(traceback.format_exc(limit=20))
         return _finish(run, owner, failed=error, reason=FailureReason.ERROR, step=step)
     return _finish(run, owner, result=value, step=step)
+
+
+def _store_held_back(step: Step) -> None:
+    """Store the result a step completed with, if this worker still holds it: it is the step's,
+    whoever goes on with the run. Best effort: if it cannot be stored, the step runs again."""
+    try:
+        _reconnecting(step.flush)
+    except (_LeaseLost, DatabaseError):
+        pass
 
 
 def _finish(
     run: WorkflowRun, owner: str, *, result: Any = None, failed: dict[str, Any] | None = None, reason: str = "",
     step: Step | None = None,
 ) -> str:
-    """End the run, with the last step's held-back result, in one conditional statement."""
+    """End the run, with the last step's held-back result, in one conditional statement.
+
+    If PostgreSQL refuses to store that end (a DataError, say, for a value the encoder let
+    through), the run fails with that error and the last step is stored as well as it can be. Left
+    to raise, the task would end with the lease held, and recovery would run completed steps again
+    up to WORKFLOWS_MAX_RECOVERY_ATTEMPTS times. A lost connection (after one reconnect) does
+    raise: the run is then the worker's problem, left to recovery.
+    """
+    write = step.take_pending() if step is not None else None
+    try:
+        ended = _end(run, owner, result=result, failed=failed, reason=reason, write=write)
+    except DatabaseError as exc:
+        if isinstance(exc, (OperationalError, InterfaceError)):
+            raise
+        logger.warning("run %s: its end could not be stored", run.id, exc_info=True)
+        error = step_store.error_record(exc)
+        error["message"] = f"the run's end could not be stored: {error['message']}"
+        if write is not None:
+            _store_last_step(write, error)
+        # ``run`` took the transition to its end in memory; the row is still running.
+        ended = _end(WorkflowRun.objects.get(pk=run.pk), owner, failed=error, reason=FailureReason.ERROR, write=None)
+    if ended is None:
+        return "lease_lost"
+    if ended.status == RunStatus.FAILED:
+        logger.info("run %s failed (%s): %s", run.id, ended.failure_reason, (ended.error or {}).get("message"))
+    return str(ended.status)
+
+
+def _store_last_step(write: step_store.StepWrite, error: dict[str, Any]) -> None:
+    """The last step's result alone, or, if that is what PostgreSQL refused, the step as failed."""
+    try:
+        _reconnecting(lambda: step_store.store(write))
+    except DatabaseError as exc:
+        if isinstance(exc, (OperationalError, InterfaceError)):
+            raise
+        failed = replace(write, status=StepStatus.FAILED, result_json=None,
+                         error={**error, "non_retryable": True})
+        _reconnecting(lambda: step_store.store(failed))
+
+
+def _end(
+    run: WorkflowRun, owner: str, *, result: Any = None, failed: dict[str, Any] | None = None, reason: str = "",
+    write: step_store.StepWrite | None,
+) -> WorkflowRun | None:
+    """Write the run's end; the ended run, or None if it was no longer this worker's to end."""
     now = timezone.now()
     if failed is None:
         run.complete()  # the FSM checks the transition on the claimed (running) run
@@ -452,15 +541,11 @@ def _finish(
     else:
         run.fail()
         run.error, run.failure_reason = failed, reason
-    finished, _ = statements.finish(
-        run=run, owner=owner, now=now, write=step.take_pending() if step is not None else None
-    )
+    finished, _ = _reconnecting(lambda: statements.finish(run=run, owner=owner, now=now, write=write))
     if not finished:
-        return "lease_lost"
+        return None
     run.finished_at = now
     run.lease_owner, run.lease_expires_at, run.current_step = "", None, ""
     run.wake_at, run.wait_step, run.wait_event_type = None, "", ""
     emit_status(run)
-    if failed is not None:
-        logger.info("run %s failed (%s): %s", run.id, reason, failed.get("message"))
-    return str(RunStatus.COMPLETED if failed is None else RunStatus.FAILED)
+    return run

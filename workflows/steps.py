@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,23 +20,50 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from workflows.conf import conf
 from workflows.exceptions import NotSerializable, ResultTooLarge, StepTimeout
 from workflows.models import StepResult, StepStatus
+from workflows.storable import json_problem, text_problem
 
 # A step row in one of these states is never written again (see upsert_sql).
 FINAL = (StepStatus.COMPLETED, StepStatus.FAILED)
 
 
 def encode(value: Any, *, what: str) -> tuple[Any, str]:
-    """The value as stored (a JSON round trip, so a first pass and a replay see the same thing)."""
+    """The value as stored (a JSON round trip, so a first pass and a replay see the same thing).
+
+    Refuses (NotSerializable, so the step fails at once) what PostgreSQL's jsonb cannot store: a
+    NUL character or an unpaired surrogate in any string. Refused here, the error is the step's;
+    let through, the held-back write would fail at the next step's checkpoint or at the run's end.
+    """
     try:
         text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise NotSerializable(f"{what} is not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise NotSerializable(f"{what} is nested too deeply to encode as JSON") from None
     limit = conf()["MAX_RESULT_BYTES"]
     if len(text) > limit:
         raise ResultTooLarge(
             f"{what} is {len(text):,} bytes of JSON; the limit is {limit:,} (WORKFLOWS_MAX_RESULT_BYTES)"
         )
-    return json.loads(text), text
+    stored = json.loads(text)
+    # json.dumps escapes NUL as \u0000 and every surrogate as \ud8xx-\udfxx, so a text without
+    # either needs no walk (the hot path). A match may be an escaped backslash, Korean text or a
+    # valid pair: the walk of the decoded value decides (decoding joins valid pairs). Depth is not
+    # bounded here beyond what json.dumps allows: a step result is not a request body.
+    if "\\u" in text and _SUSPECT.search(text) is not None and (
+        problem := json_problem(stored, max_depth=sys.maxsize)
+    ):
+        raise NotSerializable(f"{what} {problem}")
+    return stored, text
+
+
+_SUSPECT = re.compile(r"\\u(?:0000|d[89a-f])")
+
+
+def storable_text(text: str) -> str:
+    """``text`` with what PostgreSQL cannot store escaped (for error messages and tracebacks)."""
+    if text_problem(text) is None:
+        return text
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass(frozen=True)
@@ -131,7 +160,7 @@ def error_record(exc: BaseException) -> dict[str, Any]:
         return {"type": exc.error_type, "message": exc.message, "step": exc.step}
     return {
         "type": type(exc).__name__,
-        "message": str(exc),
+        "message": storable_text(str(exc)),  # a message may quote the value that could not be stored
         "non_retryable": isinstance(exc, NonRetryableError),
     }
 

@@ -1,7 +1,9 @@
 """The engine end to end: runs started here, advanced by a real Celery worker on PostgreSQL."""
 from __future__ import annotations
 
+import json
 import time
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -259,3 +261,114 @@ def test_a_step_body_knows_its_run_and_step(worker: Worker) -> None:
 
     assert run.result == {"run": str(run.id), "attempt": 1, "step": "where am I"}
     assert current_step() is None  # outside a step body
+
+
+# --- what PostgreSQL cannot store (issue 6 item 7) -----------------------------------------------
+@pytest.mark.parametrize(("kind", "problem"), [
+    ("surrogate", "an unpaired surrogate (\\ud800), which is not valid Unicode"),
+    ("nul", "a NUL character (\\u0000), which cannot be stored"),
+])
+def test_a_step_result_postgresql_cannot_store_fails_that_step_at_once(
+    worker: Worker, tmp_path: Path, kind: str, problem: str
+) -> None:
+    # given a step in the middle of a run that returns a lone surrogate or a NUL in nested JSON
+    path = str(tmp_path / "lines")
+    run = wf.start("test.unstorable", {"path": path, "kind": kind})
+
+    run = wait_for_terminal(run.id)
+
+    # then that step failed for good, once, with a clear error the run caught, and the run went on
+    message = f"the result of step 'unstorable' contains {problem}"
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.result == {"caught": {"type": "NotSerializable", "message": message}}
+    assert lines(path) == ["before", kind, "after"]
+    steps = StepResult.objects.filter(run=run)
+    assert [(s.name, s.status, s.tries) for s in steps] == [
+        ("before", StepStatus.COMPLETED, 1), ("unstorable", StepStatus.FAILED, 1), ("after", StepStatus.COMPLETED, 1)
+    ]
+    assert run.recovery_count == 0
+
+
+@pytest.mark.parametrize("kind", ["surrogate", "nul"])
+def test_an_unstorable_result_of_the_last_step_fails_the_run_without_running_any_step_again(
+    worker: Worker, tmp_path: Path, kind: str
+) -> None:
+    # given a run whose last step returns what PostgreSQL cannot store, and returns it as the run's result
+    path = str(tmp_path / "lines")
+    run = wf.start("test.unstorable", {"path": path, "kind": kind, "last": True})
+
+    run = wait_for_terminal(run.id)
+
+    # then the run failed with that step's error; no step ran twice, no recovery
+    assert run.status == RunStatus.FAILED
+    assert (run.failure_reason, run.error["type"]) == ("error", "NotSerializable")
+    assert run.error["message"].startswith("the result of step 'unstorable' contains ")
+    assert lines(path) == ["before", kind]
+    assert run.recovery_count == 0
+    assert StepResult.objects.get(run=run, name="unstorable").status == StepStatus.FAILED
+
+
+@pytest.mark.parametrize("kind", ["surrogate", "nul"])
+def test_a_run_result_postgresql_cannot_store_fails_the_run(worker: Worker, tmp_path: Path, kind: str) -> None:
+    path = str(tmp_path / "lines")
+    run = wf.start("test.unstorable", {"path": path, "kind": kind, "as_result": True})
+
+    run = wait_for_terminal(run.id)
+
+    assert run.status == RunStatus.FAILED
+    assert run.error["type"] == "NotSerializable"
+    assert run.error["message"].startswith("the run's result contains")
+    assert lines(path) == ["before"]
+    assert run.recovery_count == 0
+    assert StepResult.objects.get(run=run, name="before").status == StepStatus.COMPLETED
+
+
+def test_a_run_end_postgresql_refuses_fails_the_run_and_runs_no_step_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings
+) -> None:
+    # given an encoder that lets everything through (as one with a gap would), and a run advanced
+    # here on a queue no worker listens on
+    from workflows import engine
+    from workflows import steps as step_store
+    from workflows.sweeper import sweep
+
+    settings.WORKFLOWS = {**settings.WORKFLOWS, "QUEUE": f"nobody-{uuid.uuid4().hex[:8]}"}
+    monkeypatch.setattr(step_store, "encode", lambda value, *, what: (value, json.dumps(value)))
+    path = str(tmp_path / "lines")
+    run = wf.start("test.unstorable", {"path": path, "kind": "surrogate", "last": True})
+
+    # when its last step's result and the run's own reach the run's end, where PostgreSQL refuses them
+    outcome = engine.advance(run.id)
+
+    # then the run failed with the database's error, the step is stored as failed, and nothing
+    # is left for recovery to run again
+    run.refresh_from_db()
+    assert (outcome, run.status, run.failure_reason) == ("failed", RunStatus.FAILED, "error")
+    assert run.error["type"] == "DataError"
+    assert run.error["message"].startswith("the run's end could not be stored")
+    last = StepResult.objects.get(run=run, name="unstorable")
+    assert (last.status, last.tries, last.result, last.error["type"]) == (StepStatus.FAILED, 1, None, "DataError")
+    assert (run.lease_owner, run.lease_expires_at) == ("", None)
+    assert engine.advance(run.id) == "not_claimed"
+    assert sweep(now=timezone.now() + timedelta(hours=1)).requeued == 0
+    assert lines(path) == ["before", "surrogate"]
+
+
+# --- a database connection lost inside a step (item 10) ------------------------------------------
+def test_a_connection_lost_inside_a_step_is_the_workers_problem_not_the_runs(worker: Worker, tmp_path: Path) -> None:
+    # given steps that each have the worker's PostgreSQL backend terminated on their first try:
+    # the first then raises ValueError, the second returns, the third (the last) returns
+    path = str(tmp_path / "lines")
+    run = wf.start("test.cut_connection", {"path": path})
+
+    run = wait_for_terminal(run.id)
+
+    # then the first step's retry was scheduled and ran, the others' results were stored on a new
+    # connection, and the run completed without recovery
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.result == ["raise", "return", "return last"]
+    assert lines(path) == ["raise", "raise", "return", "return last"]
+    steps = StepResult.objects.filter(run=run)
+    assert [(s.status, s.tries) for s in steps] == [(StepStatus.COMPLETED, 2), (StepStatus.COMPLETED, 1),
+                                                     (StepStatus.COMPLETED, 1)]
+    assert run.recovery_count == 0
