@@ -119,10 +119,24 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1  # a worker holds no more messages than it
 CELERY_TASK_REJECT_ON_WORKER_LOST = True  # a killed child's message goes back; the recovery cap stops poison
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
-# Longer than the longest step timeout (WORKFLOWS_MAX_STEP_TIMEOUT), or Redis would hand an
+# Longer than the longest a task may run (CELERY_TASK_TIME_LIMIT, below), or Redis would hand an
 # unacknowledged message to a second worker while the first is still running it.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT", 3 * 3600)}
 CELERY_TASK_IGNORE_RESULT = True
+# A step body runs at most WORKFLOWS_MAX_STEP_TIMEOUT (SIGALRM raises StepTimeout in it); one that
+# outlives its timeout by WORKFLOWS_STEP_TIMEOUT_GRACE (it swallowed StepTimeout, or is stuck in C
+# code with signals blocked) stops having its lease renewed, so another worker process recovers
+# the run. One workflows.advance task hands its run back to the queue at the first step boundary
+# after WORKFLOWS_TASK_BUDGET. Celery's hard time limit is therefore above budget + longest step
+# + grace (a second grace for the engine's own work around the step): past it Celery kills the
+# stuck child and starts a new one, so a stuck body cannot hold a worker process for ever.
+WORKFLOWS_MAX_STEP_TIMEOUT = envint("WORKFLOWS_MAX_STEP_TIMEOUT", 3600)
+WORKFLOWS_STEP_TIMEOUT_GRACE = envfloat("WORKFLOWS_STEP_TIMEOUT_GRACE", 30.0)
+WORKFLOWS_TASK_BUDGET = envfloat("WORKFLOWS_TASK_BUDGET", 300.0)
+CELERY_TASK_TIME_LIMIT = envint(
+    "CELERY_TASK_TIME_LIMIT",
+    int(WORKFLOWS_TASK_BUDGET + WORKFLOWS_MAX_STEP_TIMEOUT + 2 * WORKFLOWS_STEP_TIMEOUT_GRACE) + 1,
+)
 # Celery's Django fix-up closes every database connection before and after each task unless
 # DB_REUSE_MAX is set: each run's claim then paid for a new PostgreSQL connection (~10 ms, as much
 # as a 20-step run's own work). Workers keep their connections as web requests do instead:
@@ -186,7 +200,11 @@ WORKFLOWS: dict[str, Any] = {
     "ENQUEUE_GRACE_SECONDS": envfloat("WORKFLOWS_ENQUEUE_GRACE_SECONDS", 30.0),
     "MAX_RESULT_BYTES": envint("WORKFLOWS_MAX_RESULT_BYTES", 1024 * 1024),
     "MAX_PAYLOAD_BYTES": envint("WORKFLOWS_MAX_PAYLOAD_BYTES", 256 * 1024),
-    "MAX_STEP_TIMEOUT_SECONDS": envint("WORKFLOWS_MAX_STEP_TIMEOUT", 3600),
+    "MAX_STEP_TIMEOUT_SECONDS": WORKFLOWS_MAX_STEP_TIMEOUT,
+    # A step body this long past its timeout loses its lease (see CELERY_TASK_TIME_LIMIT above).
+    "STEP_TIMEOUT_GRACE_SECONDS": WORKFLOWS_STEP_TIMEOUT_GRACE,
+    # A workflows.advance task hands its run back to the queue at the first step boundary after this.
+    "TASK_BUDGET_SECONDS": WORKFLOWS_TASK_BUDGET,
     "QUEUE": WORKFLOWS_QUEUE,
     "STREAM_TTL_SECONDS": envint("WORKFLOWS_STREAM_TTL", 24 * 3600),
     "STREAM_MAX_EVENTS": envint("WORKFLOWS_STREAM_MAX_EVENTS", 1000),

@@ -239,6 +239,77 @@ class Unstorable(Workflow):
         return {"caught": caught}
 
 
+# --- step timeouts (item 8) ----------------------------------------------------------------------
+def first_try(path: str) -> bool:
+    append(path, "try")
+    return lines(path).count("try") == 1
+
+
+def swallow_timeout(path: str, hold: float) -> str:
+    """On its first try, catch StepTimeout and carry on for ``hold`` seconds."""
+    from workflows import StepTimeout
+
+    if not first_try(path):
+        return "second try"
+    try:
+        time.sleep(3600)
+    except StepTimeout:
+        append(path, "swallowed")
+    time.sleep(hold)
+    append(path, "woke")
+    return "first try"
+
+
+def blocked_in_c(path: str, hold: float) -> str:
+    """On its first try, block in C code with SIGALRM masked, as a C library that blocks signals
+    would: the timeout's handler cannot run until it returns."""
+    if not first_try(path):
+        return "second try"
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        time.sleep(hold)
+        append(path, "woke")
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})  # the pending alarm fires here
+    return "first try"
+
+
+def query_past_timeout(path: str, marker: str) -> str:
+    """On its first try, sit in a PostgreSQL query far longer than the step's timeout."""
+    from django.db import connection
+
+    if not first_try(path):
+        return "second try"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT pg_sleep(60) /* {marker} */")
+    return "first try"
+
+
+@workflow("test.stuck")
+class Stuck(Workflow):
+    """One step whose first try outlives its timeout in the way ``how`` says."""
+
+    def run(self, event: Event, step: Any) -> Any:
+        p = event.payload
+        body, arg = {
+            "swallow": (swallow_timeout, p.get("hold")),
+            "blocked": (blocked_in_c, p.get("hold")),
+            "query": (query_past_timeout, p.get("marker")),
+        }[p["how"]]
+        return step.do("stuck", body, p["path"], arg, timeout=p["timeout"],
+                       retries=Retries(limit=2, delay=timedelta(seconds=0.1), backoff="constant"),
+                       atomic=p.get("atomic", False))
+
+
+@workflow("test.steady")
+class Steady(Workflow):
+    """``steps`` steps of ``seconds`` each, each writing its number to ``path``."""
+
+    def run(self, event: Event, step: Any) -> list[int]:
+        p = event.payload
+        return [step.do(f"step {i}", write_line, p["path"], i, i, p["seconds"], timeout=2) for i in range(p["steps"])]
+
+
 # --- a database connection lost inside a step (item 10) -----------------------------------------
 def cut_own_connection(path: str, then: str) -> str:
     """On its first try, terminate this worker's own PostgreSQL backend from another session (as a

@@ -24,4 +24,29 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         ))
     if conf()["LEASE_SECONDS"] <= 0:
         errors.append(Error("WORKFLOWS_LEASE_SECONDS must be positive", id="workflows.E003"))
+    errors += _check_time_limit(visibility)
+    return errors
+
+
+def _check_time_limit(visibility: float) -> list[Error]:
+    """Celery's hard time limit sits between the longest a healthy task runs and the visibility timeout."""
+    errors: list[Error] = []
+    if conf()["STEP_TIMEOUT_GRACE_SECONDS"] <= 0 or conf()["TASK_BUDGET_SECONDS"] <= 0:
+        errors.append(Error("WORKFLOWS_STEP_TIMEOUT_GRACE and WORKFLOWS_TASK_BUDGET must be positive",
+                            id="workflows.E004"))
+    limit = getattr(settings, "CELERY_TASK_TIME_LIMIT", None)
+    longest = conf()["TASK_BUDGET_SECONDS"] + conf()["MAX_STEP_TIMEOUT_SECONDS"] + conf()["STEP_TIMEOUT_GRACE_SECONDS"]
+    if limit is None or limit <= longest:
+        errors.append(Error(
+            f"CELERY_TASK_TIME_LIMIT ({limit} s) must be above WORKFLOWS_TASK_BUDGET + WORKFLOWS_MAX_STEP_TIMEOUT "
+            f"+ WORKFLOWS_STEP_TIMEOUT_GRACE ({longest:g} s): without it a step stuck in C code holds its worker "
+            f"process for ever; below it Celery kills healthy runs",
+            id="workflows.E005",
+        ))
+    elif limit >= visibility:
+        errors.append(Error(
+            f"CELERY_TASK_TIME_LIMIT ({limit} s) must be below the broker's visibility timeout ({visibility} s), "
+            f"or Redis hands a running task to a second worker",
+            id="workflows.E006",
+        ))
     return errors

@@ -14,6 +14,8 @@ class WorkflowsSettings(TypedDict):
     MAX_RESULT_BYTES: int
     MAX_PAYLOAD_BYTES: int
     MAX_STEP_TIMEOUT_SECONDS: int
+    STEP_TIMEOUT_GRACE_SECONDS: float
+    TASK_BUDGET_SECONDS: float
     QUEUE: str
     STREAM_TTL_SECONDS: int
     STREAM_MAX_EVENTS: int

@@ -8,6 +8,7 @@ BaseException subclasses, so ``except Exception`` in a workflow cannot swallow i
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -62,6 +63,10 @@ class _LeaseLost(BaseException):
     """Another worker owns the run now, or it was terminated or restarted: stop quietly."""
 
 
+class _HandedBack(_Suspended):
+    """The task used its time budget (WORKFLOWS_TASK_BUDGET): the run went back to the queue."""
+
+
 class _LostRace(BaseException):
     """An atomic step found a final row already stored: roll the body back and adopt it."""
 
@@ -69,9 +74,12 @@ class _LostRace(BaseException):
 class Step:
     """The ``step`` argument of ``run()``: durable steps, sleeps and waits."""
 
-    def __init__(self, run: WorkflowRun, owner: str, *, first_claim: bool = False) -> None:
+    def __init__(
+        self, run: WorkflowRun, owner: str, *, first_claim: bool = False, hand_back_at: float = float("inf")
+    ) -> None:
         self._run = run
         self._owner = owner
+        self._hand_back_at = hand_back_at  # time.monotonic(): past it, the next boundary hands the run back
         # A run claimed for the first time has stored nothing yet: no need to ask.
         self._stored = {} if first_claim else {
             s.position: s for s in StepResult.objects.filter(run=run, attempt=run.attempt)
@@ -107,6 +115,8 @@ class Step:
             raise StepError.from_record(key, stored.error)
         retries = retries or DEFAULT_RETRIES
         limit = _seconds(timeout if timeout is not None else DEFAULT_TIMEOUT)
+        if not limit > 0:  # 0 would turn the timer off; NaN compares false too
+            raise ValueError(f"step {key!r}: timeout must be more than 0 seconds, not {limit}")
         if limit > conf()["MAX_STEP_TIMEOUT_SECONDS"]:
             raise ValueError(f"step {key!r}: timeout {limit}s exceeds WORKFLOWS_MAX_STEP_TIMEOUT")
         if stored is not None and stored.status == StepStatus.RETRYING:
@@ -199,6 +209,8 @@ class Step:
         back only while replay ran to here, so a crash in between loses no more than a crash
         inside the step's body would.
         """
+        if time.monotonic() > self._hand_back_at:
+            self._hand_back()
         write, self._pending = self._pending, None
         may_continue, written = _reconnecting(lambda: statements.checkpoint(
             run_id=self._run.id, owner=self._owner, current_step=key,
@@ -215,6 +227,20 @@ class Step:
             run.pause_requested = False
             self._release(run)
         raise _Suspended
+
+    def _hand_back(self) -> None:
+        """Put the run back on the queue, for a new task to go on with it.
+
+        One task runs a run's steps one after another; bounding how long it may (the budget) is
+        what lets Celery's hard time limit stay at budget + longest step timeout + grace, so a
+        child stuck for good is killed without killing a healthy long run.
+        """
+        with self._owned() as run:
+            run.hand_back()
+            run.enqueued_at = timezone.now()
+            self._release(run)
+            enqueue_run(run.id, queue=run.queue)
+        raise _HandedBack
 
     @contextmanager
     def _owned(self) -> Iterator[WorkflowRun]:
@@ -305,19 +331,27 @@ class Step:
     ) -> Any:
         started = timezone.now()
         message = f"step {key!r} try {tries} ran past its timeout of {limit:g}s"
+        run_id = self._run.id
         try:
-            if atomic:
-                # The body's writes and the step result commit together, or neither does.
-                with transaction.atomic():
-                    with step_store.time_limit(limit, message), in_step(self._run.id, self._run.attempt, key):
-                        value = fn(*args)
-                    value, text = step_store.encode(value, what=f"the result of step {key!r}")
-                    if not self._store(key, position, StepKind.DO, StepStatus.COMPLETED, result_json=text,
-                                       tries=tries, started_at=started, finished_at=timezone.now()):
-                        raise _LostRace
-                return value
-            with step_store.time_limit(limit, message), in_step(self._run.id, self._run.attempt, key):
-                value = fn(*args)
+            # The heartbeat renews the lease only until the timeout plus a grace: a body stuck past
+            # it (StepTimeout swallowed, C code with signals blocked) lets another worker recover
+            # the run, and Celery's hard time limit replaces this process.
+            heartbeat.step_started(run_id, limit)
+            try:
+                if atomic:
+                    # The body's writes and the step result commit together, or neither does.
+                    with transaction.atomic():
+                        with step_store.time_limit(limit, message), in_step(run_id, self._run.attempt, key):
+                            value = fn(*args)
+                        value, text = step_store.encode(value, what=f"the result of step {key!r}")
+                        if not self._store(key, position, StepKind.DO, StepStatus.COMPLETED, result_json=text,
+                                           tries=tries, started_at=started, finished_at=timezone.now()):
+                            raise _LostRace
+                    return value
+                with step_store.time_limit(limit, message), in_step(run_id, self._run.attempt, key):
+                    value = fn(*args)
+            finally:
+                heartbeat.step_ended(run_id)
             value, text = step_store.encode(value, what=f"the result of step {key!r}")
         except _LostRace:
             return self._adopt(key, position)
@@ -345,7 +379,10 @@ class Step:
         """Record a failed try; fail the step for good (raise StepError) or suspend for a retry."""
         now = timezone.now()
         if error.get("non_retryable") or tries > retries.limit:
-            self._store(key, position, StepKind.DO, StepStatus.FAILED, error=error, tries=tries, finished_at=now)
+            # Under the lease like every other write of a try: a try that outlived its lease (another
+            # worker recovered the run) stores nothing.
+            with self._owned():
+                self._store(key, position, StepKind.DO, StepStatus.FAILED, error=error, tries=tries, finished_at=now)
             raise StepError(key, str(error.get("type")), str(error.get("message"))) from exc
         wake_at = now + retries.delay_before(tries)
         with self._owned() as run:
@@ -422,6 +459,7 @@ def _reconnecting(operation: Callable[[], T]) -> T:
 # --- advancing a run ---------------------------------------------------------------------------
 def advance(run_id: UUID | str) -> str:
     """Advance the run as far as it goes now. Returns what happened (for logs and tests)."""
+    hand_back_at = time.monotonic() + conf()["TASK_BUDGET_SECONDS"]
     owner = new_owner()
     now = timezone.now()
     run = statements.claim(run_id, owner, now, now + lease_duration())
@@ -431,12 +469,12 @@ def advance(run_id: UUID | str) -> str:
     heartbeat.register(run.id, owner)
     try:
         # claim sets started_at only if it was empty: equal to now means no worker ran it before.
-        return _execute(run, owner, first_claim=run.started_at == now and run.attempt == 1)
+        return _execute(run, owner, first_claim=run.started_at == now and run.attempt == 1, hand_back_at=hand_back_at)
     finally:
         heartbeat.unregister(run.id)
 
 
-def _execute(run: WorkflowRun, owner: str, *, first_claim: bool = False) -> str:
+def _execute(run: WorkflowRun, owner: str, *, first_claim: bool = False, hand_back_at: float = float("inf")) -> str:
     if run.recovery_count > conf()["MAX_RECOVERY_ATTEMPTS"]:
         error = {"type": "MaxRecoveryAttempts", "message": f"the run's worker was lost {run.recovery_count} times"
                  f" (limit {conf()['MAX_RECOVERY_ATTEMPTS']}); it is not retried again"}
@@ -449,10 +487,12 @@ def _execute(run: WorkflowRun, owner: str, *, first_claim: bool = False) -> str:
     instance.run_id = run.id
     event = Event(payload=run.payload, run_id=run.id, created_at=run.created_at, attempt=run.attempt,
                   owner_id=run.owner_id)
-    step = Step(run, owner, first_claim=first_claim)
+    step = Step(run, owner, first_claim=first_claim, hand_back_at=hand_back_at)
     try:
         value = instance.run(event, step)
         value, _ = step_store.encode(value, what="the run's result")
+    except _HandedBack:
+        return "handed_back"
     except _Suspended:
         return "suspended"
     except _LeaseLost:

@@ -4,7 +4,10 @@ A worker claims a run with one conditional UPDATE (free lease, claimable state; 
 ``statements.claim``). Every step boundary re-checks and extends the lease in the statement that
 stores the previous step's result (``statements.checkpoint``), so a worker whose lease was taken
 over (or whose run was terminated or restarted) stops before its next step. A background thread
-extends the leases of runs whose current step takes longer than a third of the lease.
+extends the leases of runs whose current step takes longer than a third of the lease, but not of
+a run whose step body is past its timeout by WORKFLOWS_STEP_TIMEOUT_GRACE: that body swallowed
+StepTimeout or is stuck where the signal cannot reach it, and the run is better recovered by
+another worker process than held for ever by this one.
 """
 from __future__ import annotations
 
@@ -43,6 +46,9 @@ class Heartbeat:
 
     def __init__(self) -> None:
         self._leases: dict[UUID, str] = {}
+        # time.monotonic() at which the step body a run is in should have ended. Written by the
+        # engine around every body without the lock: one dict store, atomic under the GIL.
+        self._deadlines: dict[UUID, float] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = 0
@@ -58,6 +64,18 @@ class Heartbeat:
     def unregister(self, run_id: UUID) -> None:
         with self._lock:
             self._leases.pop(run_id, None)
+            self._deadlines.pop(run_id, None)
+
+    def step_started(self, run_id: UUID, timeout: float) -> None:
+        self._deadlines[run_id] = time.monotonic() + timeout
+
+    def step_ended(self, run_id: UUID) -> None:
+        self._deadlines.pop(run_id, None)
+
+    def overdue(self, run_id: UUID) -> bool:
+        """Is the run's step body past its timeout plus the grace?"""
+        deadline = self._deadlines.get(run_id)
+        return deadline is not None and time.monotonic() > deadline + conf()["STEP_TIMEOUT_GRACE_SECONDS"]
 
     def _loop(self) -> None:
         while True:
@@ -68,6 +86,10 @@ class Heartbeat:
                 connection.close()  # hold no idle connection between runs
                 continue
             for run_id, owner in leases.items():
+                if self.overdue(run_id):
+                    logger.warning("run %s: its step is past its timeout and grace; its lease is left to expire so "
+                                   "another worker recovers the run", run_id)
+                    continue
                 try:
                     close_old_connections()
                     WorkflowRun.objects.filter(pk=run_id, lease_owner=owner).update(

@@ -126,6 +126,10 @@ class WorkflowRun(FSMModelMixin, models.Model):
     def resume(self) -> None:
         pass
 
+    @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.QUEUED)
+    def hand_back(self) -> None:
+        """The worker's task used its time budget; the run waits on the queue for the next task."""
+
     @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.COMPLETED)
     def complete(self) -> None:
         pass

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import signal
 import sys
@@ -21,6 +22,8 @@ from workflows.conf import conf
 from workflows.exceptions import NotSerializable, ResultTooLarge, StepTimeout
 from workflows.models import StepResult, StepStatus
 from workflows.storable import json_problem, text_problem
+
+logger = logging.getLogger(__name__)
 
 # A step row in one of these states is never written again (see upsert_sql).
 FINAL = (StepStatus.COMPLETED, StepStatus.FAILED)
@@ -170,23 +173,56 @@ def time_limit(seconds: float, message: str) -> Iterator[None]:
     """Interrupt the body after ``seconds`` with StepTimeout.
 
     Uses SIGALRM, which only the main thread can receive (a Celery prefork or solo worker runs
-    tasks there). Elsewhere the limit is checked when the body returns: an over-long try still
-    counts as timed out, and inside ``atomic=True`` its writes are rolled back.
+    tasks there). A body that returns after ``seconds`` all the same (it caught StepTimeout, or
+    ran where the handler could not: another thread, C code with SIGALRM blocked) also ends in
+    StepTimeout when it returns, so its late result is never stored (inside ``atomic=True`` its
+    writes are rolled back). Stuck for good, it is left to the heartbeat (which stops renewing the
+    run's lease) and to Celery's hard time limit.
     """
-    if threading.current_thread() is not threading.main_thread():
-        started = time.monotonic()
-        yield
-        if time.monotonic() - started > seconds:
-            raise StepTimeout(message)
-        return
+    if not seconds > 0:  # 0 would disable the timer; a negative one fails inside setitimer
+        raise ValueError(f"a step timeout must be more than 0 seconds, not {seconds}")
 
     def on_alarm(signum: int, frame: Any) -> None:
         raise StepTimeout(message)
 
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    alarm = threading.current_thread() is threading.main_thread()
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, on_alarm) if alarm else None
     try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        try:
+            if alarm:
+                signal.setitimer(signal.ITIMER_REAL, seconds)
+            yield
+        finally:
+            if alarm:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+        if time.monotonic() - started > seconds:
+            raise StepTimeout(message)
+    except StepTimeout:
+        _cancel_interrupted_query()
+        raise
+
+
+def _cancel_interrupted_query() -> None:
+    """After a StepTimeout: if it interrupted a query, the connection is still busy with it (psycopg
+    only cancels on KeyboardInterrupt) and the query runs on in PostgreSQL. Cancel it there and drop
+    the connection (the next statement opens a new one).
+
+    Inside an atomic block the connection is left open: Django's atomic() rolls back on the way
+    out, finds the connection unusable and closes it itself, keeping its transaction state right.
+    """
+    db = connections[DEFAULT_DB_ALIAS]
+    raw = db.connection
+    if db.vendor != "postgresql" or raw is None or raw.closed:
+        return
+    from psycopg import pq
+
+    if raw.info.transaction_status != pq.TransactionStatus.ACTIVE:
+        return
+    try:
+        raw.cancel_safe(timeout=5)
+    except Exception:  # the connection is dropped all the same
+        logger.warning("could not cancel the query a step timeout interrupted", exc_info=True)
+    if not db.in_atomic_block:
+        db.close()

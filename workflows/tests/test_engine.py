@@ -354,6 +354,59 @@ def test_a_run_end_postgresql_refuses_fails_the_run_and_runs_no_step_again(
     assert lines(path) == ["before", "surrogate"]
 
 
+# --- step timeouts (item 8) ----------------------------------------------------------------------
+@pytest.mark.parametrize("timeout", [0, -1])
+def test_a_step_timeout_of_zero_or_less_is_refused(worker: Worker, timeout: float) -> None:
+    run = wf.start("test.timeout", {"seconds": 0, "timeout": timeout})
+
+    run = wait_for_terminal(run.id)
+
+    assert run.status == RunStatus.FAILED
+    assert run.error["type"] == "ValueError"
+    assert run.error["message"] == f"step 'slow': timeout must be more than 0 seconds, not {float(timeout)}"
+    assert not StepResult.objects.filter(run=run).exists()
+
+
+def test_a_body_that_swallows_its_timeout_and_returns_late_is_a_timed_out_try(worker: Worker, tmp_path: Path) -> None:
+    # given a body that catches StepTimeout on its first try and returns a little later
+    path = str(tmp_path / "lines")
+    run = wf.start("test.stuck", {"how": "swallow", "path": path, "hold": 0.5, "timeout": 0.5})
+
+    run = wait_for_terminal(run.id)
+
+    # then that late result was not stored: the try counted as timed out and the retry's result is the step's
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.result == "second try"
+    assert lines(path) == ["try", "swallowed", "woke", "try"]
+    step = StepResult.objects.get(run=run)
+    assert (step.status, step.tries, step.result) == (StepStatus.COMPLETED, 2, "second try")
+
+
+@pytest.mark.parametrize("atomic", [False, True])
+def test_a_query_interrupted_by_the_timeout_is_cancelled_and_the_worker_goes_on(
+    worker: Worker, tmp_path: Path, atomic: bool
+) -> None:
+    # given a body in a 60-second query on its first try, with a timeout of 1 second
+    from django.db import connection
+
+    marker = f"interrupted-{uuid.uuid4().hex}"
+    path = str(tmp_path / "lines")
+    started = time.monotonic()
+    run = wf.start("test.stuck", {"how": "query", "path": path, "marker": marker, "timeout": 1, "atomic": atomic})
+
+    run = wait_for_terminal(run.id)
+
+    # then the run went on at once on a usable connection, and PostgreSQL is no longer running the query
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert (run.result, run.recovery_count) == ("second try", 0)
+    assert StepResult.objects.get(run=run).tries == 2
+    assert time.monotonic() - started < 10
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND pid <> pg_backend_pid()",
+                       [f"%{marker}%"])
+        assert cursor.fetchone() == (0,)
+
+
 # --- a database connection lost inside a step (item 10) ------------------------------------------
 def test_a_connection_lost_inside_a_step_is_the_workers_problem_not_the_runs(worker: Worker, tmp_path: Path) -> None:
     # given steps that each have the worker's PostgreSQL backend terminated on their first try:

@@ -3,6 +3,9 @@ its own worker every time. Each test has its own queue and its own workers, apar
 session's shared worker."""
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -11,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import Group
 
-from tests.support import Worker, wait_for, wait_for_terminal
+from tests.support import ROOT, Worker, service_env, wait_for, wait_for_terminal
 from tests.workflows_fixtures import lines
 from workflows import public as wf
 from workflows import services
@@ -133,3 +136,91 @@ def test_atomic_step_killed_inside_its_body_leaves_nothing_then_happens_once(
     assert run.result == Group.objects.get(name="exactly-once").pk
     assert StepResult.objects.filter(run=run).count() == 1
     assert lines(path) == ["inside", "inside"]
+
+
+# --- bodies stuck past their timeout (issue 6 item 8) --------------------------------------------
+# A short ceiling for these workers: steps of at most 2 s, a 1 s grace past a timeout, tasks
+# handing their run back after 1 s (so Celery's hard time limit is 1 + 2 + 2 * 1 + 1 = 6 s).
+SHORT_LIMITS = {"WORKFLOWS_MAX_STEP_TIMEOUT": "2", "WORKFLOWS_STEP_TIMEOUT_GRACE": "1", "WORKFLOWS_TASK_BUDGET": "1"}
+
+
+def enqueue_from_another_process(run_id: uuid.UUID, queue: str, **env: str) -> None:
+    """Send the run's message from a process started with ``env`` (as a web process would)."""
+    code = ("import django; django.setup(); from workflows.effects import enqueue_run; "
+            f"enqueue_run({str(run_id)!r}, queue={queue!r})")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60,
+                   env=service_env(DJANGO_SETTINGS_MODULE="config.settings", **env))
+
+
+@pytest.mark.parametrize("how", ["swallow", "blocked"])
+def test_a_body_stuck_past_its_timeout_loses_its_lease_and_the_run_is_recovered(
+    queue: str, workers: list[Worker], tmp_path: Path, how: str
+) -> None:
+    # given two worker processes, and a run whose message carries this process's hard time limit,
+    # an hour away (Celery applies the sender's): only the lease can free the run
+    workers.append(Worker(queue=queue, beat=True, concurrency=2, **SHORT_LIMITS))
+    path = str(tmp_path / "lines")
+    started = time.monotonic()
+
+    # when a step's first try outlives its 1 s timeout by 8 s: it swallows StepTimeout, or sits in
+    # C code with SIGALRM blocked
+    run = wf.start("test.stuck", {"how": how, "path": path, "hold": 8, "timeout": 1})
+
+    # then the heartbeat stops renewing its lease after the timeout and grace, and the other
+    # process recovers the run and completes it on a second try, long before the first wakes
+    run = wait_for_terminal(run.id, timeout=30)
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert (run.result, run.recovery_count) == ("second try", 1)
+    assert time.monotonic() - started < 8
+    assert "woke" not in lines(path)
+
+    # and when the stuck first try does wake, it stores nothing
+    wait_for(lambda: "'lease_lost'" in workers[0].output(), timeout=20, what="the first try's task to end")
+    step = StepResult.objects.get(run=run)
+    assert (step.status, step.tries, step.result) == (StepStatus.COMPLETED, 1, "second try")
+    assert WorkflowRun.objects.get(pk=run.pk).result == "second try"
+
+
+def test_a_worker_process_stuck_in_c_code_is_replaced_at_the_hard_time_limit(
+    queue: str, workers: list[Worker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given one worker process, and a run whose message a process with the worker's settings sent
+    # (Celery's hard time limit travels in the message: the sender's settings decide it)
+    workers.append(Worker(queue=queue, beat=True, concurrency=1, **SHORT_LIMITS))
+    path = str(tmp_path / "lines")
+    monkeypatch.setattr(services, "enqueue_run", lambda run_id, **kw: None)
+    run = wf.start("test.stuck", {"how": "blocked", "path": path, "hold": 3600, "timeout": 1})
+    monkeypatch.undo()
+    started = time.monotonic()
+
+    # when a step's first try blocks in C code with SIGALRM masked for an hour
+    enqueue_from_another_process(run.id, queue, **SHORT_LIMITS)
+
+    # then Celery kills that process and starts another, which recovers the run and completes it
+    run = wait_for_terminal(run.id, timeout=40)
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert (run.result, run.recovery_count) == ("second try", 1)
+    assert time.monotonic() - started < 25
+    assert "Hard time limit (6s) exceeded" in workers[0].output()
+    assert lines(path) == ["try", "try"]
+    assert StepResult.objects.get(run=run).tries == 1
+
+
+def test_a_task_hands_its_run_back_to_the_queue_after_its_budget(
+    queue: str, workers: list[Worker], tmp_path: Path
+) -> None:
+    # given a worker whose tasks have a budget of 1 s
+    workers.append(Worker(queue=queue, beat=False, concurrency=1, **SHORT_LIMITS))
+    path = str(tmp_path / "lines")
+
+    # when a run has 5 steps of 0.4 s
+    run = wf.start("test.steady", {"path": path, "steps": 5, "seconds": 0.4})
+    run = wait_for_terminal(run.id, timeout=30)
+
+    # then the run went back to the queue at a step boundary past the budget (more than once) and
+    # completed, every step run once, with no recovery
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.result == [0, 1, 2, 3, 4]
+    assert lines(path) == ["0", "1", "2", "3", "4"]
+    assert run.recovery_count == 0
+    assert workers[0].output().count("'handed_back'") >= 1

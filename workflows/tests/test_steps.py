@@ -1,10 +1,13 @@
-"""The step store's checks, in process: what PostgreSQL cannot store."""
+"""The step store's checks, in process: what PostgreSQL cannot store, and the step time limit."""
 from __future__ import annotations
 
 import json
+import signal
+import time
 
 import pytest
 
+from workflows import StepTimeout
 from workflows import steps as step_store
 from workflows.exceptions import NotSerializable
 from workflows.storable import json_problem
@@ -48,3 +51,25 @@ def test_error_messages_are_made_storable() -> None:
     json.dumps(record).encode("utf-8")  # and nothing in it that jsonb refuses
     assert json_problem(record) is None
 
+
+@pytest.mark.parametrize("seconds", [0, -1, float("nan")])
+def test_a_time_limit_of_zero_or_less_is_refused_before_touching_the_signal(seconds: float) -> None:
+    # (pytest-timeout has its own SIGALRM handler and timer running: both must be left as they are)
+    handler, (remaining, _) = signal.getsignal(signal.SIGALRM), signal.getitimer(signal.ITIMER_REAL)
+
+    with pytest.raises(ValueError, match="more than 0 seconds"):
+        with step_store.time_limit(seconds, "too short"):
+            pytest.fail("the body must not run")
+
+    assert signal.getsignal(signal.SIGALRM) is handler
+    assert remaining - 1 < signal.getitimer(signal.ITIMER_REAL)[0] <= remaining
+
+
+def test_a_body_that_swallows_the_timeout_still_times_out_when_it_returns() -> None:
+    with pytest.raises(StepTimeout, match="late"):
+        with step_store.time_limit(0.1, "late"):
+            try:
+                time.sleep(5)
+            except StepTimeout:
+                pass  # swallowed
+            time.sleep(0.05)
