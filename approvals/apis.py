@@ -26,7 +26,7 @@ from approvals.exceptions import FORBIDDEN, ApprovalRefused
 from approvals.models import NOTE_MAX, VERSION_MAX, ApprovalRequest, ApprovalStatus, DecisionChannel
 from approvals.selectors import approval_get, approval_list, may_decide_now, superseded_by
 from approvals.services import approval_decide
-from workflows.apis.common import ApiBase, RunCursorPagination, StrictCharField, StrictSerializer
+from workflows.apis.common import CURSOR, ApiBase, RunCursorPagination, StrictCharField, StrictSerializer
 from workflows.apis.converters import id_parameter
 from workflows.apis.errors import error_response, error_responses
 
@@ -124,7 +124,8 @@ class ApprovalListApi(ApiBase):
     @extend_schema_serializer(component_name="ApprovalListFilter")
     class FilterSerializer(StrictSerializer):
         status = ApprovalStatusField(required=False)
-        cursor = StrictCharField(required=False, help_text="From the previous page's next/previous link.")
+        cursor = StrictCharField(required=False, pattern=CURSOR,
+                                 help_text="From the previous page's next/previous link.")
         page_size = serializers.IntegerField(required=False, min_value=1,
                                              max_value=ApprovalCursorPagination.max_page_size)
 

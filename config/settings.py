@@ -186,6 +186,14 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # 3.1: JSON Schema's propertyNames states what the keys of a JSON object field must be.
+    "OAS_VERSION": "3.1.0",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "workflows.apis.schema.add_json_value",
+        "workflows.apis.schema.add_links",
+        "workflows.apis.schema.fix_one_of",
+    ],
 }
 
 # --- The workflow engine ------------------------------------------------------------------------

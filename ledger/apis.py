@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from ledger.models import ExternalOperation, OperationStatus
 from ledger.redaction import redact
 from ledger.selectors import attention_label, can_see_operations, operation_list
-from workflows.apis.common import ApiBase, RunCursorPagination, StrictCharField, StrictSerializer
+from workflows.apis.common import CURSOR, ApiBase, RunCursorPagination, StrictCharField, StrictSerializer
 from workflows.apis.errors import error_responses
 
 TAGS = ["operations"]
@@ -79,7 +79,8 @@ class OperationListApi(ApiBase):
     class FilterSerializer(StrictSerializer):
         status = OperationStatusField(required=False)
         system = StrictCharField(required=False, max_length=100)
-        cursor = StrictCharField(required=False, help_text="From the previous page's next/previous link.")
+        cursor = StrictCharField(required=False, pattern=CURSOR,
+                                 help_text="From the previous page's next/previous link.")
         page_size = serializers.IntegerField(
             required=False, min_value=1, max_value=OperationCursorPagination.max_page_size
         )

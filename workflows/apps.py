@@ -11,6 +11,7 @@ class WorkflowsConfig(AppConfig):
         from django.utils.module_loading import autodiscover_modules
 
         from workflows import checks  # noqa: F401  (registers the system checks)
+        from workflows.apis import schema  # noqa: F401  (registers the OpenAPI schema's extensions)
         from workflows.registry import import_workflow_modules
 
         autodiscover_modules("workflows")

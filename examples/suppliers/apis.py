@@ -13,6 +13,8 @@ assessment's state, a stale report version: "review the current version"), with 
 """
 from __future__ import annotations
 
+import re
+
 from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
@@ -24,9 +26,21 @@ from approvals.models import NOTE_MAX, DecisionChannel
 from examples.suppliers import services
 from examples.suppliers.models import AssessmentStatus, SupplierAssessment
 from examples.suppliers.selectors import assessment_data, assessment_get, assessment_list
-from workflows.apis.common import ApiBase, RunCursorPagination, StrictCharField, StrictSerializer, authenticated_user
+from workflows.apis.common import (
+    CURSOR,
+    ApiBase,
+    JsonObjectField,
+    JsonValueField,
+    RunCursorPagination,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+    StrictSerializer,
+    authenticated_user,
+)
 from workflows.apis.converters import id_parameter
 from workflows.apis.errors import error_response, error_responses
+from workflows.apis.schema import NOT_BLANK
 from workflows.services import check_json_size
 
 TAGS = ["supplier assessments"]
@@ -34,6 +48,7 @@ TAGS = ["supplier assessments"]
 # version label longer than any column takes, a 500 when the refused decision was logged.
 REPORT_VERSION_MAX = 2**31 - 1
 ASSESSMENT_ID = id_parameter("assessment_id", "The assessment's id.")
+SOURCE_NAME_MAX = 100  # SourceRecord.source
 
 
 # --- Shapes ---------------------------------------------------------------------------------------
@@ -107,14 +122,17 @@ def state_error(exc: services.AssessmentStateError, assessment_id: int) -> Respo
 class AssessmentListCreateApi(ApiBase):
     @extend_schema_serializer(component_name="AssessmentCreateInput")
     class InputSerializer(StrictSerializer):
-        supplier_name = StrictCharField(max_length=200)
-        sources = serializers.DictField(child=serializers.JSONField(), allow_empty=False,
-                                        help_text="{source name: content}: revision 1 of each.")
+        supplier_name = StrictCharField(max_length=200, pattern=NOT_BLANK, help_text="Not only whitespace.")
+        sources = JsonObjectField(allow_empty=False, key_pattern=NOT_BLANK, key_max_length=SOURCE_NAME_MAX,
+                                  child=JsonValueField(),  # each is a source record's content: not null
+                                  help_text="{source name: content}: revision 1 of each. A name is 1 to 100 "
+                                  "characters, not only whitespace; a content any JSON but null.")
 
     @extend_schema_serializer(component_name="AssessmentListFilter")
     class FilterSerializer(StrictSerializer):
         status = serializers.ChoiceField(choices=AssessmentStatus.choices, required=False)
-        cursor = StrictCharField(required=False)
+        cursor = StrictCharField(required=False, pattern=CURSOR,
+                                 help_text="From the previous page's next/previous link.")
         page_size = serializers.IntegerField(required=False, min_value=1, max_value=RunCursorPagination.max_page_size)
 
     @extend_schema_serializer(component_name="AssessmentPage")
@@ -124,6 +142,7 @@ class AssessmentListCreateApi(ApiBase):
         results = AssessmentSummarySerializer(many=True)
 
     @extend_schema(operation_id="assessment_list", tags=TAGS, parameters=[FilterSerializer],
+                   description="The caller's assessments (a reviewer's: all), newest first, cursor-paginated.",
                    responses={200: PageSerializer, **error_responses(400, 401)})
     def get(self, request: Request) -> Response:
         filters = self.FilterSerializer(data=request.query_params.dict())
@@ -135,15 +154,17 @@ class AssessmentListCreateApi(ApiBase):
         return paginator.get_paginated_response(AssessmentSummarySerializer(data, many=True).data)
 
     @extend_schema(operation_id="assessment_create", tags=TAGS, request=InputSerializer,
-                   responses={201: AssessmentDetailSerializer, **error_responses(400, 401, 413, 415)})
+                   description="A new assessment awaiting input, with revision 1 of each source.",
+                   responses={201: AssessmentDetailSerializer, **error_responses(400, 401, 403, 413, 415)})
     def post(self, request: Request) -> Response:
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        names = [name for name in data["sources"] if not name.strip() or len(name) > 100]
+        check_json_size(data["sources"], what="sources")  # first: a NUL in a name is invalid_payload, as anywhere
+        names = [name for name in data["sources"] if len(name) > SOURCE_NAME_MAX or not re.fullmatch(NOT_BLANK, name)]
         if names:
-            raise exceptions.ValidationError({"sources": ["Source names are 1 to 100 characters."]})
-        check_json_size(data["sources"], what="sources")
+            raise exceptions.ValidationError(
+                {"sources": ["Source names are 1 to 100 characters, not only whitespace."]})
         try:
             assessment = services.assessment_create(supplier_name=data["supplier_name"],
                                                     requested_by=authenticated_user(request), sources=data["sources"])
@@ -156,6 +177,8 @@ class AssessmentListCreateApi(ApiBase):
 
 class AssessmentDetailApi(ApiBase):
     @extend_schema(operation_id="assessment_retrieve", tags=TAGS, parameters=[ASSESSMENT_ID],
+                   description="Status, the latest revision of each source, the current report and the review "
+                   "pending now (with the report_version to send back).",
                    responses={200: AssessmentDetailSerializer, **error_responses(401, 404)})
     def get(self, request: Request, assessment_id: int) -> Response:
         return detail_response(request, assessment_id)
@@ -165,8 +188,9 @@ class AssessmentSourceApi(ApiBase):
     @extend_schema_serializer(component_name="AssessmentSourceInput")
     class InputSerializer(StrictSerializer):
         source = StrictCharField(  # type: ignore[assignment]  # a field, not Field.source
-            max_length=100, help_text="e.g. companies-house, sanctions, credit")
-        content = serializers.JSONField(help_text="The evidence, as JSON.")
+            max_length=SOURCE_NAME_MAX, pattern=NOT_BLANK,
+            help_text="e.g. companies-house, sanctions, credit; not only whitespace")
+        content = JsonValueField(help_text="The evidence, as JSON.")
 
     @extend_schema(operation_id="assessment_source_add", tags=TAGS, parameters=[ASSESSMENT_ID],
                    request=InputSerializer,
@@ -192,9 +216,8 @@ class AssessmentSourceApi(ApiBase):
 class AssessmentSubmitApi(ApiBase):
     @extend_schema_serializer(component_name="AssessmentSubmitInput")
     class InputSerializer(StrictSerializer):
-        input = serializers.DictField(child=serializers.JSONField(), required=False, default=dict,
-                                      help_text="Scope, questions: part of every report.")
-        review_timeout_seconds = serializers.FloatField(
+        input = JsonObjectField(required=False, default=dict, help_text="Scope, questions: part of every report.")
+        review_timeout_seconds = StrictFloatField(
             required=False, min_value=1, max_value=services.MAX_REVIEW_TIMEOUT_SECONDS,
             help_text="How long reviewers have (default 7 days, at most 90).")
 
@@ -219,7 +242,7 @@ class AssessmentReviewApi(ApiBase):
     @extend_schema_serializer(component_name="AssessmentReviewInput")
     class InputSerializer(StrictSerializer):
         approve = StrictBooleanField(help_text="true approves, false rejects.")
-        report_version = serializers.IntegerField(min_value=1, max_value=REPORT_VERSION_MAX,
+        report_version = StrictIntegerField(min_value=1, max_value=REPORT_VERSION_MAX,
                                                   help_text="The report version the page showed.")
         note = StrictCharField(required=False, default="", allow_blank=True, max_length=NOTE_MAX)
 
@@ -227,7 +250,7 @@ class AssessmentReviewApi(ApiBase):
                    description="A reviewer's decision on the report version their page showed. 403 not_authorised "
                    "/ four_eyes; 409 stale_version (review the current version), invalid_state (no review "
                    "pending), not_pending or expired. The assessment moves once the workflow applies it.",
-                   responses={200: AssessmentDetailSerializer, **error_responses(400, 401, 403, 404, 409, 415)})
+                   responses={200: AssessmentDetailSerializer, **error_responses(400, 401, 403, 404, 409, 413, 415)})
     def post(self, request: Request, assessment_id: int) -> Response:
         visible_assessment(request, assessment_id)
         serializer = self.InputSerializer(data=request.data)

@@ -2,7 +2,9 @@
 API's own read helpers (who may see or control which run)."""
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
@@ -14,6 +16,7 @@ from rest_framework.authentication import SessionAuthentication, TokenAuthentica
 from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
+from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from workflows.models import RunAttempt, WorkflowRun
@@ -25,6 +28,9 @@ if TYPE_CHECKING:
     from django.contrib.auth.models import _User
 
 IDEMPOTENCY_KEY_MAX = 255
+# Printable ASCII, no space at either end (HTTP drops it anyway), 1 to 255 characters: what any
+# client can send in a header and get back unchanged.
+IDEMPOTENCY_KEY = f"[!-~](?:[ -~]{{0,{IDEMPOTENCY_KEY_MAX - 2}}}[!-~])?"
 
 
 class ApiBase(APIView):
@@ -41,9 +47,20 @@ class StrictCharField(serializers.CharField):
     """A string, and only a string: DRF's CharField quietly turns 5 or true into "5" or "True".
     And one PostgreSQL can store: a NUL character or an unpaired surrogate is a 400 here, never a
     500 at the INSERT (every text field of every API is one of these; JSON fields are checked by
-    ``check_json_size``)."""
+    ``check_json_size``).
 
-    default_error_messages = {"unstorable": "The text contains {problem}."}
+    Taken as sent: no whitespace is trimmed, so ``max_length`` and ``allow_blank`` mean what the
+    schema says (a trimmed value would be accepted longer than its maxLength, and "  " refused
+    though it is not empty). ``pattern``: the value must match it whole (``re.fullmatch``); the
+    schema states it (``workflows.apis.schema``)."""
+
+    default_error_messages = {"unstorable": "The text contains {problem}.",
+                              "pattern": "The text does not have the expected form."}
+
+    def __init__(self, *, pattern: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+        self.pattern = pattern
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
@@ -51,7 +68,47 @@ class StrictCharField(serializers.CharField):
         problem = text_problem(data)
         if problem is not None:
             self.fail("unstorable", problem=problem)
+        if self.pattern is not None and re.fullmatch(self.pattern, data) is None:
+            self.fail("pattern")
         return str(super().to_internal_value(data))
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """A JSON number with an integral value (3 or 3.0), not a string: DRF's IntegerField also takes
+    "3", where the schema says integer."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int | float) or (isinstance(data, float)
+                                                                            and not data.is_integer()):
+            self.fail("invalid")
+        return int(super().to_internal_value(data))
+
+
+class StrictFloatField(serializers.FloatField):
+    """A JSON number, not a string: DRF's FloatField also takes "3.5", where the schema says number."""
+
+    def to_internal_value(self, data: Any) -> float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            self.fail("invalid")
+        return float(super().to_internal_value(data))
+
+
+class JsonValueField(serializers.JSONField):
+    """Any JSON value; ``check_json_size`` decides whether PostgreSQL can store it (the schema
+    calls it JsonValue). null only with ``allow_null`` (a field's own null would be SQL NULL in
+    its column; inside an object or a list it is JSON's null)."""
+
+
+class JsonObjectField(serializers.DictField):
+    """A JSON object of JSON values (null too, unless ``child`` says otherwise). ``key_pattern`` and
+    ``key_max_length``: what its keys must be (checked by the view or service that takes it; stated
+    in the schema)."""
+
+    def __init__(self, *, key_pattern: str | None = None, key_max_length: int | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("child", JsonValueField(allow_null=True))
+        super().__init__(**kwargs)
+        self.key_pattern = key_pattern
+        self.key_max_length = key_max_length
 
 
 class StrictSerializer(serializers.Serializer):
@@ -65,47 +122,62 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+# ``<offset>.<reverse>[.<position>]``: the position is a created_at in microseconds since 1970
+# (16 digits reach the year 2286), so every cursor of this form is a valid page.
+CURSOR = "([0-9]{1,9})\\.([01])(?:\\.([0-9]{1,16}))?"  # plain groups: also the schema's pattern
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
+
+
 class RunCursorPagination(CursorPagination):
     """Newest first. The cursor holds a created_at position; equal timestamps are handled by
-    CursorPagination's offset, so no run is skipped or repeated across pages."""
+    CursorPagination's offset, so no run is skipped or repeated across pages.
+
+    DRF's cursor is base64 of a query string: its schema could only say "a string", and most
+    strings are refused (DRF answers 404, and passes a forged position straight into the query).
+    This one has a form the schema states (``CURSOR``), and anything of that form is a page."""
 
     ordering = "-created_at"
     page_size = 50
     page_size_query_param = "page_size"
     max_page_size = 200
 
+    def encode_cursor(self, cursor: Cursor) -> str:
+        parts = [str(cursor.offset), "1" if cursor.reverse else "0"]
+        if cursor.position is not None:
+            # The position is str() of a created_at (DRF's _get_position_from_instance).
+            when = parse_datetime(str(cursor.position))
+            assert when is not None
+            parts.append(str((when - EPOCH) // MICROSECOND))
+        return str(replace_query_param(str(self.base_url), self.cursor_query_param, ".".join(parts)))
+
     def decode_cursor(self, request: Request) -> Cursor | None:
-        # DRF answers a garbled cursor with 404 and passes a forged position straight into the
-        # query (a 500 on a DateTimeField); both are bad input, so both are a 400 here.
-        try:
-            cursor = super().decode_cursor(request)
-        except exceptions.NotFound:
-            raise exceptions.ValidationError({"cursor": ["Invalid cursor."]}) from None
-        if cursor is not None and cursor.position is not None and _parse_position(str(cursor.position)) is None:
+        encoded = request.query_params.get(self.cursor_query_param)
+        if encoded is None:
+            return None
+        match = re.fullmatch(CURSOR, encoded)
+        if match is None:
             raise exceptions.ValidationError({"cursor": ["Invalid cursor."]})
-        return cursor
-
-
-def _parse_position(value: str) -> object | None:
-    try:
-        return parse_datetime(value)
-    except ValueError:
-        return None
+        offset, reverse, position = match.groups()
+        return Cursor(
+            offset=min(int(offset), self.offset_cutoff), reverse=reverse == "1",
+            # The form DRF compares positions in: str() of the datetime (the stubs say int).
+            position=str(EPOCH + int(position) * MICROSECOND) if position is not None else None,  # type: ignore[arg-type]
+        )
 
 
 def idempotency_key_header(request: Request) -> str | None:
-    """The ``Idempotency-Key`` header: absent is None; present it must be 1-255 characters."""
+    """The ``Idempotency-Key`` header: absent is None; present it must match IDEMPOTENCY_KEY."""
     key = request.headers.get("Idempotency-Key")
     if key is None:
         return None
-    key = key.strip()
-    if not key or len(key) > IDEMPOTENCY_KEY_MAX:
-        raise exceptions.ValidationError(
-            {"Idempotency-Key": [f"The header must be 1 to {IDEMPOTENCY_KEY_MAX} characters."]}
-        )
-    problem = text_problem(key)
-    if problem is not None:
-        raise exceptions.ValidationError({"Idempotency-Key": [f"The header contains {problem}."]})
+    if re.fullmatch(IDEMPOTENCY_KEY, key) is None:
+        problem = text_problem(key)
+        raise exceptions.ValidationError({"Idempotency-Key": [
+            f"The header contains {problem}." if problem is not None else
+            f"The header must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters, not starting or ending "
+            "with a space."
+        ]})
     return key
 
 
@@ -117,6 +189,8 @@ def visible_run(*, user: AbstractUser | AnonymousUser, run_id: str) -> WorkflowR
         parsed = UUID(run_id)
     except ValueError:
         raise exceptions.NotFound() from None
+    if str(parsed) != run_id.lower():
+        raise exceptions.NotFound()  # only the form the schema names (UUID() also takes braces, no hyphens...)
     run = run_get(user=user, run_id=parsed)
     if run is None:
         raise exceptions.NotFound()

@@ -26,8 +26,12 @@ from rest_framework.response import Response
 
 from workflows import services
 from workflows.apis.common import (
+    CURSOR,
+    IDEMPOTENCY_KEY,
     IDEMPOTENCY_KEY_MAX,
     ApiBase,
+    JsonObjectField,
+    JsonValueField,
     RunCursorPagination,
     StrictCharField,
     StrictSerializer,
@@ -43,6 +47,16 @@ from workflows.selectors import public_error, run_list, run_timeline, waiting_fo
 
 RUN_ID = OpenApiParameter("run_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The run's id.")
 TAGS = ["runs"]
+
+
+def idempotency_key_parameter(description: str) -> OpenApiParameter:
+    """The schema's optional ``Idempotency-Key`` header, as ``idempotency_key_header`` checks it."""
+    return OpenApiParameter(
+        "Idempotency-Key", {"type": "string", "pattern": f"^(?:{IDEMPOTENCY_KEY})$", "minLength": 1,
+                            "maxLength": IDEMPOTENCY_KEY_MAX},
+        OpenApiParameter.HEADER, required=False,
+        description=f"1-{IDEMPOTENCY_KEY_MAX} printable ASCII characters, no space at either end. {description}",
+    )
 
 
 # --- Shapes shared by several operations --------------------------------------------------------
@@ -162,22 +176,19 @@ class RunStartApi(ApiBase):
 
     @extend_schema_serializer(component_name="RunStartInput")
     class InputSerializer(StrictSerializer):
-        payload = serializers.DictField(
+        payload = JsonObjectField(
             required=False, default=dict,
-            help_text="The workflow's input (a JSON object, default {}); run() sees it as event.payload.",
+            help_text="The workflow's input (a JSON object, default {}); run() sees it as event.payload. "
+            "The workflow's validate_payload may refuse it (400 invalid_payload).",
         )
 
     OutputSerializer = RunSummarySerializer
 
     @extend_schema(
         operation_id="run_start", tags=TAGS, request=InputSerializer,
-        parameters=[
-            OpenApiParameter(
-                "Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER, required=False,
-                description=f"1-{IDEMPOTENCY_KEY_MAX} characters, scoped to the caller and the workflow. "
-                "Same key and payload again: 200 with the existing run. Same key, other payload: 409.",
-            )
-        ],
+        parameters=[idempotency_key_parameter(
+            "Scoped to the caller and the workflow. Same key and payload again: 200 with the existing run. "
+            "Same key, other payload: 409.")],
         responses={
             201: OutputSerializer, 200: OutputSerializer,
             **error_responses(400, 401, 403, 404, 409, 413, 415),
@@ -207,7 +218,8 @@ class RunListApi(ApiBase):
         status = RunStatusField(required=False)
         workflow = StrictCharField(required=False, max_length=100)
         # The paginator reads these two; declared so that they are not refused as unknown.
-        cursor = StrictCharField(required=False, help_text="From the previous page's next/previous link.")
+        cursor = StrictCharField(required=False, pattern=CURSOR,
+                                 help_text="From the previous page's next/previous link.")
         page_size = serializers.IntegerField(required=False, min_value=1, max_value=RunCursorPagination.max_page_size)
 
     @extend_schema_serializer(component_name="RunPage")
@@ -252,7 +264,7 @@ class RunSendEventApi(ApiBase):
     @extend_schema_serializer(component_name="RunEventInput")
     class InputSerializer(StrictSerializer):
         type = StrictCharField(max_length=200, help_text="What step.wait_for_event(type=...) waits for.")
-        payload = serializers.JSONField(required=False, default=dict, help_text="Any JSON; default {}.")
+        payload = JsonValueField(required=False, default=dict, help_text="Any JSON; default {}.")
         idempotency_key = StrictCharField(
             required=False, allow_null=True, max_length=IDEMPOTENCY_KEY_MAX,
             help_text="Per run. Same key, type and payload again: 200 with the stored event. Otherwise 409.",
