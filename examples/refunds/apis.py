@@ -1,5 +1,7 @@
 """/api/orders/<number>/refunds (POST: ask for a refund) and /api/refunds/<id> (GET: its state in
-words). Customers see only their own: anything else is a 404, never a 403."""
+words). Customers see only their own: anything else is a 404, never a 403. An amount the order's
+balance does not allow is a 409 ``balance_exceeded`` (the same request may succeed once another
+request is rejected); a malformed one a 400."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,14 +14,18 @@ from rest_framework.response import Response
 
 from examples.refunds.models import Order, RefundRequest
 from examples.refunds.selectors import refund_request_get, refund_status
-from examples.refunds.services import refund_request_create
+from examples.refunds.services import BalanceExceeded, refund_request_create
 from workflows.apis.common import ApiBase, StrictCharField, StrictSerializer, idempotency_key_header
 from workflows.apis.converters import id_parameter, name_parameter
-from workflows.apis.errors import error_responses
+from workflows.apis.errors import error_response, error_responses
+from workflows.apis.runs import idempotency_key_parameter
 
 TAGS = ["refunds"]
 ORDER_NUMBER = name_parameter("number", "The order's number.")
 REFUND_ID = id_parameter("refund_id", "The refund request's id.")
+# A positive amount in pounds with at most two decimal places, at most 10 digits before the point
+# (the columns hold 12 digits, two of them decimals): "120", "120.5", "0.05"; not "0.00" or "1e2".
+AMOUNT = "[1-9][0-9]{0,9}(?:\\.[0-9]{1,2})?|0\\.(?:[1-9][0-9]?|0[1-9])"
 
 
 class RefundSerializer(serializers.Serializer):
@@ -37,11 +43,18 @@ class RefundSerializer(serializers.Serializer):
 
 class RefundCreateApi(ApiBase):
     class InputSerializer(StrictSerializer):
-        amount = StrictCharField(help_text='The amount to refund, e.g. "120.00".')
+        amount = StrictCharField(pattern=AMOUNT, help_text='The amount to refund in pounds, e.g. "120.00".')
         reason = StrictCharField(required=False, allow_blank=True, default="", max_length=500)
 
-    @extend_schema(operation_id="refund_create", tags=TAGS, request=InputSerializer, parameters=[ORDER_NUMBER],
-                   responses={201: RefundSerializer, 200: RefundSerializer, **error_responses(400, 401, 404, 409)})
+    @extend_schema(operation_id="refund_create", tags=TAGS, request=InputSerializer,
+                   parameters=[ORDER_NUMBER, idempotency_key_parameter(
+                       "Scoped to the customer. Same key, order, amount and reason again: 200 with the existing "
+                       "request. Same key, anything else: 409.")],
+                   description="201 a new request; 200 the same Idempotency-Key with the same order, amount and "
+                   "reason (the existing request); 409 idempotency_conflict for the same key with another "
+                   "request, balance_exceeded for more than the order still has to refund.",
+                   responses={201: RefundSerializer, 200: RefundSerializer,
+                              **error_responses(400, 401, 403, 404, 409, 413, 415)})
     def post(self, request: Request, number: str) -> Response:
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -54,6 +67,9 @@ class RefundCreateApi(ApiBase):
                 order=order, customer=request.user,  # type: ignore[arg-type]  # authenticated
                 amount=data["amount"], reason=data["reason"], idempotency_key=idempotency_key_header(request),
             )
+        except BalanceExceeded as exc:
+            return error_response("balance_exceeded", "; ".join(exc.messages), status.HTTP_409_CONFLICT,
+                                  exc.message_dict)
         except DjangoValidationError as exc:
             raise exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages) \
                 from None

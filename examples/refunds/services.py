@@ -96,7 +96,8 @@ def refund_request_create(
 
     Returns (request, created). The same Idempotency-Key with the same order, amount and reason
     returns the existing request; with anything else raises IdempotencyConflict. ValidationError
-    when the amount is more than the order still has to refund: what was refunded and what other
+    for an amount that is not a positive amount of pence; BalanceExceeded (a ValidationError) when
+    it is more than the order still has to refund: what was refunded and what other
     requests may still refund (sent, unknown, awaiting approval) count, decided with the order row
     locked, so two requests sent together cannot both take the same money.
     """
@@ -131,12 +132,17 @@ def refund_request_create(
     return request, True
 
 
+class BalanceExceeded(ValidationError):
+    """The amount is more than the order still has to refund: a refusal because of the order's
+    state (the API's 409), not of the request's form (400)."""
+
+
 def check_refundable(order: Order, amount: Decimal, balance: OrderBalance) -> None:
-    """ValidationError unless ``amount`` fits what the order still has to refund."""
+    """BalanceExceeded unless ``amount`` fits what the order still has to refund."""
     if balance.refundable <= 0 and balance.refunded >= order.amount:
-        raise ValidationError({"order": "this order is already refunded"})
+        raise BalanceExceeded({"order": "this order is already refunded"})
     if amount > balance.refundable:
-        raise ValidationError({"amount": (
+        raise BalanceExceeded({"amount": (
             f"at most {balance.refundable} of this order's {order.amount} can still be refunded "
             f"({balance.refunded} refunded, {balance.in_flight} in requests still being handled)"
         )})

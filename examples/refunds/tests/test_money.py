@@ -71,9 +71,10 @@ def test_two_requests_for_the_whole_order_sent_together_pay_once(world: dict[str
     # when
     answers = race(ask_over_http, n=2)
 
-    # then one is accepted and the other refused, saying what is left
-    assert sorted(a.status_code for a in answers) == [201, 400], [a.content for a in answers]
-    [refused] = [a for a in answers if a.status_code == 400]
+    # then one is accepted and the other refused (a conflict with the order's balance), saying what is left
+    assert sorted(a.status_code for a in answers) == [201, 409], [a.content for a in answers]
+    [refused] = [a for a in answers if a.status_code == 409]
+    assert refused.json()["error"]["code"] == "balance_exceeded"
     assert "at most 0.00" in json.dumps(refused.json()["error"]["detail"])
     [request] = RefundRequest.objects.filter(order=order)
     assert_confirmed(request, world["sandbox"])

@@ -206,7 +206,7 @@ def test_api_requests_a_refund_idempotently_and_shows_it_to_its_owner_only(world
     conflict = alice.post(url, {"amount": "16.00", "reason": "late"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
     assert conflict.status_code == 409 and conflict.json()["error"]["code"] == "idempotency_conflict"
     too_much = alice.post(url, {"amount": "61.00"}, format="json", HTTP_IDEMPOTENCY_KEY="k-2")
-    assert too_much.status_code == 400 and too_much.json()["error"]["code"] == "invalid"
+    assert too_much.status_code == 409 and too_much.json()["error"]["code"] == "balance_exceeded"
     assert RefundRequest.objects.count() == 1
 
     refund_id = first.json()["id"]
