@@ -14,13 +14,18 @@ Protocol of ``/ws/runs/<id>/`` (DESIGN.md section 7):
   where H is the highest seq sent; live events follow.
 - client: ``{"type": "snapshot"}`` -> a fresh snapshot (the page asks after a status change, to
   redraw the timeline).
-- bad client messages get ``{"type": "error", "message": ...}``; the connection stays open.
+- bad client messages get ``{"type": "error", "message": ...}``; the connection stays open: a
+  binary frame, text that is not JSON (or nested past the parser's limit), a message over
+  MAX_MESSAGE_CHARS, a JSON value that is not an object, an unknown type, a bad ``after``. (Text
+  that is not UTF-8, and a message over daphne's own size limit, never reach the consumer: daphne
+  fails the connection, as the WebSocket protocol requires.)
 - close codes: 4401 not authenticated, 4404 no such run *or* another user's run (indistinguishable).
 """
 from __future__ import annotations
 
 import json
 import logging
+import reprlib
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -41,6 +46,14 @@ CLOSE_NOT_FOUND = 4404
 MAX_MISSING = 1000
 # JSON numbers beyond this lose precision in browsers.
 MAX_SEQ = 2**53
+# Client messages are a few dozen characters; anything longer is refused before it is parsed
+# (daphne's own limit, 1 MiB, is the one that closes the connection).
+MAX_MESSAGE_CHARS = 4096
+# What an error message quotes of a client's value: a bounded repr (a 10,000-character "type" is
+# not sent back, and a deeply nested one is not walked).
+QUOTE = reprlib.Repr()
+QUOTE.maxstring = QUOTE.maxother = 60
+QUOTE.maxlevel = 2
 
 
 @dataclass
@@ -117,9 +130,11 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         try:
             if text_data is None:
                 raise ClientError("messages are JSON text frames")
+            if len(text_data) > MAX_MESSAGE_CHARS:
+                raise ClientError(f"a message is at most {MAX_MESSAGE_CHARS} characters")
             try:
                 content = json.loads(text_data)
-            except ValueError:
+            except (ValueError, RecursionError):  # "[[[[..." deeper than the parser's recursion
                 raise ClientError("the message is not valid JSON") from None
             await self.receive_json(content)
         except ClientError as exc:
@@ -136,7 +151,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
             if snapshot is not None:
                 await self.send_json(snapshot)
         else:
-            raise ClientError(f"unknown message type {kind!r}; expected 'resume' or 'snapshot'")
+            raise ClientError(f"unknown message type {QUOTE.repr(kind)}; expected 'resume' or 'snapshot'")
 
     async def _resume(self, after: int) -> None:
         assert self.cursor is not None  # client messages are dispatched only after connect()
