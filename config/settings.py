@@ -192,6 +192,7 @@ SPECTACULAR_SETTINGS = {
         "drf_spectacular.hooks.postprocess_schema_enums",
         "workflows.apis.schema.add_json_value",
         "workflows.apis.schema.add_links",
+        "workflows.apis.schema.add_workflow_operations",  # after add_links: copies run_start's
         "workflows.apis.schema.fix_one_of",
     ],
 }

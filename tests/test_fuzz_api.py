@@ -61,7 +61,8 @@ SEEDED = {
     "path.refund_id": [REFUND_ID],
     "path.request_id": [APPROVAL_ID, REVIEW_ID],
     "path.assessment_id": [ASSESSMENT_ID],
-    # Public workflows that take any payload object (demo.onboarding checks its own: see README).
+    # Public workflows that take any payload object (demo.onboarding, which states its payload, is
+    # an operation of its own: POST /api/workflows/demo.onboarding/runs).
     "path.name": ["test.echo", "test.wait"],
 }
 CONFIG = schemathesis.Config.from_dict({

@@ -5,10 +5,10 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from uuid import UUID
 
-from workflows.exceptions import UnknownWorkflow
+from workflows.exceptions import InvalidPayload, UnknownWorkflow
 
 if TYPE_CHECKING:
     from workflows.engine import Step
@@ -44,6 +44,10 @@ class Workflow:
     # and API (a refund, an assessment) stays private and starts only through that service, which
     # checks who may start it and builds its payload.
     public: bool = False
+    # The payload's JSON Schema (draft 2020-12), or None for any JSON object. The default
+    # ``validate_payload`` checks it, and the API's schema states it: a public workflow with one
+    # has its own operation there, POST /api/workflows/<name>/runs with this payload.
+    payload_schema: ClassVar[dict[str, Any] | None] = None
     run_id: UUID
 
     def run(self, event: Event, step: Step) -> Any:
@@ -53,8 +57,17 @@ class Workflow:
     def validate_payload(cls, payload: dict[str, Any]) -> dict[str, Any]:
         """The payload to store for a new run, or InvalidPayload saying what is wrong (a 400 over
         HTTP). Called by every start, before anything is written. The default takes any JSON
-        object; a workflow with inputs checks their types and bounds here (a public workflow must:
-        its payload comes from whoever is signed in)."""
+        object that ``payload_schema`` allows; a workflow with inputs states their types and bounds
+        there, or checks them here (a public workflow must: its payload comes from whoever is signed
+        in; the schema also tells the API's clients)."""
+        if cls.payload_schema is not None:
+            from jsonschema import Draft202012Validator
+            from jsonschema.exceptions import best_match
+
+            error = best_match(Draft202012Validator(cls.payload_schema).iter_errors(payload))
+            if error is not None:
+                where = "".join(f"[{part!r}]" for part in error.absolute_path)
+                raise InvalidPayload(f"payload{where}: {error.message}"[:500])
         return payload
 
     def report_progress(self, data: Any) -> None:

@@ -68,6 +68,16 @@ def _number(payload: dict[str, Any], key: str) -> float:
 @workflow("demo.onboarding", public=True)
 class Onboarding(Workflow):
     version = "2"
+    # What validate_payload checks, for the API's schema (tests/test_fuzz_api.py holds them to agreeing).
+    payload_schema = {
+        "type": "object", "additionalProperties": False,
+        "properties": {
+            **{key: {"type": "string", "minLength": 1, "maxLength": 100, "pattern": "^[^\\x00]*$", "default": default}
+               for key, default in TEXTS.items()},
+            **{key: {"type": "number", "minimum": low, "maximum": high, "default": default}
+               for key, (default, low, high) in NUMBERS.items()},
+        },
+    }
 
     @classmethod
     def validate_payload(cls, payload: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,8 @@ Imported by ``WorkflowsConfig.ready`` (the extensions register themselves on imp
 """
 from __future__ import annotations
 
+import json
+import re
 import sys
 from typing import Any
 
@@ -24,6 +26,7 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import Direction
 
 from workflows.apis.common import JsonObjectField, JsonValueField, StrictCharField, StrictSerializer
+from workflows.registry import get_workflow, workflow_names
 
 JSON_VALUE = "#/components/schemas/JsonValue"
 # Every character str.strip() removes, spelled out: regex engines disagree on what \s means.
@@ -128,6 +131,41 @@ def fix_one_of(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
 
     fixed: dict[str, Any] = walk(result)
     return fixed
+
+
+def add_workflow_operations(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """One operation for each public workflow that states its payload (``Workflow.payload_schema``):
+    ``POST /api/workflows/<name>/runs`` with that payload, so what the schema calls valid is what
+    the workflow's validate_payload takes. The generic operation is for the other workflows."""
+    generic_path = "/api/workflows/{name}/runs"
+    generic = result.get("paths", {}).get(generic_path, {}).get("post")
+    if generic is None:
+        return result
+    stated = [name for name in workflow_names()
+              if get_workflow(name).public and get_workflow(name).payload_schema is not None]
+    for name in stated:
+        payload = dict(get_workflow(name).payload_schema or {})
+        payload.setdefault("description", f"The input of {name}; its validate_payload checks exactly this.")
+        operation = json.loads(json.dumps(generic))  # a deep copy, links included
+        operation["operationId"] = "run_start_" + re.sub(r"\W", "_", name)
+        operation["description"] = f"Start a run of {name}."
+        operation["parameters"] = [p for p in operation.get("parameters", []) if p.get("name") != "name"]
+        body: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": {"payload": payload}}
+        if payload.get("required"):
+            body["required"] = ["payload"]  # the default {} would not do
+        for media in operation["requestBody"]["content"].values():
+            media["schema"] = body
+            media.pop("examples", None)
+        operation["responses"].pop("404", None)  # the workflow exists
+        result["paths"][generic_path.replace("{name}", name)] = {"post": operation}
+    if stated:
+        # Described, not excluded with "not": OpenAPI matches a concrete path before a template, so
+        # /api/workflows/demo.onboarding/runs is that operation's, never this one's.
+        for parameter in generic.get("parameters", []):
+            if parameter.get("name") == "name" and parameter.get("in") == "path":
+                parameter["description"] = ("A public workflow's name, except those with an operation of "
+                                            f"their own: {', '.join(stated)}.")
+    return result
 
 
 # --- Links ------------------------------------------------------------------------------------------
