@@ -80,6 +80,7 @@ class RefundCreateApi(ApiBase):
 
 class RefundDetailApi(ApiBase):
     @extend_schema(operation_id="refund_get", tags=TAGS, parameters=[REFUND_ID],
+                   description="The refund request and, in words, where it is (its owner only).",
                    responses={200: RefundSerializer, **error_responses(401, 404)})
     def get(self, request: Request, refund_id: int) -> Response:
         refund = refund_request_get(user=request.user, request_id=refund_id)
