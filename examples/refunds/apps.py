@@ -10,7 +10,9 @@ class RefundsConfig(AppConfig):
         # Every process that performs or reconciles (web, workers, commands) needs the adapter.
         from django.conf import settings
 
+        from examples.refunds.services import refund_settled
         from ledger import HttpAdapter, register_adapter
+        from ledger.hooks import on_operation_settled
 
         register_adapter("payments", HttpAdapter(
             base_url=settings.SANDBOX_PAYMENTS_URL,
@@ -18,3 +20,4 @@ class RefundsConfig(AppConfig):
             lookup_path="/v1/{action}s?key={key}",  # GET /v1/refunds?key=K: 200 found, 404 never seen
             batch_lookup_path="/v1/{action}s/lookup",  # POST {"keys": [...]}: reconcile asks 200 at a time
         ))
+        on_operation_settled(refund_settled)  # a refund reconciled as paid after its run ended

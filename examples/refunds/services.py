@@ -17,8 +17,8 @@ from django.db import IntegrityError, transaction
 from approvals import supersede_pending
 from examples.refunds.models import Order, OrderStatus, RefundRequest
 from examples.refunds.selectors import OrderBalance, order_balance
-from ledger import prepare
-from ledger.models import ExternalOperation
+from ledger import prepare, record_create
+from ledger.models import ExternalOperation, OperationStatus
 from workflows import NonRetryableError
 from workflows import services as workflow_services
 from workflows.exceptions import IdempotencyConflict
@@ -186,3 +186,28 @@ def _same(existing: RefundRequest, *, order: Order, amount: Decimal, reason: str
             f"({existing.pk}); nothing was changed"
         )
     return existing
+
+
+def refund_settled(op: ExternalOperation) -> None:
+    """``ledger.hooks.on_operation_settled``: a refund that succeeded after its run had ended (it
+    was terminated while the outcome was unknown, then reconcile or a person found it paid).
+
+    The run would have stored the operational record and marked the order; it never will, so this
+    does, in the transaction that settles the operation: the order then says what happened to it.
+    A run still going records its own outcome when it reads it. Order row, then run rows
+    (``order_change`` supersedes pending approvals), as everywhere here.
+    """
+    if (op.system, op.action, op.status) != ("payments", "refund", OperationStatus.SUCCEEDED):
+        return
+    _prefix, _, request_id = op.key.rpartition(":")
+    refund = RefundRequest.objects.select_related("order", "run").filter(pk=int(request_id)).first() \
+        if request_id.isdigit() else None
+    if refund is None or refund.operation_key != op.key or (refund.run is not None and not refund.run.is_terminal):
+        return
+    record_create(
+        request_id=f"refund-request:{refund.pk}", run=refund.run_id, step="reconcile", tool="payments.refund",
+        observed_at=op.finished_at, approval_pending=False, operation=op,
+        response={"provider": op.response, "order": {"order": refund.order.number, "refund_amount": str(refund.amount),
+                                                     "settled_after_the_run_ended": True}},
+    )
+    order_mark_refunded(order_id=refund.order_id)

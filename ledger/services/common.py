@@ -8,9 +8,10 @@ from typing import Any
 
 from django.utils import timezone
 
+from ledger import hooks
 from ledger.adapters import Adapter, Failed, LookupOutcome, NoEffect, NotFound, SubmitOutcome, Succeeded, Unknown
 from ledger.conf import in_flight_window, stale_after
-from ledger.models import EventKind, EventOutcome, ExternalOperation, OperationEvent, OperationStatus
+from ledger.models import FINAL, EventKind, EventOutcome, ExternalOperation, OperationEvent, OperationStatus
 from ledger.redaction import redact
 
 # One logger for the whole ledger, so an operator can route it; it only ever sees redacted data.
@@ -118,6 +119,8 @@ def apply_lookup(op: ExternalOperation, outcome: LookupOutcome, *, now: datetime
     note, event = prepare_lookup(op, outcome, now=now, run_ended=run_ended)
     op.save()
     event.save()
+    if op.status in FINAL:
+        hooks.operation_settled(op)
     return note
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from ledger import hooks
 from ledger.adapters import Adapter, Failed, NoEffect, SubmitOutcome, Succeeded, Unknown, get_adapter
 from ledger.exceptions import (
     IdempotencyConflict,
@@ -39,7 +40,7 @@ from ledger.exceptions import (
     PerformInTransaction,
     ProviderUnavailable,
 )
-from ledger.models import EventKind, EventOutcome, ExternalOperation, OperationStatus
+from ledger.models import FINAL, EventKind, EventOutcome, ExternalOperation, OperationStatus
 from ledger.services.common import (
     ago,
     apply_lookup,
@@ -279,6 +280,8 @@ def _record_submit(op: ExternalOperation, outcome: SubmitOutcome) -> Plan:
         plan = _apply_submit(current, outcome, now=timezone.now())
         record_event(current, kind=EventKind.SUBMIT, outcome=outcome_code(outcome), before=before,
                      detail=outcome_detail(outcome), note=current.note)
+        if current.status in FINAL:
+            hooks.operation_settled(current)
         return plan
 
 

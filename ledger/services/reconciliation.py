@@ -21,10 +21,19 @@ from typing import TYPE_CHECKING, Any, Literal
 from django.db import connection, transaction
 from django.utils import timezone
 
+from ledger import hooks
 from ledger.adapters import Failed, LookupOutcome, NotFound, Succeeded, get_adapter, has_adapter, has_lookup_many
 from ledger.conf import conf
 from ledger.exceptions import ResolutionRefused
-from ledger.models import RECONCILABLE, EventKind, EventOutcome, ExternalOperation, OperationEvent, OperationStatus
+from ledger.models import (
+    FINAL,
+    RECONCILABLE,
+    EventKind,
+    EventOutcome,
+    ExternalOperation,
+    OperationEvent,
+    OperationStatus,
+)
 from ledger.selectors import can_resolve_operations, operations_to_reconcile, run_ended
 from ledger.services.common import (
     LOOKUP_FIELDS,
@@ -152,6 +161,9 @@ def _record_batch(pairs: list[tuple[ExternalOperation, LookupOutcome]]) -> list[
             results.append(_result(op, op.status, _verdict(op, outcome), note, before=seen.status))
         _save_lookups(changed)
         OperationEvent.objects.bulk_create(events)
+        for op in changed:
+            if op.status in FINAL:
+                hooks.operation_settled(op)
     return results
 
 
@@ -247,6 +259,7 @@ def _abandon_pending(op: ExternalOperation, *, dry_run: bool) -> ReconcileResult
         current.save()
         record_event(current, kind=EventKind.ABANDON, outcome=EventOutcome.FAILED, before=OperationStatus.PENDING,
                      note=note)
+        hooks.operation_settled(current)
     return _result(current, current.status, "resolved", note, before=OperationStatus.PENDING)
 
 
@@ -266,6 +279,7 @@ def operations_abandon_for_run(run_id: Any) -> int:
         op.save()
         record_event(op, kind=EventKind.ABANDON, outcome=EventOutcome.FAILED, before=OperationStatus.PENDING,
                      note=op.note)
+        hooks.operation_settled(op)
         abandoned += 1
     return abandoned
 
@@ -354,4 +368,5 @@ def operation_resolve(
         # The note is free text a person typed: stored for the audit, not logged (no key to redact by).
         record_event(op, kind=EventKind.RESOLVE, outcome=outcome, before=before, note=f"{username}: {note}",
                      log_note=False)
+        hooks.operation_settled(op)
     return op

@@ -273,3 +273,31 @@ def test_terminating_a_run_abandons_its_pending_operations_at_once(payments: Fak
     assert status_of(pending) == OperationStatus.FAILED
     assert status_of(unknown) == OperationStatus.UNKNOWN  # it may have happened: reconcile finds out
     assert [e.kind for e in OperationEvent.objects.filter(operation=pending)] == ["abandon"]
+
+
+def test_every_way_an_operation_settles_calls_the_settled_hooks_once(payments: FakeProvider) -> None:
+    from django.contrib.auth.models import Permission, User
+
+    from ledger import hooks
+    from ledger.services import operation_resolve
+
+    settled: list[tuple[str, str]] = []
+
+    def hook(op: ExternalOperation) -> None:
+        settled.append((op.key, op.status))
+
+    hooks.on_operation_settled(hook)
+    try:
+        payments.seed("found")
+        make_operation("found")  # unknown; the provider did it
+        make_operation("orphan", OperationStatus.PENDING, sent_ago=None, run=ended_run())
+        make_operation("still-unknown", sent_ago=timedelta(seconds=1))  # not found yet: not settled
+        reconcile()
+        staff = User.objects.create_user("carol", is_staff=True)
+        staff.user_permissions.add(*Permission.objects.filter(codename="resolve_externaloperation"))
+        by_hand = make_operation("by-hand")
+        operation_resolve(operation_id=by_hand.pk, outcome="failed", note="checked", user=User.objects.get(pk=staff.pk))
+    finally:
+        hooks._on_settled.remove(hook)
+
+    assert sorted(settled) == [("by-hand", "failed"), ("found", "succeeded"), ("orphan", "failed")]

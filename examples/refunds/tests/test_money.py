@@ -32,7 +32,7 @@ from examples.refunds.tests.support import (
     status_of,
 )
 from examples.sandbox.process import SandboxProcess
-from ledger.models import ExternalOperation, OperationStatus
+from ledger.models import ExternalOperation, OperationalRecord, OperationStatus
 from ledger.services import operation_resolve
 from tests.support import race, wait_for, wait_for_status, wait_for_terminal
 from workflows import terminate
@@ -134,6 +134,11 @@ def test_a_terminated_run_whose_refund_reconciles_as_paid_still_counts(world: di
     assert "already refunded" in str(again.value)
     assert order_balance(order=order).refunded == Decimal("30.00")
     assert refunded_at_provider(world["sandbox"], "2004") == Decimal("30.00")
+    # and the order says so, with the record a colleague needs, written when the outcome was settled
+    assert Order.objects.get(pk=order.pk).status == "refunded"
+    record = OperationalRecord.objects.get(request_id=f"refund-request:{first.pk}")
+    assert (record.step, record.run_id, record.operation.key) == ("reconcile", first.run_id, first.operation_key)
+    assert status_of(first) == "confirmed"
 
 
 def test_a_not_found_while_the_provider_still_processes_is_not_believed(world: dict[str, Any]) -> None:

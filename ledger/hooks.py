@@ -1,0 +1,34 @@
+"""Explicit extension points for the apps above the ledger (the way ``workflows.hooks`` serves the
+engine's): the ledger may not import them, so an app that must act when an operation's outcome
+becomes known registers a function here from its ``AppConfig.ready``.
+
+``on_operation_settled(hook)``: ``hook(op)`` is called when an operation becomes succeeded or
+failed, whoever settled it (a submit's answer, a lookup by ``perform`` or ``reconcile``, a person in
+the admin), inside the transaction that records it, with the operation's row locked. Hooks only
+write to the database. The usual reader of an outcome is the run that performed the operation; a
+hook is for what must happen when that run has ended and will never read it (a refund whose run
+was terminated while its outcome was unknown, then reconciled as paid).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ledger.models import ExternalOperation
+
+SettledHook = Callable[["ExternalOperation"], None]
+_on_settled: list[SettledHook] = []
+
+
+def on_operation_settled(hook: SettledHook) -> SettledHook:
+    """Register ``hook(op)`` (usable as a decorator); see the module's docstring."""
+    if hook not in _on_settled:
+        _on_settled.append(hook)
+    return hook
+
+
+def operation_settled(op: ExternalOperation) -> None:
+    """Call the hooks for ``op``, which is now succeeded or failed (call inside atomic(), row locked)."""
+    for hook in _on_settled:
+        hook(op)
