@@ -7,8 +7,10 @@ operational records.
     submitted → pending                (nothing reached the provider: safe to send again)
     unknown | stale submitted → succeeded | failed | pending    (only through reconciliation:
                                         a lookup at the provider, or a person with a note)
-    pending | unknown | stale submitted → failed    (abandon: certainly never took effect, and the
-                                        run that would send it has ended)
+    pending → succeeded | failed        (reconciliation of an operation sent before, whose run
+                                        has ended: an earlier send may still have taken effect)
+    pending → failed                    (abandon: never sent, and the run that would send it has
+                                        ended)
 
 Transitions change nothing but the row; the services call them inside ``transaction.atomic()``
 with the row locked (``select_for_update``).
@@ -33,6 +35,9 @@ FINAL = [OperationStatus.SUCCEEDED, OperationStatus.FAILED]
 # The states reconciliation (a lookup, or a person) may resolve. A submitted operation only once
 # it is stale: before that its worker may still record the real outcome.
 RECONCILABLE = [OperationStatus.UNKNOWN, OperationStatus.SUBMITTED]
+# ...and a pending one that was sent before, once its run has ended (nobody will send it again,
+# and "not found" never proves that an earlier send will not still arrive).
+SETTLEABLE = [OperationStatus.PENDING, *RECONCILABLE]
 
 
 class ExternalOperation(ConcurrentTransitionMixin, models.Model):
@@ -114,11 +119,11 @@ class ExternalOperation(ConcurrentTransitionMixin, models.Model):
     def release(self) -> None:
         """The request certainly had no effect (never connected, or refused before acting)."""
 
-    @transition(field=status, source=RECONCILABLE, target=OperationStatus.SUCCEEDED)
+    @transition(field=status, source=SETTLEABLE, target=OperationStatus.SUCCEEDED)
     def reconcile_succeeded(self) -> None:
         pass
 
-    @transition(field=status, source=RECONCILABLE, target=OperationStatus.FAILED)
+    @transition(field=status, source=SETTLEABLE, target=OperationStatus.FAILED)
     def reconcile_failed(self) -> None:
         pass
 
@@ -126,11 +131,12 @@ class ExternalOperation(ConcurrentTransitionMixin, models.Model):
     def reconcile_not_found(self) -> None:
         """The provider has no record of the key: it never took effect, sending again is safe."""
 
-    @transition(field=status, source=[OperationStatus.PENDING, *RECONCILABLE], target=OperationStatus.FAILED)
+    @transition(field=status, source=OperationStatus.PENDING, target=OperationStatus.FAILED)
     def abandon(self) -> None:
-        """It certainly never took effect (never sent, or the provider has no record of it long
-        after the last send) and the run that would send it has ended: nobody will, so the key is
-        spent. Only the services call it, with that established under the row lock."""
+        """It was never sent, and the run that would send it has ended: nobody will, so the key is
+        spent. Only the services call it, with both established under the row lock. An operation
+        sent even once is never abandoned: a provider can act on a request long after our call gave
+        up on it, and no "not found" proves it will not; a person decides (``operation_resolve``)."""
 
 
 class EventKind(models.TextChoices):

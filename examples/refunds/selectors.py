@@ -34,12 +34,17 @@ def refund_status(refund_request: RefundRequest) -> str:
     approval, then the run."""
     op = ExternalOperation.objects.filter(key=refund_request.operation_key).first()
     if op is not None:
+        if op.status == OperationStatus.PENDING and op.submit_count:
+            # Sent before and pending again: sent once more by its run, or, if the run has ended,
+            # an earlier send may still take effect until reconcile or a person settles it.
+            ended = refund_request.run is None or refund_request.run.is_terminal
+            return BEING_CHECKED if ended else SUBMITTED
         return {
             OperationStatus.SUCCEEDED: CONFIRMED,
             OperationStatus.UNKNOWN: BEING_CHECKED,
             OperationStatus.SUBMITTED: SUBMITTED,
             OperationStatus.FAILED: NOT_COMPLETED,
-        }.get(OperationStatus(op.status), SUBMITTED if op.submit_count else BEING_PREPARED)
+        }.get(OperationStatus(op.status), BEING_PREPARED)
     run = refund_request.run
     if run is None:
         return BEING_PREPARED

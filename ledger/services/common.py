@@ -128,14 +128,17 @@ def prepare_lookup(
     op: ExternalOperation, outcome: LookupOutcome, *, now: datetime, run_ended: bool = False,
 ) -> tuple[str, OperationEvent]:
     """Record what a lookup found and return a note for people. Call inside atomic() with the row
-    locked (``lock``), the operation unknown or stale submitted.
+    locked (``lock``), the operation unknown, stale submitted, or pending after a send with its run
+    ended (``run_ended``).
 
     Found → succeeded or failed. Not found → believed only once the last send can no longer be in
     flight (``may_still_arrive``): before that it stays unknown, to be looked up again later; after
-    it, pending (it never took effect; sending again is safe), or failed as abandoned when the run
-    that would send it has ended (``run_ended``: nobody will). The lookup could not tell → an
-    unknown operation stays unknown; a stale submitted one becomes unknown, so it shows among
-    those that need attention.
+    it, pending, so that the run's next perform sends it again with the same key (the provider
+    answers that from its own record if the first send does arrive after all). When the run has
+    ended nobody will send it, and "not found" is not proof that no send will ever arrive (a
+    provider may act on a request long after our call gave up): it stays as it is, for a person to
+    decide (``operation_resolve``). The lookup could not tell → an unknown operation stays unknown;
+    a stale submitted one becomes unknown, so it shows among those that need attention.
     """
     before = op.status
     op.lookup_count += 1
@@ -156,7 +159,10 @@ def prepare_lookup(
         note = (f"not found yet, but it may still reach the provider (sent {sent.isoformat(timespec='seconds')}; "
                 f"\"not found\" is believed from {trusted.isoformat(timespec='seconds')})")
     elif isinstance(outcome, NotFound) and run_ended:
-        note = abandon(op, now=now, why="the provider never received it and the run that would send it has ended")
+        if op.status == OperationStatus.SUBMITTED:
+            op.lose_track()
+        note = ("the provider has no record of it, but it was sent and its run has ended, so nobody will send "
+                "it again: a person decides (mark it failed once sure it can never arrive)")
     elif isinstance(outcome, NotFound):
         op.reconcile_not_found()
         note = "the provider never received it, so it never took effect: safe to send again"
@@ -164,6 +170,7 @@ def prepare_lookup(
         if op.status == OperationStatus.SUBMITTED:
             op.lose_track()
         note = f"the lookup could not tell: {outcome.reason}"
+    # (A pending operation whose lookup finds nothing stays pending: sent before, its run ended.)
     op.note = note
     op.updated_at = now  # set here too for bulk_update, which skips auto_now
     event = build_event(op, kind=EventKind.LOOKUP, outcome=outcome_code(outcome), before=before,
@@ -172,9 +179,10 @@ def prepare_lookup(
 
 
 def abandon(op: ExternalOperation, *, now: datetime, why: str) -> str:
-    """Fail an operation that certainly never took effect and that nobody will send: the key is
-    spent, and a new attempt is a new request with a new key. Call with the row locked; the
-    caller saves it. Returns the note."""
+    """Fail a pending operation that was never sent and that nobody will send: the key is spent,
+    and a new attempt is a new request with a new key. Call with the row locked, having checked
+    ``submit_count == 0`` on it; the caller saves it. Returns the note."""
+    assert op.submit_count == 0, "an operation sent before is never abandoned: a person decides"
     op.abandon()
     op.error, op.finished_at = {"reason": "abandoned", "detail": why}, now
     return f"abandoned: {why}"

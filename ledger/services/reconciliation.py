@@ -3,10 +3,12 @@
 with a note (``operation_resolve``: the admin's manual resolution).
 
 Reconciliation never submits: a key the provider never saw goes back to ``pending``, and the
-next ``perform`` (the workflow's retry) sends it; if the run that performed it has ended, nobody
-will, so it is failed as abandoned instead (the key is spent; a pending operation of an ended run
-is abandoned the same way). "Not found" is believed only once the last send can no longer be in
-flight (``ledger.conf.in_flight_window``). Lookups run outside any transaction; what they found
+next ``perform`` (the workflow's retry) sends it again with the same key. "Not found" is believed
+only once the last send can no longer be in flight (``ledger.conf.in_flight_window``), and never
+settles anything on its own once the run has ended: a provider may act on a request long after
+our call gave up, so an operation sent even once and left by its run stays in reconcile's work
+(looked up each time, found → settled) and needs a person to fail it. Only a pending operation
+never sent is failed as abandoned when its run ends. Lookups run outside any transaction; what they found
 is recorded with the row locked, and only if nobody moved the operation in between.
 """
 from __future__ import annotations
@@ -101,8 +103,13 @@ def _reconcile_guarded(operation_id: int, older_than: timedelta | None, dry_run:
 
 def _looked_up_in_batch(op: ExternalOperation, older_than: timedelta | None) -> bool:
     """Due for a lookup now, at a system whose adapter can look up (the common case)."""
-    due = op.status == OperationStatus.UNKNOWN or is_stale(op, age=older_than)
+    due = op.status == OperationStatus.UNKNOWN or is_stale(op, age=older_than) or _sent_and_orphaned(op)
     return due and has_adapter(op.system) and get_adapter(op.system).can_lookup
+
+
+def _sent_and_orphaned(op: ExternalOperation) -> bool:
+    """Pending after a send, its run ended: looked up like an unknown one, never abandoned."""
+    return op.status == OperationStatus.PENDING and op.submit_count > 0 and run_ended(op)
 
 
 BATCH = 200
@@ -206,11 +213,14 @@ def _record_lookup(seen: ExternalOperation, current: ExternalOperation, outcome:
 
 
 def _verdict(op: ExternalOperation, outcome: LookupOutcome) -> Verdict:
-    """After a lookup: still unknown needs a person, unless the provider said "not found" while the
-    request may still be in flight (then it only needs time: the next reconcile looks again)."""
-    if op.status != OperationStatus.UNKNOWN:
+    """After a lookup: settled, or sent back to pending for its live run, is resolved. Otherwise it
+    needs a person, unless the provider said "not found" while the request may still be in flight
+    (then it only needs time: the next reconcile looks again)."""
+    if op.status in FINAL or (op.status == OperationStatus.PENDING and not run_ended(op)):
         return "resolved"
-    return "skipped" if isinstance(outcome, NotFound) else "flagged"
+    if isinstance(outcome, NotFound) and may_still_arrive(op, now=timezone.now()):
+        return "skipped"
+    return "flagged"
 
 
 def operation_reconcile(
@@ -221,9 +231,9 @@ def operation_reconcile(
     at the provider) but changes nothing here, and says what it would have done."""
     op = ExternalOperation.objects.select_related("run").get(pk=operation_id)
     now = timezone.now()
-    if op.status == OperationStatus.PENDING and run_ended(op):
+    if op.status == OperationStatus.PENDING and run_ended(op) and op.submit_count == 0:
         return _abandon_pending(op, dry_run=dry_run)
-    if op.status not in RECONCILABLE:
+    if op.status not in RECONCILABLE and not _sent_and_orphaned(op):
         return _result(op, op.status, "skipped", f"nothing to reconcile: it is {op.status}", dry_run=dry_run)
     if op.status == OperationStatus.SUBMITTED and not is_stale(op, now=now, age=min_age):
         return _result(op, op.status, "skipped",
@@ -242,16 +252,15 @@ def operation_reconcile(
 
 
 def _abandon_pending(op: ExternalOperation, *, dry_run: bool) -> ReconcileResult:
-    """A pending operation (never sent, or known not to have reached the provider) whose run has
-    ended: nobody will send it. Failed as abandoned, so it no longer waits for anyone and whatever
-    it held (a refund's amount) is released. Re-checked under the row lock: a restarted run that
-    claimed it in between keeps it."""
-    why = "it never reached the provider and the run that would send it has ended"
+    """A pending operation never sent, whose run has ended: nobody will send it. Failed as
+    abandoned, so it no longer waits for anyone and whatever it held (a refund's amount) is
+    released. Re-checked under the row lock: a restarted run that claimed it in between keeps it."""
+    why = "it was never sent and the run that would send it has ended"
     if dry_run:
         return _result(op, OperationStatus.FAILED, "resolved", f"would be abandoned: {why}", dry_run=True)
     with transaction.atomic():
         current = lock(op.pk)
-        if current.status != OperationStatus.PENDING:
+        if current.status != OperationStatus.PENDING or current.submit_count != 0:
             return _result(current, current.status, "skipped", "changed since it was read (it was pending)",
                            before=OperationStatus.PENDING)
         note = abandon(current, now=timezone.now(), why=why)
@@ -264,7 +273,8 @@ def _abandon_pending(op: ExternalOperation, *, dry_run: bool) -> ReconcileResult
 
 
 def operations_abandon_for_run(run_id: Any) -> int:
-    """Abandon the run's pending operations (see ``_abandon_pending``); returns how many.
+    """Abandon the run's pending operations that were never sent (see ``_abandon_pending``);
+    returns how many.
 
     The engine's terminate hook calls it inside ``run_terminate``'s transaction, the run row
     locked: a step body still in flight that has not claimed its operation yet then finds it failed
@@ -273,8 +283,9 @@ def operations_abandon_for_run(run_id: Any) -> int:
     abandoned = 0
     why = "its run was terminated before it was sent"
     now = timezone.now()
+    # Only those never sent: one sent before may still take effect, and stays for reconcile.
     for op in ExternalOperation.objects.select_for_update().filter(
-            run_id=run_id, status=OperationStatus.PENDING).order_by("pk"):
+            run_id=run_id, status=OperationStatus.PENDING, submit_count=0).order_by("pk"):
         op.note = abandon(op, now=now, why=why)
         op.save()
         record_event(op, kind=EventKind.ABANDON, outcome=EventOutcome.FAILED, before=OperationStatus.PENDING,
@@ -310,7 +321,7 @@ def _would_be(op: ExternalOperation, outcome: LookupOutcome) -> tuple[str, Verdi
     if isinstance(outcome, NotFound) and may_still_arrive(op, now=timezone.now()):
         return OperationStatus.UNKNOWN, "skipped", "not found yet, but the last send may still reach the provider"
     if isinstance(outcome, NotFound) and run_ended(op):
-        return OperationStatus.FAILED, "resolved", "the provider never received it and its run has ended: abandoned"
+        return op.status, "flagged", "the provider has no record of it; its run has ended: a person decides"
     if isinstance(outcome, NotFound):
         return OperationStatus.PENDING, "resolved", "the provider never received it: safe to send again"
     return OperationStatus.UNKNOWN, "flagged", f"the lookup could not tell: {outcome.reason}"
@@ -330,9 +341,10 @@ def operation_resolve(
     *, operation_id: int, outcome: Literal["succeeded", "failed"], note: str,
     user: AbstractUser | AnonymousUser, now: datetime | None = None,
 ) -> ExternalOperation:
-    """A person's resolution of an unknown (or stale submitted) operation, after checking with the
-    provider some other way. Requires the ``ledger.resolve_externaloperation`` permission and a
-    note saying how they know; records who and when. Refusals (ResolutionRefused) change nothing.
+    """A person's resolution of an unknown operation, a stale submitted one, or a pending one sent
+    before whose run has ended, after checking with the provider some other way. Requires the
+    ``ledger.resolve_externaloperation`` permission and a note saying how they know; records who
+    and when. Refusals (ResolutionRefused) change nothing.
     """
     note = (note or "").strip()
     if not note:
@@ -346,9 +358,11 @@ def operation_resolve(
     with transaction.atomic():
         op = lock(operation_id)
         before = op.status
-        if before != OperationStatus.UNKNOWN and not is_stale(op, now=now):
+        orphaned = before == OperationStatus.PENDING and op.submit_count > 0 and run_ended(op)
+        if before != OperationStatus.UNKNOWN and not is_stale(op, now=now) and not orphaned:
             raise ResolutionRefused(
-                f"only unknown operations (or submits gone stale) are resolved by hand; this one is {before}",
+                "only unknown operations (or submits gone stale, or pending ones sent before whose run has "
+                f"ended) are resolved by hand; this one is {before}",
                 status=before,
             )
         # What perform() returns to the run from now on (and a run's owner may read in its step

@@ -196,10 +196,10 @@ def test_only_unknown_or_stale_operations_are_resolved_by_hand(resolver: User) -
     assert snapshot(done, in_flight) == before
     assert ExternalOperation.objects.get(pk=stale.pk).status == OperationStatus.FAILED
     assert sorted(messages_of(response)) == [
-        "done: not resolved: only unknown operations (or submits gone stale) are resolved by hand; this one is "
-        "succeeded",
-        "in-flight: not resolved: only unknown operations (or submits gone stale) are resolved by hand; this one "
-        "is submitted",
+        "done: not resolved: only unknown operations (or submits gone stale, or pending ones sent before whose "
+        "run has ended) are resolved by hand; this one is succeeded",
+        "in-flight: not resolved: only unknown operations (or submits gone stale, or pending ones sent before "
+        "whose run has ended) are resolved by hand; this one is submitted",
         "stale: resolved by hand as failed",
     ]
 

@@ -241,7 +241,7 @@ def test_a_pending_operation_of_an_ended_run_is_abandoned_and_listed_until_then(
     assert list(run_operations_needing_reconciliation(run)) == []
 
 
-def test_a_not_found_is_believed_only_after_the_in_flight_window(payments: FakeProvider) -> None:
+def test_a_not_found_of_an_ended_runs_operation_never_settles_it(payments: FakeProvider) -> None:
     # given an operation of an ended run, sent a second ago, that the provider has no record of
     run = ended_run()
     op = make_operation("young", sent_ago=timedelta(seconds=1), run=run)
@@ -252,12 +252,45 @@ def test_a_not_found_is_believed_only_after_the_in_flight_window(payments: FakeP
     assert "may still reach the provider" in row_of(output, "young")  # (the table cuts long notes)
     assert not row_of(output, "young").startswith("!")  # it needs time, not a person
 
-    # when the send is older than the window: nobody will send it, so it is abandoned
+    # when the send is older than the window: still unknown, for a person (a provider may act on a
+    # request long after our call gave up; nobody will send this one again)
     ExternalOperation.objects.filter(pk=op.pk).update(submitted_at=op.submitted_at - timedelta(minutes=5))
+    output = reconcile()
+    assert status_of(op) == OperationStatus.UNKNOWN
+    assert row_of(output, "young").startswith("!")
+    assert "a person decides" in ExternalOperation.objects.get(pk=op.pk).note
+
+    # when the provider acts on it after all, the next reconcile finds it
+    payments.seed("young")
     reconcile()
-    current = ExternalOperation.objects.get(pk=op.pk)
-    assert (current.status, current.error["reason"]) == (OperationStatus.FAILED, "abandoned")
-    assert payments.submits() == 0 and payments.lookups("young") == 2
+    assert status_of(op) == OperationStatus.SUCCEEDED
+    assert payments.submits() == 0 and payments.lookups("young") == 3
+
+
+def test_a_pending_operation_sent_before_is_looked_up_never_abandoned(payments: FakeProvider,
+                                                                      ledger_settings: Any) -> None:
+    from django.contrib.auth.models import Permission, User
+
+    from ledger.services import operation_resolve
+
+    # given two operations of an ended run, pending again after a send (released, or a "not found")
+    run = ended_run()
+    found = make_operation("sent-found", OperationStatus.PENDING, submit_count=1, run=run)
+    lost = make_operation("sent-lost", OperationStatus.PENDING, submit_count=1, run=run)
+    payments.seed("sent-found")
+
+    # when
+    output = reconcile()
+
+    # then the one the provider has is settled; the other is left for a person, flagged
+    assert status_of(found) == OperationStatus.SUCCEEDED
+    assert status_of(lost) == OperationStatus.PENDING and row_of(output, "sent-lost").startswith("!")
+    staff = User.objects.create_user("carol", is_staff=True)
+    staff.user_permissions.add(*Permission.objects.filter(codename="resolve_externaloperation"))
+    operation_resolve(operation_id=lost.pk, outcome="failed", note="the provider's dashboard has nothing",
+                      user=User.objects.get(pk=staff.pk))
+    assert status_of(lost) == OperationStatus.FAILED
+    assert payments.submits() == 0
 
 
 def test_terminating_a_run_abandons_its_pending_operations_at_once(payments: FakeProvider) -> None:
@@ -267,11 +300,13 @@ def test_terminating_a_run_abandons_its_pending_operations_at_once(payments: Fak
     run = WorkflowRun.objects.create(workflow="ledger.test.refund", queue="none", status="waiting")
     pending = make_operation("held", OperationStatus.PENDING, sent_ago=None, run=run)
     unknown = make_operation("maybe", run=run)
+    sent_before = make_operation("sent-before", OperationStatus.PENDING, submit_count=1, run=run)
 
     run_terminate(run_id=run.id)
 
     assert status_of(pending) == OperationStatus.FAILED
     assert status_of(unknown) == OperationStatus.UNKNOWN  # it may have happened: reconcile finds out
+    assert status_of(sent_before) == OperationStatus.PENDING  # an earlier send may still take effect
     assert [e.kind for e in OperationEvent.objects.filter(operation=pending)] == ["abandon"]
 
 

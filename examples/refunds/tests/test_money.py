@@ -15,6 +15,7 @@ from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.db import models
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from approvals import ApprovalRefused, RefusalCode, decide
@@ -34,6 +35,7 @@ from examples.refunds.tests.support import (
 from examples.sandbox.process import SandboxProcess
 from ledger.models import ExternalOperation, OperationalRecord, OperationStatus
 from ledger.services import operation_resolve
+from ledger.services.common import may_still_arrive
 from tests.support import race, wait_for, wait_for_status, wait_for_terminal
 from workflows import terminate
 from workflows.models import StepResult
@@ -141,12 +143,14 @@ def test_a_terminated_run_whose_refund_reconciles_as_paid_still_counts(world: di
     assert status_of(first) == "confirmed"
 
 
-def test_a_not_found_while_the_provider_still_processes_is_not_believed(world: dict[str, Any]) -> None:
+def test_a_not_found_while_the_provider_still_processes_is_never_believed_for_an_ended_run(
+        world: dict[str, Any]) -> None:
     sandbox: SandboxProcess = world["sandbox"]
-    # given the provider takes 4 s before it stores the refund (our read timeout is 1 s), and the
-    # run is terminated as soon as the outcome is unknown: nobody but reconcile will look again
+    # given the provider takes 9 s before it stores the refund (our read timeout is 1 s, and a
+    # "not found" is believed 5 s after the send), and the run is terminated as soon as the outcome
+    # is unknown: nobody but reconcile will look again
     request = ask(new_order(world["alice"], "2005", "30.00"), "30.00", sandbox=sandbox,
-                  faults=(("delay=4", "create", 1, ""),), retry_delay_seconds=30)
+                  faults=(("delay=9", "create", 1, ""),), retry_delay_seconds=30)
     key = request.operation_key
     wait_for(lambda: ExternalOperation.objects.filter(key=key, status=OperationStatus.UNKNOWN).exists(),
              timeout=40, interval=0.02, what="the refund's outcome to be unknown")
@@ -159,6 +163,18 @@ def test_a_not_found_while_the_provider_still_processes_is_not_believed(world: d
     assert ExternalOperation.objects.get(key=key).status == OperationStatus.UNKNOWN, output
     assert "may still reach the provider" in ExternalOperation.objects.get(key=key).note
     assert status_of(request) == "outcome being checked"
+    with pytest.raises(ValidationError):
+        ask(Order.objects.get(pk=request.order_id), "30.00")
+
+    # when reconcile asks again past the in-flight window, the provider still working: "not found"
+    op = ExternalOperation.objects.get(key=key)
+    wait_for(lambda: not may_still_arrive(op, now=timezone.now()), timeout=10, what="the in-flight window to pass")
+    reconcile()
+
+    # then still: its run has ended, nobody will send it again, and no "not found" proves it will
+    # not arrive; it waits for the provider or a person, and still holds the order's money
+    assert ExternalOperation.objects.get(key=key).status == OperationStatus.UNKNOWN
+    assert "a person decides" in ExternalOperation.objects.get(key=key).note
     with pytest.raises(ValidationError):
         ask(Order.objects.get(pk=request.order_id), "30.00")
 
