@@ -158,10 +158,20 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # --- Channels ---------------------------------------------------------------------------------
+# Each socket's consumer waits for its messages with a blocking Redis read of 5 s (channels_redis's
+# RedisChannelLayer.brpop_timeout, BZPOPMIN). redis-py 8 gives every read a 5 s socket timeout by
+# default, so an idle socket's read timed out just as Redis answered and the socket was closed
+# with 1011. The read timeout is set here, well above the blocking read; connecting stays at 5 s.
+CHANNEL_LAYER_SOCKET_TIMEOUT = 15.0
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": envstr("CHANNELS_PREFIX", "asgi")},
+        "CONFIG": {
+            "hosts": [
+                {"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT, "socket_connect_timeout": 5.0}
+            ],
+            "prefix": envstr("CHANNELS_PREFIX", "asgi"),
+        },
     }
 }
 
