@@ -356,10 +356,10 @@ class Step:
         except _LostRace:
             return self._adopt(key, position)
         except Exception as exc:
-            error = step_store.error_record(exc)
+            error, cause = step_store.error_record(exc), exc  # (a name the closure keeps after the block)
             # The connection may have died while the body ran (it is the worker's, not the step's):
             # reconnect and record the try.
-            _reconnecting(lambda: self._after_failure(key, position, tries, retries, error, exc))
+            _reconnecting(lambda: self._after_failure(key, position, tries, retries, error, cause))
         # Held back until the next boundary (or the run's end), which writes it in its statement.
         self._pending = self._write(key, position, StepKind.DO, StepStatus.COMPLETED, result_json=text,
                                     tries=tries, started_at=started, finished_at=timezone.now())

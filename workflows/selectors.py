@@ -8,7 +8,9 @@ from django.contrib.auth.models import AbstractUser, AnonymousUser
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
+from workflows.exceptions import UnknownWorkflow
 from workflows.models import TERMINAL, RunAttempt, WorkflowRun
+from workflows.registry import get_workflow
 
 
 def can_see_all_runs(user: AbstractUser | AnonymousUser) -> bool:
@@ -17,6 +19,25 @@ def can_see_all_runs(user: AbstractUser | AnonymousUser) -> bool:
 
 def can_control_all_runs(user: AbstractUser | AnonymousUser) -> bool:
     return bool(user.is_authenticated and user.is_staff and user.has_perm("workflows.control_workflowrun"))
+
+
+def can_control_run(user: AbstractUser | AnonymousUser, run: WorkflowRun) -> bool:
+    """Pause, resume, terminate, restart or send events to ``run``: staff with the control
+    permission, or its owner if its workflow is public. A private workflow's run belongs to a
+    process with its own service (a refund, an assessment), which its customer drives through that
+    service: stopping or restarting it midway would leave the process half done, for staff to
+    reconcile (a refund terminated while its outcome is unknown)."""
+    if can_control_all_runs(user):
+        return True
+    return run.owner_id is not None and run.owner_id == user.pk and is_public(run.workflow)
+
+
+def is_public(workflow: str) -> bool:
+    """Whether ``workflow`` is registered and public (``@workflow(name, public=True)``)."""
+    try:
+        return get_workflow(workflow).public
+    except UnknownWorkflow:
+        return False
 
 
 def run_list(*, user: AbstractUser | AnonymousUser, status: str | None = None,

@@ -20,7 +20,7 @@ from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from workflows.models import RunAttempt, WorkflowRun
-from workflows.selectors import can_control_all_runs, run_get
+from workflows.selectors import can_control_run, run_get
 from workflows.storable import text_problem
 
 if TYPE_CHECKING:
@@ -198,12 +198,13 @@ def visible_run(*, user: AbstractUser | AnonymousUser, run_id: str) -> WorkflowR
 
 
 def controllable_run(*, user: AbstractUser | AnonymousUser, run_id: str) -> WorkflowRun:
-    """The run if the user may control it (pause, send events...): its owner, or staff with the
-    control permission. NotFound if they cannot see it; PermissionDenied if they can see but not act."""
+    """The run if the user may control it (pause, send events...): see ``selectors.can_control_run``.
+    NotFound if they cannot see it; PermissionDenied if they can see but not act."""
     run = visible_run(user=user, run_id=run_id)
-    if run.owner_id is not None and run.owner_id == user.pk:
-        return run
-    if not can_control_all_runs(user):
+    if not can_control_run(user, run):
+        if run.owner_id == user.pk:
+            raise exceptions.PermissionDenied(f"This {run.workflow} run is driven by its own process; only staff may "
+                                              "control it or send it events.")
         raise exceptions.PermissionDenied("You may see this run but not control it.")
     return run
 

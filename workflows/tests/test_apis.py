@@ -612,6 +612,32 @@ def test_who_may_control_alices_run(users: Users, bob_the_viewer: User, action: 
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("action", ["pause", "resume", "terminate", "restart", "events"])
+def test_the_owner_of_a_private_workflows_run_may_see_it_but_not_drive_it(users: Users, action: str) -> None:
+    """A refund or an assessment is driven by its own service: its customer stopping or restarting
+    the run midway would leave the process half done (a refund terminated while its outcome is
+    unknown). Staff with the control permission still can."""
+    # given alice's run of a private workflow (test.lines: not public), paused
+    run, _ = services.run_start(workflow="test.lines", payload={"path": "/dev/null", "steps": 1},
+                                owner=users["alice"])
+    services.run_pause(run_id=run.id)
+    before = snapshot(run)
+    body = {"type": "reply"} if action == "events" else None
+
+    # when alice tries
+    response = client_for(users["alice"]).post(run_url(run.id, action), body, format="json")
+
+    # then she may see it (403, not 404), and nothing changed
+    assert response.status_code == 403
+    assert "driven by its own process" in error_of(response)["message"]
+    assert client_for(users["alice"]).get(run_url(run.id)).status_code == 200
+    assert snapshot(run) == before
+    assert not RunEvent.objects.filter(run=run).exists()
+    as_carol = client_for(users["carol"]).post(run_url(run.id, action), body, format="json")
+    assert as_carol.status_code in (200, 201, 409)
+
+
+@pytest.mark.django_db
 def test_staff_with_the_control_permission_can_pause_anyones_run(users: Users) -> None:
     run = a_run(users["mallory"])
 
