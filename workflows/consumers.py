@@ -20,6 +20,9 @@ Protocol of ``/ws/runs/<id>/`` (DESIGN.md section 7):
   that is not UTF-8, and a message over daphne's own size limit, never reach the consumer: daphne
   fails the connection, as the WebSocket protocol requires.)
 - close codes: 4401 not authenticated, 4404 no such run *or* another user's run (indistinguishable).
+
+Any other ``/ws/`` path (a malformed id, no trailing slash, no such socket) is accepted and closed
+with 4404 by ``NotFoundConsumer``, signed in or not.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from uuid import UUID
 import redis
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
 from workflows import streams
 from workflows.selectors import run_get, run_snapshot
@@ -86,6 +89,19 @@ class Cursor:
             self.missing.discard(seq)
 
 
+class NotFoundConsumer(AsyncWebsocketConsumer):
+    """A socket path that matches no route: closed with 4404 like an unknown run, instead of the
+    router's ValueError (an HTTP 500 and a logged traceback for a path anyone may send)."""
+
+    # An alias with no configured layer: get_channel_layer() gives None, so no Redis channel is
+    # opened for a socket that is closed at once.
+    channel_layer_alias = "none: a refused socket needs no channel layer"
+
+    async def connect(self) -> None:
+        await self.accept()  # as in RunConsumer: a close code needs an accepted socket
+        await self.close(code=CLOSE_NOT_FOUND, reason="not found")
+
+
 class ClientError(Exception):
     """A message from the client that the protocol does not allow; answered, never fatal."""
 
@@ -105,7 +121,8 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED, reason="authentication required")
             return
-        self.run_id = self.scope["url_route"]["kwargs"]["run_id"]
+        # The route takes the hyphenated form in either case (config/routing.py); UUID() normalises it.
+        self.run_id = UUID(self.scope["url_route"]["kwargs"]["run_id"])
         if not await database_sync_to_async(self._visible)():
             await self.close(code=CLOSE_NOT_FOUND, reason="run not found")
             return

@@ -1,25 +1,32 @@
-"""``/ws/...`` at its edges, against a real daphne: a socket left idle.
+"""``/ws/...`` at its edges, against a real daphne: a socket left idle, paths that name no socket.
 
 The daphne log is read back to prove each case leaves no error and no traceback behind.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from uuid import uuid4
 
 import pytest
 from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
 from django.contrib.auth.models import User
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from tests.support import AsgiServer, Worker, wait_for_status
 from workflows import public as wf
+from workflows.consumers import CLOSE_NOT_FOUND
 from workflows.models import RunStatus
 from workflows.tests.test_consumers import (
     TIMEOUT,
     is_final_status,
+    make_run,
     open_socket,
     receive,
     receive_until,
+    refusal,
+    session_cookie,
     settled_stream,
 )
 
@@ -74,3 +81,67 @@ def test_the_channel_layers_read_timeout_is_above_its_blocking_read() -> None:
     assert isinstance(layer, RedisChannelLayer)
     timeout = layer.create_pool(0).connection_kwargs.get("socket_timeout")
     assert timeout is not None and timeout >= 2 * RedisChannelLayer.brpop_timeout
+
+
+# --- paths that name no socket --------------------------------------------------------------------
+def unrouted_paths(run_id: str) -> list[str]:
+    return [
+        "/ws/runs/zzz/",
+        f"/ws/runs/{run_id}",  # no trailing slash
+        f"/ws/runs/{run_id}/extra/",
+        f"/ws/runs/{run_id.replace('-', '')}/",  # UUID() takes it; the socket, like the API, does not
+        f"/ws/runs/{{{run_id}}}/",
+        "/ws/nothing",
+        "/ws/",
+        "/",
+        "/api/runs",
+        "/ws/runs/%00/",
+    ]
+
+
+def closed_with(url: str, cookie: str | None, origin: str) -> tuple[int | None, list[str]]:
+    headers = {"Cookie": cookie} if cookie else {}
+    sent: list[str] = []
+    with connect(url, origin=origin, additional_headers=headers, proxy=None, open_timeout=TIMEOUT) as ws:
+        try:
+            while True:
+                sent.append(str(ws.recv(timeout=TIMEOUT)))
+        except ConnectionClosed as closed:
+            assert closed.rcvd is not None
+            return closed.rcvd.code, sent
+
+
+@pytest.mark.parametrize("signed_in", [False, True], ids=["anonymous", "owner"])
+def test_a_path_that_names_no_socket_is_closed_with_4404_and_logs_no_error(
+    asgi_server: AsgiServer, users: dict[str, User], signed_in: bool
+) -> None:
+    # given alice's run (so a path near its own is a near miss, not a random one)
+    run = make_run(users["alice"])
+    cookie = session_cookie(users["alice"]) if signed_in else None
+    start = log_size(asgi_server)
+
+    # when each path is opened
+    answers = {
+        path: closed_with(f"{asgi_server.ws_url}{path}", cookie, asgi_server.url)
+        for path in unrouted_paths(str(run.id))
+    }
+
+    # then each is closed like an unknown run, with nothing sent, and daphne logs no error
+    assert answers == {path: (CLOSE_NOT_FOUND, []) for path in answers}
+    log = new_log(asgi_server, start)
+    assert "Traceback" not in log and "No route found" not in log and " 500 " not in log, log
+
+
+def test_a_run_id_in_upper_case_is_the_same_run_as_in_the_api(
+    asgi_server: AsgiServer, users: dict[str, User]
+) -> None:
+    """The API takes a run id in either case (RFC 4122: case-insensitive on input); so does the socket."""
+    run = make_run(users["alice"])
+
+    with open_socket(asgi_server, str(run.id).upper(), users["alice"]) as ws:
+        snapshot = receive(ws)
+
+    assert (snapshot["type"], snapshot["run"]["id"]) == ("snapshot", str(run.id))
+    # and, upper-case or not, another user's run and a missing one are refused alike
+    assert refusal(asgi_server, str(run.id).upper(), users["mallory"])[0] == CLOSE_NOT_FOUND
+    assert refusal(asgi_server, str(uuid4()).upper(), users["alice"])[0] == CLOSE_NOT_FOUND
