@@ -3,12 +3,28 @@ import os
 from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.asgi import get_asgi_application
+from django.core.exceptions import SuspiciousFileOperation
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_asgi_app = get_asgi_application()  # sets Django up before the consumers are imported
+
+
+class StaticFilesHandler(ASGIStaticFilesHandler):
+    """Django's handler, with a path that leads out of the static folders (``/static/../x``, or
+    ``%2e%2e`` that the server decodes) a 404: there is no such static file. Django's own handler
+    lets the finders' SuspiciousFileOperation escape, which is a 500 and a traceback for anyone."""
+
+    def serve(self, request: HttpRequest) -> HttpResponse | FileResponse:
+        try:
+            return super().serve(request)
+        except SuspiciousFileOperation:
+            raise Http404("no such static file") from None
+
+
 if settings.SERVE_STATIC:
     # The admin's and the docs page's assets, straight from the apps (no collectstatic needed).
-    django_asgi_app = ASGIStaticFilesHandler(django_asgi_app)
+    django_asgi_app = StaticFilesHandler(django_asgi_app)
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
