@@ -1,6 +1,6 @@
 """Versioned approval requests decided by people, waited for durably by workflows.
 
-    from approvals import wait_for_approval, approve_current, decide, supersede_pending
+    from approvals import wait_for_approval, approve_current, decide, supersede_pending, decision_details
     from approvals import ApprovalRejected, ApprovalExpired, ApprovalSuperseded, ApprovalRefused
     from approvals import ApprovalDecision, Proposal
 
@@ -20,7 +20,7 @@ from approvals.exceptions import (
 from approvals.types import ApprovalDecision, Proposal
 
 _WAITS = ("wait_for_approval", "approve_current")
-_PUBLIC = ("decide", "supersede_pending")
+_PUBLIC = ("decide", "supersede_pending", "decision_details")
 
 __all__ = [
     "ApprovalDecision", "ApprovalError", "ApprovalExpired", "ApprovalRefused", "ApprovalRejected",

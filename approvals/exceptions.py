@@ -18,10 +18,9 @@ class ApprovalRejected(ApprovalError):
     """
 
     def __init__(self, decision: ApprovalDecision) -> None:
-        by = decision.decided_by or "a reviewer"
-        note = f": {decision.note}" if decision.note else ""
-        super().__init__(f"approval request {decision.request_id} (version {decision.version}) "
-                         f"was rejected by {by}{note}")
+        # Neither the reviewer nor the note: this message can end up in the run's error, which its
+        # owner reads (approvals.decision_details has them for staff and step bodies).
+        super().__init__(f"approval request {decision.request_id} (version {decision.version}) was rejected")
         self.decision = decision
 
 

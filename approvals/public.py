@@ -5,6 +5,8 @@ from django.contrib.auth.models import AbstractUser, AnonymousUser
 
 from approvals import services
 from approvals.models import ApprovalRequest, DecisionChannel
+from approvals.selectors import DecisionDetails
+from approvals.selectors import decision_details as _decision_details
 from approvals.services import Subject
 
 
@@ -33,3 +35,9 @@ def supersede_pending(subject: Subject, *, reason: str = "", current_version: st
     """
     return services.approval_supersede_pending(subject=services.subject_ref(subject), reason=reason,
                                                current_version=current_version)
+
+
+def decision_details(request: ApprovalRequest | int) -> DecisionDetails:
+    """Who decided the request and their note, for a step body that acts on them (recording the
+    reviewer on the subject). Keep them out of the step's result: the run's owner reads it."""
+    return _decision_details(request.pk if isinstance(request, ApprovalRequest) else int(request))

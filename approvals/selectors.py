@@ -1,7 +1,7 @@
 """Reads: who may see and decide which requests, and the decision a workflow receives."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from django.contrib.auth.models import AbstractUser, AnonymousUser
 from django.core.exceptions import ValidationError
@@ -73,19 +73,38 @@ def approval_get(*, user: User, request_id: int | str) -> ApprovalRequest | None
 def decision_payload(request: ApprovalRequest) -> dict[str, Any]:
     """The decision event's payload: what ``wait_for_approval`` turns into an ApprovalDecision.
 
+    What was decided, never by whom or why: the wait step stores the payload as its result, which
+    the run's owner (a customer) reads through the run's API, page and socket. A reviewer's name
+    and note are for staff (the request, the decision log); a step that must act on who decided
+    reads it in its body (``decision_details``) and keeps it out of its result.
+
     Built from the row alone, so a repeated decide would build the same payload (the event's
     idempotency key then matches instead of conflicting).
     """
-    by = request.decided_by
     return {
         "request_id": request.pk,
         "approved": request.status == ApprovalStatus.APPROVED,
         "version": request.version,
-        "decided_by": by.get_username() if by is not None else None,
-        "decided_by_id": request.decided_by_id,
         "decided_at": request.decided_at.isoformat() if request.decided_at else None,
-        "note": request.note,
     }
+
+
+class DecisionDetails(TypedDict):
+    """Who decided a request, and their note: for a step body that acts on them (not to return)."""
+
+    decided_by_id: int | None
+    decided_by: str | None
+    note: str
+
+
+def decision_details(request_id: int) -> DecisionDetails:
+    """Who decided request ``request_id`` and their note (staff data: a step body that needs them,
+    e.g. to record the reviewer on the subject, uses them without returning them, since a step's
+    result is shown to the run's owner)."""
+    request = ApprovalRequest.objects.select_related("decided_by").get(pk=request_id)
+    by = request.decided_by
+    return {"decided_by_id": request.decided_by_id, "decided_by": by.get_username() if by is not None else None,
+            "note": request.note}
 
 
 def supersession_payload(request: ApprovalRequest, *, reason: str, current_version: str = "") -> dict[str, Any]:

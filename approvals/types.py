@@ -36,15 +36,14 @@ class Proposal:
 
 @dataclass(frozen=True)
 class ApprovalDecision:
-    """A decision, as the workflow sees it (built from the decision event's payload)."""
+    """A decision, as the workflow sees it (built from the decision event's payload): what was
+    decided on which version, never by whom or why, since the run's owner reads its steps. A step
+    that must act on the reviewer reads ``approvals.decision_details(request_id)`` in its body."""
 
     request_id: int
     approved: bool
     version: str
-    decided_by: str | None
-    decided_by_id: int | None
     decided_at: str
-    note: str = ""
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> ApprovalDecision:
@@ -52,8 +51,5 @@ class ApprovalDecision:
             request_id=int(payload["request_id"]),
             approved=bool(payload["approved"]),
             version=str(payload["version"]),
-            decided_by=payload.get("decided_by"),
-            decided_by_id=payload.get("decided_by_id"),
-            decided_at=str(payload.get("decided_at", "")),
-            note=str(payload.get("note", "")),
+            decided_at=str(payload.get("decided_at") or ""),
         )

@@ -61,6 +61,7 @@ def test_an_approval_resumes_the_run(worker: Worker, cast: Cast) -> None:
         ("refund approval: request", StepStatus.COMPLETED),
         ("refund approval: decision", StepStatus.COMPLETED),
         ("act", StepStatus.COMPLETED),
+        ("who decided", StepStatus.COMPLETED),
     ]
     assert ApprovalRequest.objects.filter(run=run).count() == 1
 
@@ -130,7 +131,7 @@ def test_a_version_changed_after_approval_is_superseded_and_asked_again(
     assert run.result == {"version": "2", "request": second.pk, "by": "carol"}
     names = list(StepResult.objects.filter(run=run).order_by("position").values_list("name", flat=True))
     assert names == ["review: request", "review: decision", "review: re-check",
-                     "review: request#2", "review: decision#2", "review: re-check#2"]
+                     "review: request#2", "review: decision#2", "review: re-check#2", "who decided"]
 
 
 def test_a_version_changed_while_pending_is_superseded_at_once_and_asked_again(
@@ -164,7 +165,7 @@ def test_a_version_changed_while_pending_is_superseded_at_once_and_asked_again(
     assert run.result == {"version": "2", "request": second.pk, "by": "carol"}
     names = list(StepResult.objects.filter(run=run).order_by("position").values_list("name", flat=True))
     assert names == ["review: request", "review: decision", "review: request#2", "review: decision#2",
-                     "review: re-check"]
+                     "review: re-check", "who decided"]
 
 
 def test_wait_for_approval_raises_approval_superseded_into_the_workflow(worker: Worker, cast: Cast) -> None:

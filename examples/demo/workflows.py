@@ -3,7 +3,7 @@
 ``demo.onboarding`` is public: anyone signed in may start it (``POST /api/workflows/demo.onboarding/runs``),
 so ``validate_payload`` bounds every input. Payload (a JSON object, every key optional):
 
-    customer                  str    who is onboarded ("alice"), at most 100 characters
+    customer                  str    who is onboarded (the run's owner), at most 100 characters
     plan                      str    "starter" | "team" | ... ("starter"), at most 100 characters
     work_seconds              float  how long each working step takes, 0 to 10 (0.7; real work is a sleep)
     settle_seconds            float  the durable sleep between provisioning and approval, 0 to 600 (3)
@@ -41,7 +41,7 @@ TOTAL = len(WORK) + 3  # the working steps, the settle sleep, the approval, the 
 # key: (default, lowest, highest) for numbers; the strings are checked apart.
 NUMBERS = {"work_seconds": (0.7, 0.0, 10.0), "settle_seconds": (3.0, 0.0, 600.0),
            "approval_timeout_seconds": (600.0, 1.0, 7 * 24 * 3600.0)}
-TEXTS = {"customer": "alice", "plan": "starter"}
+TEXTS = {"customer": "alice", "plan": "starter"}  # (customer: the run's owner when not given)
 
 
 def do_work(stage: str, customer: str, plan: str, seconds: float) -> dict[str, Any]:
@@ -50,9 +50,16 @@ def do_work(stage: str, customer: str, plan: str, seconds: float) -> dict[str, A
     return {"stage": stage, "customer": customer, "plan": plan, "at": time.time()}
 
 
-def send_welcome(customer: str, approved_by: str | None) -> dict[str, Any]:
+def send_welcome(customer: str, approved: bool) -> dict[str, Any]:
     time.sleep(0.5)
-    return {"to": customer, "template": "welcome" if approved_by else "welcome-pending-review"}
+    return {"to": customer, "template": "welcome" if approved else "welcome-pending-review"}
+
+
+def username_of(user_id: int | None) -> str:
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.filter(pk=user_id).first() if user_id is not None else None
+    return user.get_username() if user is not None else "a customer"
 
 
 def _number(payload: dict[str, Any], key: str) -> float:
@@ -94,7 +101,9 @@ class Onboarding(Workflow):
 
     def run(self, event: Event, step: Step) -> dict[str, Any]:
         p = event.payload
-        customer, plan = str(p.get("customer", TEXTS["customer"])), str(p.get("plan", TEXTS["plan"]))
+        plan = str(p.get("plan", TEXTS["plan"]))
+        # Who is onboarded: as given, else whoever started the run (its reviewers see the name).
+        customer = str(p["customer"]) if "customer" in p else step.do("who is onboarded", username_of, event.owner_id)
         seconds = _number(p, "work_seconds")
         done = 0
         # Progress is best effort and repeats on replay: run() reaches these lines again each time
@@ -108,7 +117,7 @@ class Onboarding(Workflow):
         done += 1
         self.report_progress({"done": done, "total": TOTAL, "stage": "settled; awaiting approval"})
 
-        approved_by: str | None = None
+        approval: int | None = None  # the request approved; who decided is staff data, not the run's
         try:
             decision = wait_for_approval(
                 step, name="onboarding approval", subject=("demo.onboarding", str(event.run_id)), version="1",
@@ -116,19 +125,19 @@ class Onboarding(Workflow):
                 timeout=_number(p, "approval_timeout_seconds"), content={"customer": customer, "plan": plan},
                 requested_by=event.owner_id,  # whoever started it may not approve it
             )
-            approved_by = decision.decided_by or "someone"
+            approval = decision.request_id
         except ApprovalRejected as rejected:
             self.report_progress({"done": TOTAL, "total": TOTAL, "stage": "rejected"})
             return {"customer": customer, "plan": plan, "approved": False, "rejected": True,
-                    "rejected_by": rejected.decision.decided_by}
+                    "approval_request": rejected.decision.request_id}
         except ApprovalExpired:
             pass  # no decision in time: carry on, flagged for review
         done += 1
         self.report_progress({"done": done, "total": TOTAL,
-                              "stage": f"approved by {approved_by}" if approved_by else "approval timed out"})
+                              "stage": "approved" if approval else "approval timed out"})
 
-        welcome = step.do("send welcome", send_welcome, customer, approved_by)
+        welcome = step.do("send welcome", send_welcome, customer, approval is not None)
         done += 1
         self.report_progress({"done": done, "total": TOTAL, "stage": "done"})
-        return {"customer": customer, "plan": plan, "approved": approved_by is not None,
-                "approved_by": approved_by, "welcome": welcome}
+        return {"customer": customer, "plan": plan, "approved": approval is not None,
+                "approval_request": approval, "welcome": welcome}

@@ -16,7 +16,8 @@ Payload: ``{"assessment_id": int, "requested_by_id": int, "review_timeout_second
    report when a source was revised since the latest report. A revision while the request is
    pending supersedes it in the same commit (``source_record_add``), which wakes the run to ask
    for the new version; one that lands between an approval and the re-check is caught there.
-6. The decision is applied by the reviewer who took it: approved or rejected. No decision in time:
+6. The decision is applied by the reviewer who took it (read in the step's body, never stored in a
+   step result: the requester reads the run): approved or rejected. No decision in time:
    the assessment fails ("review expired") -- a failed assessment says plainly that nobody
    signed it off, where one left "ready for review" would look as if someone still might.
 """
@@ -85,12 +86,16 @@ def current_report(assessment_id: int) -> Any:
     return services.report_current(assessment_id=assessment_id)
 
 
-def apply_decision(assessment_id: int, approve: bool, by_id: int | None, version: int) -> str:
+def apply_decision(assessment_id: int, approve: bool, request_id: int, version: int) -> str:
     from django.contrib.auth import get_user_model
     from django.core.exceptions import PermissionDenied
 
+    from approvals import decision_details
     from examples.suppliers import services
 
+    # The reviewer is read here and recorded on the assessment, not returned: the step's result is
+    # the run's, which its requester reads.
+    by_id = decision_details(request_id)["decided_by_id"]
     # Who may decide does not change by trying again: refusals fail the step at once.
     if by_id is None or not get_user_model().objects.filter(pk=by_id).exists():
         raise NonRetryableError("the decision names no reviewer who still exists")
@@ -142,24 +147,24 @@ class SupplierAssessmentWorkflow(Workflow):
                 requested_by=int(requester) if requester is not None else None,
             )
         except ApprovalRejected as rejected:
-            return self._apply(step, assessment_id, approve=False, by_id=rejected.decision.decided_by_id,
+            return self._apply(step, assessment_id, approve=False, request_id=rejected.decision.request_id,
                                version=rejected.decision.version)
         except ApprovalExpired:
             step.do("review expired", fail, assessment_id, "no reviewer decided in time", atomic=True)
             return {"outcome": "failed", "reason": "review expired"}
-        return self._apply(step, assessment_id, approve=True, by_id=decision.decided_by_id,
+        return self._apply(step, assessment_id, approve=True, request_id=decision.request_id,
                            version=decision.version)
 
-    def _apply(self, step: Step, assessment_id: int, *, approve: bool, by_id: int | None,
+    def _apply(self, step: Step, assessment_id: int, *, approve: bool, request_id: int,
                version: str) -> dict[str, Any]:
         number = report_number(version)
         outcome = "approved" if approve else "rejected"
         try:
-            step.do(f"record {outcome}", apply_decision, assessment_id, approve, by_id, number, atomic=True)
+            step.do(f"record {outcome}", apply_decision, assessment_id, approve, request_id, number, atomic=True)
         except StepError as exc:
             # The reviewer lost the right between deciding and now (removed from the group, or the
             # user deleted): nobody authorised may be said to have decided, so the assessment fails.
             step.do("decision not applicable", fail, assessment_id, f"the decision could not be applied: "
                     f"{exc.message}", atomic=True)
             return {"outcome": "failed", "reason": exc.message}
-        return {"outcome": outcome, "report_version": number, "decided_by_id": by_id}
+        return {"outcome": outcome, "report_version": number}

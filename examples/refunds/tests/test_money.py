@@ -222,7 +222,8 @@ def test_no_personal_data_or_staff_note_is_stored_outside_the_order(world: dict[
     # given a refund that needed an approval, and one whose outcome a person resolved with a note
     approved = ask(new_order(world["alice"], "2007", "300.00"), "150.00")
     approval = pending_approval(approved)
-    decide(approval, by=world["carol"], approve=True, version=approval.version)
+    decide(approval, by=world["carol"], approve=True, version=approval.version,
+           note="STAFFNOTE internal: customer flagged for review")
     assert_confirmed(approved, sandbox)
     by_hand = unknown_refund(world, "2008", "30.00", "10.00")
     carol = world["carol"]
@@ -239,8 +240,12 @@ def test_no_personal_data_or_staff_note_is_stored_outside_the_order(world: dict[
              if ADDRESS["street"] in text or ADDRESS["postcode"] in text]
     assert leaks == []
     assert [(label, pk) for label, pk, text in stored_json(exclude=set()) if "07700" in text] == []
+    # and neither the approver's note nor who approved reaches the customer's run
+    assert [(label, pk) for label, pk, text in stored_json(exclude=set()) if "STAFFNOTE" in text] == []
     client = APIClient()
     client.force_authenticate(world["alice"])
+    alices_view = client.get(f"/api/runs/{approved.run_id}").content.decode()
+    assert "STAFFNOTE" not in alices_view and "carol" not in alices_view
     assert "07700" not in client.get(f"/api/runs/{run.id}").content.decode()
     assert ExternalOperation.objects.get(key=by_hand.operation_key).resolution_note == note
 
