@@ -31,7 +31,8 @@ def attempts_with_steps(snapshot: RunSnapshot) -> list[dict[str, Any]]:
 
 def progress_view(progress: Any) -> dict[str, Any]:
     """Percent and text of a progress value: ``{"percent": n}`` or ``{"done": d, "total": t}``
-    give a bar; anything else is shown as JSON. Floored, so 100% means finished (the JS agrees)."""
+    give a bar, a ``"stage"`` string is shown in words; anything else is shown as JSON. Floored, so
+    100% means finished (the JS agrees)."""
     percent: int | None = None
     text = "" if progress is None else json.dumps(progress)
     if isinstance(progress, dict):
@@ -44,6 +45,9 @@ def progress_view(progress: Any) -> dict[str, Any]:
             text = f"{done} / {total} ({percent}%)"
     if percent is not None:
         percent = max(0, min(100, percent))
+    stage = progress.get("stage") if isinstance(progress, dict) else None
+    if isinstance(stage, str) and stage:  # a stage in words ("awaiting approval") reads as words
+        text = f"{stage} · {text}" if percent is not None else stage
     return {"percent": percent, "text": text}
 
 

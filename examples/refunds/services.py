@@ -113,6 +113,12 @@ def refund_request_create(
     try:
         with transaction.atomic():
             locked = Order.objects.select_for_update().get(pk=order.pk)
+            if key:
+                # A request with this key may have committed while we waited for the lock (a retry
+                # sent together with the original): the answer is that request, not "no money left".
+                existing = RefundRequest.objects.filter(customer=customer, idempotency_key=key).first()
+                if existing is not None:
+                    return _same(existing, order=order, amount=value, reason=reason), False
             check_refundable(locked, value, order_balance(order=locked))
             request = RefundRequest.objects.create(order=locked, customer=customer, amount=value, reason=reason,
                                                    idempotency_key=key)

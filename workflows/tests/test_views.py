@@ -146,7 +146,10 @@ def test_progress_view_reads_percent_or_done_of_total_and_shows_anything_else_as
     assert progress_view({"done": 1, "total": 3}) == {"percent": 33, "text": "1 / 3 (33%)"}
     assert progress_view({"percent": 99.9}) == {"percent": 99, "text": "99%"}
     assert progress_view({"done": 5, "total": 0})["percent"] is None
-    assert progress_view({"stage": "checking"}) == {"percent": None, "text": '{"stage": "checking"}'}
+    assert progress_view({"stage": "awaiting approval"}) == {"percent": None, "text": "awaiting approval"}
+    assert progress_view({"done": 1, "total": 3, "stage": "account created"}) == {
+        "percent": 33, "text": "account created · 1 / 3 (33%)"}
+    assert progress_view({"step": 2}) == {"percent": None, "text": '{"step": 2}'}
     assert progress_view(None) == {"percent": None, "text": ""}
 
 

@@ -276,3 +276,64 @@ def test_a_refund_run_started_for_someone_elses_request_touches_nothing(world: d
     assert not StepResult.objects.filter(run=run, status="completed").exists()
     assert status_of(alices) == "awaiting approval"
     assert world["sandbox"].stats()["refunds"] == 0
+
+
+def test_splitting_a_refund_below_the_approval_limit_still_needs_a_reviewer(world: dict[str, Any]) -> None:
+    # given £100 of a £300 order refunded without approval (the limit is £100 an order)
+    order = new_order(world["alice"], "2010", "300.00")
+    first = ask(order, "100.00")
+    assert_confirmed(first, world["sandbox"])
+    assert not ApprovalRequest.objects.filter(run_id=first.run_id).exists()
+
+    # when she asks for another £100
+    second = ask(order, "100.00")
+
+    # then it waits for a reviewer: the order's refunds would come to £200
+    approval = pending_approval(second)
+    assert approval.content["already_refunded"] == "100.00"
+    assert refunded_at_provider(world["sandbox"], "2010") == Decimal("100.00")
+
+
+def test_a_retry_sent_with_the_original_answers_with_the_same_request(world: dict[str, Any]) -> None:
+    # given a £50 order and one request for all of it, sent twice at once with one Idempotency-Key
+    new_order(world["alice"], "2011", "50.00")
+
+    def ask_over_http() -> Any:
+        client = APIClient()
+        client.force_authenticate(world["alice"])
+        return client.post("/api/orders/2011/refunds", {"amount": "50.00"}, format="json",
+                           HTTP_IDEMPOTENCY_KEY="retry-1")
+
+    # when
+    answers = race(ask_over_http, n=2)
+
+    # then the one that waited for the order's lock answers with the request the other created
+    assert sorted(a.status_code for a in answers) == [200, 201], [a.content for a in answers]
+    assert len({a.json()["id"] for a in answers}) == 1
+    assert RefundRequest.objects.filter(order__number="2011").count() == 1
+
+
+def test_a_run_restarted_after_another_request_took_the_money_ends_refused(world: dict[str, Any]) -> None:
+    sandbox: SandboxProcess = world["sandbox"]
+    # given alice's £150 refund awaiting approval, its run terminated (its hold released), and a
+    # second request for the whole order that was then paid
+    order = new_order(world["alice"], "2012", "150.00")
+    first = ask(order, "150.00")
+    pending_approval(first)
+    terminate(first.run_id)  # type: ignore[arg-type]
+    wait_for_status(first.run_id, "terminated")  # type: ignore[arg-type]
+    second = ask(order, "150.00")
+    approval = pending_approval(second)
+    decide(approval, by=world["carol"], approve=True, version=approval.version)
+    assert_confirmed(second, sandbox)
+
+    # when staff restart the first run
+    from workflows import restart
+
+    restart(first.run_id)  # type: ignore[arg-type]
+
+    # then its policy check refuses it: an outcome, not a failed run, and nothing more is paid
+    run = wait_for_terminal(first.run_id)  # type: ignore[arg-type]
+    assert (run.status, run.result["outcome"]) == ("completed", "failed"), run.error
+    assert "can still refund (0.00 of 150.00)" in run.result["reason"]
+    assert refunded_at_provider(sandbox, "2012") == Decimal("150.00")
