@@ -225,6 +225,13 @@ WORKFLOWS: dict[str, Any] = {
     # A workflows.advance task hands its run back to the queue at the first step boundary after this.
     "TASK_BUDGET_SECONDS": WORKFLOWS_TASK_BUDGET,
     "QUEUE": WORKFLOWS_QUEUE,
+    # Runs that customers start over the API (public workflows) advance on this queue: give it
+    # workers of its own to keep customer-started work from delaying refunds, assessments and the
+    # sweeper. Empty: WORKFLOWS_QUEUE.
+    "PUBLIC_QUEUE": envstr("WORKFLOWS_PUBLIC_QUEUE", ""),
+    # How many runs one person may have going at once through POST /api/workflows/<name>/runs
+    # (queued, running, waiting...: not yet finished); more is a 429. 0: no limit.
+    "MAX_ACTIVE_RUNS_PER_OWNER": envint("WORKFLOWS_MAX_ACTIVE_RUNS_PER_OWNER", 10),
     "STREAM_TTL_SECONDS": envint("WORKFLOWS_STREAM_TTL", 24 * 3600),
     "STREAM_MAX_EVENTS": envint("WORKFLOWS_STREAM_MAX_EVENTS", 1000),
     # "sync": a step's result is flushed to disk before the next step starts. "async" (PostgreSQL):

@@ -17,6 +17,8 @@ class WorkflowsSettings(TypedDict):
     STEP_TIMEOUT_GRACE_SECONDS: float
     TASK_BUDGET_SECONDS: float
     QUEUE: str
+    PUBLIC_QUEUE: str
+    MAX_ACTIVE_RUNS_PER_OWNER: int
     STREAM_TTL_SECONDS: int
     STREAM_MAX_EVENTS: int
     STEP_COMMIT: str

@@ -20,6 +20,12 @@ class NotStartable(WorkflowError):
     code = "not_startable"
 
 
+class TooManyRuns(WorkflowError):
+    """The caller has WORKFLOWS_MAX_ACTIVE_RUNS_PER_OWNER runs going already (HTTP 429)."""
+
+    code = "too_many_runs"
+
+
 class IdempotencyConflict(WorkflowError):
     """The key was used before with a different payload."""
 

@@ -17,9 +17,10 @@ from workflows.exceptions import (
     InvalidPayload,
     NotStartable,
     PayloadTooLarge,
+    TooManyRuns,
     TransitionNotAllowed,
 )
-from workflows.models import PAUSABLE, RunAttempt, RunEvent, RunStatus, WorkflowRun
+from workflows.models import PAUSABLE, TERMINAL, RunAttempt, RunEvent, RunStatus, WorkflowRun
 from workflows.registry import get_workflow
 from workflows.storable import MAX_JSON_DEPTH, json_problem
 
@@ -71,6 +72,16 @@ def check_startable(*, workflow: str) -> None:
                            "service (for example a refund request or an assessment's submission)")
 
 
+def check_run_quota(*, owner: User) -> None:
+    """TooManyRuns if ``owner`` has WORKFLOWS_MAX_ACTIVE_RUNS_PER_OWNER runs not finished yet: one
+    customer starting public workflows in a loop must not take every worker from everyone else.
+    For starts over the API; operators and a process's own services are not counted against. A
+    soft limit: two starts at the same instant may both pass."""
+    limit = conf()["MAX_ACTIVE_RUNS_PER_OWNER"]
+    if limit and WorkflowRun.objects.filter(owner=owner).exclude(status__in=TERMINAL).count() >= limit:
+        raise TooManyRuns(f"you have {limit} runs that have not finished yet; start more once some have")
+
+
 def run_start(
     *,
     workflow: str,
@@ -78,6 +89,7 @@ def run_start(
     idempotency_key: str | None = None,
     owner: User | None = None,
     queue: str | None = None,
+    quota: bool = False,
 ) -> tuple[WorkflowRun, bool]:
     """Create a run and schedule it in one commit. Returns (run, created).
 
@@ -86,6 +98,8 @@ def run_start(
     queue the run advances on (default WORKFLOWS_QUEUE). The workflow's ``validate_payload``
     checks the payload first (InvalidPayload). Who may start it is the caller's to check
     (``check_startable`` for the API and the command line; a process's own service otherwise).
+    ``quota``: a new run counts against the owner's limit (``check_run_quota``); a replay of the same
+    key never does.
     """
     cls = get_workflow(workflow)
     check_payload(payload)
@@ -98,6 +112,8 @@ def run_start(
         existing = WorkflowRun.objects.filter(dedupe_key=dedupe_key).first()
         if existing is not None:
             return _same_start(existing, payload), False
+    if quota and owner is not None:
+        check_run_quota(owner=owner)
     try:
         with transaction.atomic():
             run = WorkflowRun.objects.create(

@@ -18,6 +18,7 @@ from workflows.exceptions import (
     IdempotencyConflict,
     InvalidPayload,
     NotStartable,
+    TooManyRuns,
     TransitionNotAllowed,
     UnknownWorkflow,
 )
@@ -49,6 +50,7 @@ def error_responses(*statuses: int) -> dict[int, OpenApiResponse]:
         409: "Idempotency conflict, or the transition is not allowed in the run's state",
         413: "The request body or payload is too large",
         415: "The body is not application/json",
+        429: "Too many runs of yours have not finished yet (WORKFLOWS_MAX_ACTIVE_RUNS_PER_OWNER)",
     }
     return {code: OpenApiResponse(ErrorSerializer, description=descriptions[code]) for code in statuses}
 
@@ -97,6 +99,7 @@ def error_response(code: str, message: str, http_status: int, detail: Any = None
 DOMAIN_ERRORS: dict[type[Exception], int] = {
     UnknownWorkflow: status.HTTP_404_NOT_FOUND,
     NotStartable: status.HTTP_403_FORBIDDEN,
+    TooManyRuns: status.HTTP_429_TOO_MANY_REQUESTS,
     IdempotencyConflict: status.HTTP_409_CONFLICT,
     TransitionNotAllowed: status.HTTP_409_CONFLICT,
     PayloadTooLargeError: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,  # before its base class

@@ -42,6 +42,7 @@ from workflows.apis.common import (
     visible_run,
 )
 from workflows.apis.errors import error_responses
+from workflows.conf import conf
 from workflows.models import RunStatus, WorkflowRun
 from workflows.selectors import public_error, run_list, run_timeline, waiting_for
 
@@ -191,7 +192,7 @@ class RunStartApi(ApiBase):
             "Same key, other payload: 409.")],
         responses={
             201: OutputSerializer, 200: OutputSerializer,
-            **error_responses(400, 401, 403, 404, 409, 413, 415),
+            **error_responses(400, 401, 403, 404, 409, 413, 415, 429),
         },
         examples=[OpenApiExample("start", value={"payload": {"order_id": 1042}}, request_only=True)],
     )
@@ -202,7 +203,8 @@ class RunStartApi(ApiBase):
         key = idempotency_key_header(request)
         services.check_startable(workflow=name)
         run, created = services.run_start(workflow=name, payload=payload, idempotency_key=key,
-                                          owner=authenticated_user(request))
+                                          owner=authenticated_user(request), quota=True,
+                                          queue=conf()["PUBLIC_QUEUE"] or None)
         return Response(
             self.OutputSerializer(run).data,
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,

@@ -753,3 +753,28 @@ def test_an_event_sent_through_the_api_resumes_a_waiting_run(worker: Worker, use
     assert late.status_code == 409
     assert error_of(late)["detail"] == {"status": "completed"}
     assert RunEvent.objects.filter(run_id=run_id).count() == 1
+
+
+@pytest.mark.django_db
+def test_one_person_may_have_only_so_many_runs_going(users: Users, settings: Any) -> None:
+    """A customer starting public workflows in a loop must not take every worker from everyone
+    else: past WORKFLOWS_MAX_ACTIVE_RUNS_PER_OWNER unfinished runs, a 429 that starts nothing."""
+    settings.WORKFLOWS = {**settings.WORKFLOWS, "MAX_ACTIVE_RUNS_PER_OWNER": 3, "PUBLIC_QUEUE": "public-runs"}
+    mallory = client_for(users["mallory"])
+    started = [mallory.post(start_url(), {"payload": {"n": i}}, format="json", headers={"Idempotency-Key": f"k{i}"})
+               for i in range(3)]
+    assert [r.status_code for r in started] == [201, 201, 201]
+    assert {WorkflowRun.objects.get(pk=r.json()["id"]).queue for r in started} == {"public-runs"}
+
+    # when she starts a fourth
+    fourth = mallory.post(start_url(), {"payload": {"n": 3}}, format="json")
+
+    # then it is refused, and nothing was started; a replay of a key still answers; others are not limited
+    assert fourth.status_code == 429 and error_of(fourth)["code"] == "too_many_runs"
+    assert WorkflowRun.objects.filter(owner=users["mallory"]).count() == 3
+    again = mallory.post(start_url(), {"payload": {"n": 0}}, format="json", headers={"Idempotency-Key": "k0"})
+    assert again.status_code == 200
+    assert client_for(users["alice"]).post(start_url(), {"payload": {}}, format="json").status_code == 201
+    # and once one of hers has finished, she may start another
+    services.run_terminate(run_id=started[0].json()["id"])
+    assert mallory.post(start_url(), {"payload": {"n": 4}}, format="json").status_code == 201
