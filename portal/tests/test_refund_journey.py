@@ -9,9 +9,9 @@ import pytest
 from django.test import Client
 
 from approvals import decide
-from examples.refunds.tests.test_refunds import ask, assert_confirmed, new_order, pending_approval, wait_status
+from examples.refunds.tests.support import ask, assert_confirmed, new_order, pending_approval, wait_status
+from tests.browser import chromium, new_page, off_loop
 from tests.support import AsgiServer
-from workflows.tests.test_views import CHROMIUM, TIMEOUT_MS, _chromium, off_loop
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -60,41 +60,32 @@ def test_browser_alice_signs_in_sees_her_refund_awaiting_approval_and_follows_it
     approval = pending_approval(request)
     wait_status(request, "awaiting approval")
 
-    sync_api = _chromium()
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(TIMEOUT_MS)
-            # when she opens the site, she is asked to sign in at /accounts/login/, and does
-            page.goto(f"{asgi_server.url}/")
-            page.wait_for_url("**/accounts/login/?next=/")
-            page.get_by_label("Username").fill("alice")
-            page.get_by_label("Password").fill("alice-secret-pw")
-            page.get_by_role("button", name="Sign in").click()
-            page.wait_for_url(f"{asgi_server.url}/")
-            signed_in_as = page.text_content("#username")
-            # her home page says where her refund is, in words
-            row = f"tr[data-refund='{request.pk}']"
-            home_status = page.text_content(f"{row} .refund-status")
+    with chromium() as browser:
+        page = new_page(browser)
+        # when she opens the site, she is asked to sign in at /accounts/login/, and does
+        page.goto(f"{asgi_server.url}/")
+        page.wait_for_url("**/accounts/login/?next=/")
+        page.get_by_label("Username").fill("alice")
+        page.get_by_label("Password").fill("alice-secret-pw")
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url(f"{asgi_server.url}/")
+        signed_in_as = page.text_content("#username")
+        # her home page says where her refund is, in words
+        row = f"tr[data-refund='{request.pk}']"
+        home_status = page.text_content(f"{row} .refund-status")
 
-            # she follows the link to its run: the page is live, the run waits for the approval
-            page.click(f"{row} a")
-            page.wait_for_url(f"**/runs/{request.run_id}/")
-            page.wait_for_selector("#connection:text-is('live')")
-            waiting = page.text_content("#status")
-            page.evaluate("window.sameDocument = true")  # gone if the page were reloaded
+        # she follows the link to its run: the page is live, the run waits for the approval
+        page.click(f"{row} a")
+        page.wait_for_url(f"**/runs/{request.run_id}/")
+        page.wait_for_selector("#connection:text-is('live')")
+        waiting = page.text_content("#status")
+        page.evaluate("window.sameDocument = true")  # gone if the page were reloaded
 
-            # when carol approves it, the page follows the run to its end without a reload
-            off_loop(lambda: decide(approval, by=carol, approve=True, version=approval.version))
-            page.wait_for_selector("#status.status-completed")
-            same_document = page.evaluate("window.sameDocument === true")
-            result = page.text_content("#result")
-        finally:
-            browser.close()
+        # when carol approves it, the page follows the run to its end without a reload
+        off_loop(lambda: decide(approval, by=carol, approve=True, version=approval.version))
+        page.wait_for_selector("#status.status-completed")
+        same_document = page.evaluate("window.sameDocument === true")
+        result = page.text_content("#result")
 
     # then
     assert signed_in_as == "alice"

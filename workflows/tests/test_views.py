@@ -3,9 +3,7 @@ follows the run live and recovers after the server goes away."""
 from __future__ import annotations
 
 import re
-import shutil
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -14,11 +12,11 @@ from uuid import uuid4
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import connections
 from django.test import Client
 from django.utils import timezone
 
 import tests.support
+from tests.browser import chromium, new_page, off_loop
 from tests.support import AsgiServer, Worker, wait_for_status, wait_for_terminal
 from workflows import public as wf
 from workflows import streams
@@ -26,8 +24,6 @@ from workflows.models import RunAttempt, RunStatus, StepKind, StepResult, StepSt
 from workflows.views import progress_view
 
 T = TypeVar("T")
-CHROMIUM = "/usr/bin/chromium"
-TIMEOUT_MS = 60_000  # generous: two shared cores
 
 
 def login(user: User) -> Client:
@@ -154,55 +150,14 @@ def test_progress_view_reads_percent_or_done_of_total_and_shows_anything_else_as
 
 
 # --- a real browser -------------------------------------------------------------------------------
-def _chromium() -> Any:
-    """Playwright (a test extra) driving Debian's Chromium, which scripts/test.sh installs.
-
-    Missing is a failure, not a skip: a skipped browser test would hide a broken page.
-    """
-    from playwright import sync_api
-
-    assert shutil.which(CHROMIUM), f"{CHROMIUM} is missing: scripts/test.sh installs it (apt-get install chromium)"
-    return sync_api
-
-
 @contextmanager
 def browser_page(server_url: str, user: User) -> Iterator[Any]:
     """A headless Chromium page logged in as ``user`` (the session cookie, as after a login)."""
-    sync_api = _chromium()
     cookie = login(user).cookies[settings.SESSION_COOKIE_NAME].value
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu",
-                                            "--disable-background-networking"],
-        )
-        try:
-            context = browser.new_context()
-            context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": cookie, "url": server_url}])
-            page = context.new_page()
-            page.set_default_timeout(TIMEOUT_MS)
-            yield page
-        finally:
-            browser.close()
-
-
-def off_loop(fn: Callable[[], T]) -> T:
-    """Run Django ORM code outside Playwright's event loop (Django refuses it inside one)."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # re-raised in the test's thread
-            box["error"] = exc
-        finally:
-            connections.close_all()  # this thread's own connection would outlive the test database
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    with chromium() as browser:
+        page = new_page(browser)
+        page.context.add_cookies([{"name": settings.SESSION_COOKIE_NAME, "value": cookie, "url": server_url}])
+        yield page
 
 
 def logged_seqs(page: Any) -> list[int]:

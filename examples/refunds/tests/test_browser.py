@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from approvals.models import ApprovalStatus
-from examples.refunds.tests.test_refunds import ask, assert_confirmed, new_order, pending_approval
+from examples.refunds.tests.support import ask, assert_confirmed, new_order, pending_approval
+from tests.browser import chromium, new_page
 from tests.support import AsgiServer
-from workflows.tests.test_views import CHROMIUM, TIMEOUT_MS, _chromium
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -28,27 +28,18 @@ def test_an_approver_approves_a_pending_refund_in_the_admin_and_the_run_complete
     assert world["sandbox"].stats()["refunds"] == 0
 
     # when carol logs in to the admin, opens the pending queue, the request, and approves it
-    sync_api = _chromium()
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            args=["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"],
-        )
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(TIMEOUT_MS)
-            page.goto(f"{asgi_server.url}/admin/login/?next=/admin/approvals/approvalrequest/")
-            page.fill("#id_username", "carol")
-            page.fill("#id_password", "carol-secret-pw")
-            page.click("input[type=submit]")
-            page.wait_for_url("**/admin/approvals/approvalrequest/**")
-            assert "Refund £120.00 on order 1042" in page.content()
-            page.click(f"a[href$='/approvalrequest/{approval.pk}/change/']")
-            page.click("button[name=decision][value=approve]")
-            page.wait_for_selector(".messagelist")
-            message = page.inner_text(".messagelist")
-        finally:
-            browser.close()
+    with chromium() as browser:
+        page = new_page(browser)
+        page.goto(f"{asgi_server.url}/admin/login/?next=/admin/approvals/approvalrequest/")
+        page.fill("#id_username", "carol")
+        page.fill("#id_password", "carol-secret-pw")
+        page.click("input[type=submit]")
+        page.wait_for_url("**/admin/approvals/approvalrequest/**")
+        assert "Refund £120.00 on order 1042" in page.content()
+        page.click(f"a[href$='/approvalrequest/{approval.pk}/change/']")
+        page.click("button[name=decision][value=approve]")
+        page.wait_for_selector(".messagelist")
+        message = page.inner_text(".messagelist")
 
     # then the request is approved by carol, the run completes and the provider refunded once
     assert "approv" in message.lower()
