@@ -7,6 +7,12 @@ from django.core.exceptions import SuspiciousFileOperation
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# No persistent database connections in an ASGI server (Django's documentation says to disable
+# them there): the ORM runs in a pool of threads, each keeps a connection of its own, and a burst of
+# requests left one idle connection per thread behind, until PostgreSQL refused everyone else
+# ("too many clients"). Workers keep theirs (DATABASE_CONN_MAX_AGE), web processes close each
+# request's at its end. Forced, not a default: one environment usually serves both kinds of process.
+os.environ["DATABASE_CONN_MAX_AGE"] = "0"
 django_asgi_app = get_asgi_application()  # sets Django up before the consumers are imported
 
 
