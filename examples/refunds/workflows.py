@@ -52,7 +52,7 @@ CURRENCY_SIGNS = {"GBP": "£", "EUR": "€", "USD": "$"}
 class Refund(Workflow):
     """Not public: ``refund_request_create`` starts it, for the order's customer only."""
 
-    version = "1"
+    version = "2"
 
     @classmethod
     def validate_payload(cls, payload: dict[str, Any]) -> dict[str, Any]:
@@ -72,6 +72,13 @@ class Refund(Workflow):
         payload = event.payload
         request_id = int(payload["request_id"])
         snapshot: dict[str, Any] = step.do("load order", load_snapshot, request_id)
+        key = operation_key(snapshot["order"], request_id)
+        # A restarted run whose earlier attempt reserved (and perhaps sent) this request's refund
+        # continues that operation: the money is already committed, so it is neither checked nor
+        # approved again; perform answers from storage, or sends or looks up the key as it stands.
+        earlier: dict[str, Any] | None = step.do("find an earlier refund", earlier_refund, key)
+        if earlier is not None:
+            return self.pay(step, event, snapshot, key, earlier["request"])
         if (refused := self.refused_by_policy(step, "check policy", snapshot)) is not None:
             return refused
         if snapshot["needs_approval"]:
@@ -91,9 +98,12 @@ class Refund(Workflow):
             snapshot = step.do("reload order", load_snapshot, request_id)
             if (refused := self.refused_by_policy(step, "re-check policy", snapshot)) is not None:
                 return refused
+        return self.pay(step, event, snapshot, key, refund_body(snapshot))
 
-        key = operation_key(snapshot["order"], request_id)
-        request = refund_body(snapshot)
+    def pay(self, step: Step, event: Event, snapshot: dict[str, Any], key: str,
+            request: dict[str, Any]) -> dict[str, Any]:
+        """Reserve and send the refund once, wait for an unknown outcome, then record it."""
+        payload, request_id = event.payload, int(event.payload["request_id"])
         self.report_progress({"stage": "submitting"})
         delay = float(payload.get("retry_delay_seconds") or 2)
         try:
@@ -191,6 +201,13 @@ def order_proposal(request_id: int) -> Proposal:
     content = {k: v for k, v in snapshot.items() if k not in ("observed_at", "needs_approval")}
     return Proposal(version=snapshot["version"], content=content,
                     summary=f"Refund {sign}{snapshot['refund_amount']} on order {snapshot['order']}")
+
+
+def earlier_refund(key: str) -> dict[str, Any] | None:
+    """The request's ledger operation, if an earlier attempt of the run reserved it: its status
+    and the exact request it stands for (sent again, or looked up, with the same fingerprint)."""
+    op = ExternalOperation.objects.filter(key=key).values("status", "request").first()
+    return None if op is None else {"status": op["status"], "request": op["request"]}
 
 
 def refund_body(snapshot: dict[str, Any]) -> dict[str, Any]:

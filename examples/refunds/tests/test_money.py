@@ -337,3 +337,38 @@ def test_a_run_restarted_after_another_request_took_the_money_ends_refused(world
     assert (run.status, run.result["outcome"]) == ("completed", "failed"), run.error
     assert "can still refund (0.00 of 150.00)" in run.result["reason"]
     assert refunded_at_provider(sandbox, "2012") == Decimal("150.00")
+
+
+def test_a_restarted_run_continues_the_refund_its_earlier_attempt_sent(world: dict[str, Any]) -> None:
+    """Its money is already committed: the run neither checks the balance nor asks for an approval
+    again (the other request on the order would now make it need one), it finds out what became
+    of the refund it sent, and records it."""
+    from workflows import restart
+
+    sandbox: SandboxProcess = world["sandbox"]
+    # given £100 of a £150 order sent to a provider that takes 5 s, its run terminated while the
+    # outcome is unknown, and another £50 asked for meanwhile
+    order = new_order(world["alice"], "2013", "150.00")
+    first = ask(order, "100.00", sandbox=sandbox, faults=(("delay=5", "create", 1, ""),), retry_delay_seconds=30)
+    wait_for(lambda: ExternalOperation.objects.filter(key=first.operation_key, status=OperationStatus.UNKNOWN)
+             .exists(), timeout=40, interval=0.02, what="the refund's outcome to be unknown")
+    terminate(first.run_id)  # type: ignore[arg-type]
+    wait_for_status(first.run_id, "terminated")  # type: ignore[arg-type]
+    second = ask(order, "50.00")
+    pending_approval(second)  # £150 in all: it needs a reviewer
+
+    # when staff restart the first run
+    restart(first.run_id)  # type: ignore[arg-type]
+
+    # then it carries on with the refund it sent: no second approval, the provider's answer recorded
+    run = wait_for_terminal(first.run_id, timeout=90)  # type: ignore[arg-type]
+    assert (run.status, run.result["outcome"]) == ("completed", "refunded"), run.error
+    assert not ApprovalRequest.objects.filter(run_id=first.run_id).exists()
+    assert status_of(first) == "confirmed"
+    assert OperationalRecord.objects.filter(request_id=f"refund-request:{first.pk}").count() == 1
+    # (the order changed as the first refund was recorded: the second's approval is asked again)
+    second_approval = pending_approval(second, version=str(Order.objects.get(pk=order.pk).version))
+    decide(second_approval, by=world["carol"], approve=True, version=second_approval.version)
+    assert_confirmed(second, sandbox, provider_refunds=2)
+    assert Order.objects.get(pk=order.pk).status == "refunded"
+    assert refunded_at_provider(sandbox, "2013") == Decimal("150.00")
