@@ -255,6 +255,9 @@ LEDGER: dict[str, Any] = {
     # found" is believed only once the last send is older than CONNECT_TIMEOUT + 2 * READ_TIMEOUT
     # plus this grace; before that the operation stays unknown and is looked up again later.
     "PROVIDER_GRACE_SECONDS": envfloat("LEDGER_PROVIDER_GRACE_SECONDS", 60.0),
+    # An operation a person marked failed after it was sent is looked up again by every reconcile
+    # for this many days: if the provider acted on it after all, the ledger says so (see README).
+    "RECHECK_RESOLVED_DAYS": envfloat("LEDGER_RECHECK_RESOLVED_DAYS", 7.0),
     # Keys whose values never reach operational records or logs, matched case-insensitively at
     # any depth, ignoring "_" and "-" (so cardNumber matches card_number). Whole keys only.
     "REDACT_KEYS": envlist("LEDGER_REDACT_KEYS", [

@@ -17,8 +17,9 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 
 from ledger import services
+from ledger.conf import conf as ledger_conf
 from ledger.exceptions import ResolutionRefused
-from ledger.models import ExternalOperation, OperationalRecord, OperationEvent, OperationStatus
+from ledger.models import ExternalOperation, OperationalRecord, OperationEvent
 from ledger.redaction import redact
 from ledger.selectors import (
     ATTENTION_LABELS,
@@ -26,6 +27,7 @@ from ledger.selectors import (
     attention_label,
     can_resolve_operations,
     can_see_operations,
+    resolvable_by_hand,
     with_attention,
 )
 from workflows.admin import ReadOnlyInline
@@ -186,8 +188,10 @@ class ExternalOperationAdmin(admin.ModelAdmin):
             "action": request.POST.get("action", ""),
             "form": form,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "unresolvable": [op.key for op in queryset if op.status != OperationStatus.UNKNOWN
-                             and op.status != OperationStatus.SUBMITTED],
+            "unresolvable": [op.key for op in queryset if not resolvable_by_hand(op)],
+            # Marking failed what was sent: the provider may still act on it (see the page).
+            "sent": [op.key for op in queryset if op.submit_count] if outcome == "failed" else [],
+            "recheck_days": ledger_conf()["RECHECK_RESOLVED_DAYS"],
         }
         return TemplateResponse(request, "admin/ledger/externaloperation/resolve.html", context)
 

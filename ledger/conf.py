@@ -15,6 +15,7 @@ class LedgerSettings(TypedDict):
     RETENTION_DAYS: int
     RECONCILE_CONCURRENCY: int
     PROVIDER_GRACE_SECONDS: float
+    RECHECK_RESOLVED_DAYS: float
 
 
 def conf() -> LedgerSettings:

@@ -11,6 +11,8 @@ operational records.
                                         has ended: an earlier send may still have taken effect)
     pending → failed                    (abandon: never sent, and the run that would send it has
                                         ended)
+    failed → succeeded                  (contradict: failed by a person's hand, then found at the
+                                        provider as succeeded by reconcile's recheck)
 
 Transitions change nothing but the row; the services call them inside ``transaction.atomic()``
 with the row locked (``select_for_update``).
@@ -130,6 +132,11 @@ class ExternalOperation(ConcurrentTransitionMixin, models.Model):
     @transition(field=status, source=RECONCILABLE, target=OperationStatus.PENDING)
     def reconcile_not_found(self) -> None:
         """The provider has no record of the key: it never took effect, sending again is safe."""
+
+    @transition(field=status, source=OperationStatus.FAILED, target=OperationStatus.SUCCEEDED)
+    def contradict(self) -> None:
+        """Marked failed by hand, then found at the provider as succeeded: the provider is the
+        truth about the money. Only reconcile's recheck of hand-failed operations calls it."""
 
     @transition(field=status, source=OperationStatus.PENDING, target=OperationStatus.FAILED)
     def abandon(self) -> None:

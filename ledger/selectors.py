@@ -7,7 +7,7 @@ from django.contrib.auth.models import AbstractUser, AnonymousUser
 from django.db.models import Case, IntegerField, Q, QuerySet, Value, When
 from django.utils import timezone
 
-from ledger.conf import stale_after
+from ledger.conf import conf, stale_after
 from ledger.models import ExternalOperation, OperationStatus
 from workflows.hooks import RunSection
 from workflows.models import TERMINAL, WorkflowRun
@@ -62,6 +62,30 @@ def operation_list(*, status: str | None = None, system: str | None = None) -> Q
     if system:
         operations = operations.filter(system=system)
     return operations
+
+
+def failed_by_hand_to_recheck(*, system: str | None = None, now: datetime | None = None
+                              ) -> QuerySet[ExternalOperation]:
+    """Operations a person marked failed after they were sent, within LEDGER RECHECK_RESOLVED_DAYS:
+    a provider may act on a request long after our call gave up on it, so reconcile keeps asking."""
+    cutoff = (now or timezone.now()) - timedelta(days=conf()["RECHECK_RESOLVED_DAYS"])
+    operations = ExternalOperation.objects.filter(status=OperationStatus.FAILED, error__reason="resolved_by_hand",
+                                                  submit_count__gt=0, finished_at__gte=cutoff)
+    if system:
+        operations = operations.filter(system=system)
+    return operations.order_by("finished_at", "pk")
+
+
+def resolvable_by_hand(op: ExternalOperation, *, now: datetime | None = None) -> bool:
+    """Whether a person may settle ``op`` with a note: unknown, a submit gone stale, or pending
+    after a send with its run ended (nobody will send it again, and no lookup can prove it will
+    not still arrive)."""
+    if op.status == OperationStatus.UNKNOWN:
+        return True
+    if op.status == OperationStatus.SUBMITTED:
+        cutoff = (now or timezone.now()) - stale_after()
+        return op.submitted_at is None or op.submitted_at < cutoff
+    return op.status == OperationStatus.PENDING and op.submit_count > 0 and run_ended(op)
 
 
 def run_ended(op: ExternalOperation) -> bool:

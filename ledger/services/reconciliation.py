@@ -36,7 +36,13 @@ from ledger.models import (
     OperationEvent,
     OperationStatus,
 )
-from ledger.selectors import can_resolve_operations, operations_to_reconcile, run_ended
+from ledger.selectors import (
+    can_resolve_operations,
+    failed_by_hand_to_recheck,
+    operations_to_reconcile,
+    resolvable_by_hand,
+    run_ended,
+)
 from ledger.services.common import (
     LOOKUP_FIELDS,
     abandon,
@@ -46,6 +52,7 @@ from ledger.services.common import (
     lock,
     logger,
     may_still_arrive,
+    outcome_detail,
     prepare_lookup,
     record_event,
     safe_lookup,
@@ -89,7 +96,39 @@ def operations_reconcile(
         if op.pk not in in_batch:
             results.append(_reconcile_guarded(op.pk, older_than, dry_run))
     results += _reconcile_batch(batched)
+    for op in failed_by_hand_to_recheck(system=system):
+        if (corrected := _recheck_failed_by_hand(op, dry_run=dry_run)) is not None:
+            results.append(corrected)
     return results
+
+
+def _recheck_failed_by_hand(op: ExternalOperation, *, dry_run: bool) -> ReconcileResult | None:
+    """Ask the provider about an operation a person marked failed after it was sent. If the provider
+    acted on it after all, the ledger says so: succeeded, with a note for people, the settled hooks
+    run (a refund's order is marked) and the row is flagged. Anything else changes nothing and is
+    not reported (the person's answer stands until the recheck period ends)."""
+    if not has_adapter(op.system) or not get_adapter(op.system).can_lookup:
+        return None
+    outcome = safe_lookup(get_adapter(op.system), op)  # outside any transaction: a network call
+    if not isinstance(outcome, Succeeded):
+        return None
+    when = op.resolved_at.isoformat(timespec="seconds") if op.resolved_at else "?"
+    note = (f"marked failed by hand ({when}), but the provider has it as succeeded: corrected; check what "
+            "was done on the strength of the failure (a second request paid?)")
+    if dry_run:
+        return _result(op, OperationStatus.SUCCEEDED, "flagged", f"would be {note}", dry_run=True)
+    with transaction.atomic():
+        current = lock(op.pk)
+        if current.status != OperationStatus.FAILED:
+            return None
+        current.contradict()
+        current.response, current.finished_at, current.note = outcome.response, timezone.now(), note
+        current.save()
+        record_event(current, kind=EventKind.LOOKUP, outcome=EventOutcome.SUCCEEDED, before=OperationStatus.FAILED,
+                     detail=outcome_detail(outcome), note=note)
+        hooks.operation_settled(current)
+    logger.error("%s %s %s: %s", current.system, current.action, current.key, note)
+    return _result(current, current.status, "flagged", note, before=OperationStatus.FAILED)
 
 
 def _reconcile_guarded(operation_id: int, older_than: timedelta | None, dry_run: bool) -> ReconcileResult:
@@ -358,8 +397,7 @@ def operation_resolve(
     with transaction.atomic():
         op = lock(operation_id)
         before = op.status
-        orphaned = before == OperationStatus.PENDING and op.submit_count > 0 and run_ended(op)
-        if before != OperationStatus.UNKNOWN and not is_stale(op, now=now) and not orphaned:
+        if not resolvable_by_hand(op, now=now):
             raise ResolutionRefused(
                 "only unknown operations (or submits gone stale, or pending ones sent before whose run has "
                 f"ended) are resolved by hand; this one is {before}",

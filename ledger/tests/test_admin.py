@@ -254,3 +254,16 @@ def test_operational_records_are_read_only(users: dict[str, User]) -> None:
     assert client.post(reverse("admin:ledger_operationalrecord_change", args=[record.pk]),
                        {"request_id": "changed"}).status_code == 403
     assert record.__class__.objects.get(pk=record.pk).request_id == "req-1"
+
+
+def test_marking_a_sent_operation_failed_warns_that_the_provider_may_still_act(resolver: User) -> None:
+    sent = make_operation("sent-once")
+    client = login(resolver)
+
+    page = " ".join(act(client, "mark_failed", sent).content.decode().split())
+    succeeded_page = " ".join(act(client, "mark_succeeded", sent).content.decode().split())
+
+    assert "A provider can act on a request long after our call gave up on it" in page
+    assert "sent-once" in page and "Reconcile keeps looking it up for 7 days" in page
+    assert "long after our call gave up" not in succeeded_page  # marking succeeded releases nothing
+    assert ExternalOperation.objects.get(pk=sent.pk).status == OperationStatus.UNKNOWN

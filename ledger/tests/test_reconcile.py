@@ -336,3 +336,38 @@ def test_every_way_an_operation_settles_calls_the_settled_hooks_once(payments: F
         hooks._on_settled.remove(hook)
 
     assert sorted(settled) == [("by-hand", "failed"), ("found", "succeeded"), ("orphan", "failed")]
+
+
+def test_an_operation_marked_failed_by_hand_that_the_provider_did_after_all_is_corrected(
+        payments: FakeProvider) -> None:
+    from django.contrib.auth.models import Permission, User
+
+    from ledger import hooks
+    from ledger.services import operation_resolve
+
+    # given a sent operation a person marked failed, the provider having no record of it yet
+    staff = User.objects.create_user("carol", is_staff=True)
+    staff.user_permissions.add(*Permission.objects.filter(codename="resolve_externaloperation"))
+    op = make_operation("late", run=ended_run())
+    operation_resolve(operation_id=op.pk, outcome="failed", note="dashboard shows nothing",
+                      user=User.objects.get(pk=staff.pk))
+    assert "Nothing to reconcile" in reconcile()  # nothing new: the person's answer stands, unreported
+
+    # when the provider acts on it after all, and reconcile runs
+    payments.seed("late")
+    settled: list[str] = []
+    hook = hooks.on_operation_settled(lambda settled_op: settled.append(settled_op.status))
+    try:
+        output = reconcile()
+    finally:
+        hooks._on_settled.remove(hook)
+
+    # then the ledger says what happened to the money, flagged for a person, and the hooks ran
+    current = ExternalOperation.objects.get(pk=op.pk)
+    assert current.status == OperationStatus.SUCCEEDED
+    assert current.response == payments.records["late"]
+    assert "marked failed by hand" in current.note
+    assert row_of(output, "late").startswith("!") and settled == ["succeeded"]
+    assert current.resolution_note == "dashboard shows nothing"  # the person's answer stays on record
+    assert [e.kind for e in OperationEvent.objects.filter(operation=current)][-1] == "lookup"
+    assert payments.submits() == 0
