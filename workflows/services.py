@@ -21,7 +21,7 @@ from workflows.exceptions import (
     TransitionNotAllowed,
 )
 from workflows.models import PAUSABLE, TERMINAL, RunAttempt, RunEvent, RunStatus, WorkflowRun
-from workflows.registry import get_workflow
+from workflows.registry import get_workflow, workflow_names
 from workflows.storable import MAX_JSON_DEPTH, json_problem
 
 if TYPE_CHECKING:
@@ -73,13 +73,20 @@ def check_startable(*, workflow: str) -> None:
 
 
 def check_run_quota(*, owner: User) -> None:
-    """TooManyRuns if ``owner`` has WORKFLOWS_MAX_ACTIVE_RUNS_PER_OWNER runs not finished yet: one
-    customer starting public workflows in a loop must not take every worker from everyone else.
-    For starts over the API; operators and a process's own services are not counted against. A
-    soft limit: two starts at the same instant may both pass."""
+    """TooManyRuns if ``owner`` has WORKFLOWS_MAX_ACTIVE_RUNS_PER_OWNER runs of public workflows not
+    finished yet: one customer starting them in a loop must not take every worker from everyone
+    else. Their refunds and assessments (private workflows, started by their own services) do not
+    count. Call inside the transaction that creates the run: the owner's row is locked, so starts
+    at the same instant are counted one after the other."""
     limit = conf()["MAX_ACTIVE_RUNS_PER_OWNER"]
-    if limit and WorkflowRun.objects.filter(owner=owner).exclude(status__in=TERMINAL).count() >= limit:
-        raise TooManyRuns(f"you have {limit} runs that have not finished yet; start more once some have")
+    if not limit:
+        return
+    type(owner).objects.select_for_update().filter(pk=owner.pk).first()
+    public = [name for name in workflow_names() if get_workflow(name).public]
+    active = WorkflowRun.objects.filter(owner=owner, workflow__in=public).exclude(status__in=TERMINAL).count()
+    if active >= limit:
+        raise TooManyRuns(f"you have {active} runs that have not finished yet (the limit is {limit}); "
+                          "start more once some have")
 
 
 def run_start(
@@ -112,10 +119,10 @@ def run_start(
         existing = WorkflowRun.objects.filter(dedupe_key=dedupe_key).first()
         if existing is not None:
             return _same_start(existing, payload), False
-    if quota and owner is not None:
-        check_run_quota(owner=owner)
     try:
         with transaction.atomic():
+            if quota and owner is not None:
+                check_run_quota(owner=owner)
             run = WorkflowRun.objects.create(
                 workflow=workflow,
                 workflow_version=str(cls.version),

@@ -778,3 +778,22 @@ def test_one_person_may_have_only_so_many_runs_going(users: Users, settings: Any
     # and once one of hers has finished, she may start another
     services.run_terminate(run_id=started[0].json()["id"])
     assert mallory.post(start_url(), {"payload": {"n": 4}}, format="json").status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_run_limit_holds_for_starts_sent_together_and_counts_only_public_runs(users: Users, settings: Any) -> None:
+    from tests.support import race
+
+    settings.WORKFLOWS = {**settings.WORKFLOWS, "MAX_ACTIVE_RUNS_PER_OWNER": 3}
+    # given mallory's runs of a private workflow (a refund's, an assessment's: not counted)
+    for _ in range(4):
+        services.run_start(workflow="test.lines", payload={"path": "/dev/null", "steps": 1}, owner=users["mallory"])
+
+    # when she sends eight starts of a public one at the same instant
+    answers = race(lambda: client_for(users["mallory"]).post(start_url(), {"payload": {}}, format="json"), n=8)
+
+    # then exactly three were started
+    assert sorted(a.status_code for a in answers) == [201] * 3 + [429] * 5
+    assert WorkflowRun.objects.filter(owner=users["mallory"], workflow="test.echo").count() == 3
+    assert "you have 3 runs that have not finished yet (the limit is 3)" in error_of(
+        [a for a in answers if a.status_code == 429][0])["message"]
