@@ -24,6 +24,20 @@ if not DEBUG and (SECRET_KEY in ("", INSECURE_SECRET_KEY) or SECRET_KEY.startswi
         "SECRET_KEY=\"$(python -c 'import secrets; print(secrets.token_urlsafe(50))')\", "
         "or set DEBUG=1 on a development machine (scripts/run.sh does both for you)."
     )
+if not DEBUG and len(SECRET_KEY) < 32:
+    raise ImproperlyConfigured(
+        f"SECRET_KEY is too short ({len(SECRET_KEY)} characters; at least 32), and DEBUG is off: a short key "
+        "can be guessed. Use a long random value, e.g. "
+        "SECRET_KEY=\"$(python -c 'import secrets; print(secrets.token_urlsafe(50))')\"."
+    )
+# Behind HTTPS (a proxy terminating TLS and setting X-Forwarded-Proto), HTTPS=1 turns on what
+# `manage.py check --deploy` asks for: cookies only over HTTPS, a redirect from http, HSTS.
+HTTPS = envbool("HTTPS", False)
+if HTTPS:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = True
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 3600)
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
 

@@ -43,6 +43,24 @@ def test_with_debug_the_development_key_is_used() -> None:
     assert result.stdout.strip() == "insecure-development-key-change-me"
 
 
+def test_without_debug_a_short_key_refuses_to_start() -> None:
+    result = import_settings(DEBUG="0", SECRET_KEY="x")
+
+    assert result.returncode != 0
+    assert "SECRET_KEY is too short (1 characters; at least 32)" in result.stderr
+
+
+def test_https_turns_on_secure_cookies_the_redirect_and_hsts() -> None:
+    code = ("import config.settings as s; print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, "
+            "s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS, s.SECURE_PROXY_SSL_HEADER)")
+    base = {key: value for key, value in os.environ.items() if key not in ("SECRET_KEY", "DEBUG")}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60, capture_output=True, text=True,
+                            env={**base, "PYTHONPATH": str(ROOT), "SECRET_KEY": "k" * 50, "HTTPS": "1"})
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True True True 3600 ('HTTP_X_FORWARDED_PROTO', 'https')"
+
+
 @pytest.mark.parametrize("debug", ["0", "1"])
 def test_a_key_of_its_own_is_used_with_or_without_debug(debug: str) -> None:
     result = import_settings(DEBUG=debug, SECRET_KEY="k" * 50)

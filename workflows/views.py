@@ -11,7 +11,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from workflows import hooks
-from workflows.selectors import RunSnapshot, run_get, run_snapshot
+from workflows.selectors import RunSnapshot, can_see_all_runs, run_get, run_snapshot
 
 
 def attempts_with_steps(snapshot: RunSnapshot) -> list[dict[str, Any]]:
@@ -74,6 +74,8 @@ def run_detail(request: HttpRequest, run_id: UUID) -> HttpResponse:
         "result_json": _pretty(snapshot["result"]),
         "error_json": _pretty(snapshot["error"]),
         "ws_path": f"/ws/runs/{run.id}/",
-        "sections": hooks.run_sections(run),  # e.g. the ledger's operations needing reconciliation
+        # What other apps flag for staff (the ledger's operations needing reconciliation): staff data,
+        # worded for them ("do not tell the customer..."), so not on the owner's page.
+        "sections": hooks.run_sections(run) if can_see_all_runs(request.user) else [],
     }
     return render(request, "workflows/run_detail.html", context)

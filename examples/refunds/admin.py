@@ -117,6 +117,9 @@ class RefundRequestAdmin(admin.ModelAdmin):
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a request holds its order's money (or records that it was paid): never removed
+
     @admin.display(description="customer sees")
     def status_in_words(self, obj: RefundRequest) -> str:
         return refund_status(obj)

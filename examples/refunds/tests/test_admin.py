@@ -12,7 +12,7 @@ from django.test import Client
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.tests.support import waiting_request
-from examples.refunds.models import Order
+from examples.refunds.models import Order, RefundRequest
 from examples.refunds.services import (
     StaleOrder,
     order_change,
@@ -167,3 +167,22 @@ def test_a_successful_admin_edit_is_still_logged_and_reported(client: Client) ->
     assert "was changed successfully" in response.content.decode()
     assert LogEntry.objects.filter(object_id=str(order.pk)).count() == 1
     assert Order.objects.get(pk=order.pk).version == 2
+
+
+@pytest.mark.django_db
+def test_not_even_a_superuser_deletes_a_refund_request(client: Client) -> None:
+    """A request holds its order's money (or records that it was paid): deleting it would free the
+    amount for another refund."""
+    alice = User.objects.create_user("alice")
+    admin = User.objects.create_superuser("root", "root@example.com", "pw")
+    order = order_create(number="9100", customer=alice, amount="50.00")
+    request, _ = refund_request_create(order=order, customer=alice, amount="50.00")
+    client.force_login(admin)
+
+    page = client.get(f"/admin/refunds/refundrequest/{request.pk}/delete/")
+    bulk = client.post("/admin/refunds/refundrequest/", {"action": "delete_selected",
+                                                         "_selected_action": [str(request.pk)], "post": "yes"})
+
+    assert page.status_code == 403
+    assert bulk.status_code in (200, 302)
+    assert RefundRequest.objects.filter(pk=request.pk).exists()
