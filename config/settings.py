@@ -291,6 +291,9 @@ LEDGER: dict[str, Any] = {
 SANDBOX_PAYMENTS_URL = envstr("SANDBOX_PAYMENTS_URL", "http://127.0.0.1:8765")
 # Refunds above this amount wait for a person in the "refund-approvers" group.
 REFUND_APPROVAL_LIMIT = envstr("REFUND_APPROVAL_LIMIT", "100.00")
+# How many refund requests one customer may have in progress (their runs not finished); more is a
+# 429: a customer asking for a penny at a time must not fill the workers and the provider. 0: none.
+REFUND_MAX_OPEN_REQUESTS = envint("REFUND_MAX_OPEN_REQUESTS", 10)
 
 LOGGING = {
     "version": 1,

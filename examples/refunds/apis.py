@@ -14,7 +14,7 @@ from rest_framework.response import Response
 
 from examples.refunds.models import Order, RefundRequest
 from examples.refunds.selectors import refund_request_get, refund_status
-from examples.refunds.services import BalanceExceeded, refund_request_create
+from examples.refunds.services import BalanceExceeded, TooManyOpenRequests, refund_request_create
 from workflows.apis.common import ApiBase, StrictCharField, StrictSerializer, idempotency_key_header
 from workflows.apis.converters import id_parameter, name_parameter
 from workflows.apis.errors import error_response, error_responses
@@ -54,7 +54,7 @@ class RefundCreateApi(ApiBase):
                    "reason (the existing request); 409 idempotency_conflict for the same key with another "
                    "request, balance_exceeded for more than the order still has to refund.",
                    responses={201: RefundSerializer, 200: RefundSerializer,
-                              **error_responses(400, 401, 403, 404, 409, 413, 415)})
+                              **error_responses(400, 401, 403, 404, 409, 413, 415, 429)})
     def post(self, request: Request, number: str) -> Response:
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -70,6 +70,8 @@ class RefundCreateApi(ApiBase):
         except BalanceExceeded as exc:
             return error_response("balance_exceeded", "; ".join(exc.messages), status.HTTP_409_CONFLICT,
                                   exc.message_dict)
+        except TooManyOpenRequests as exc:
+            return error_response("too_many_requests", str(exc), status.HTTP_429_TOO_MANY_REQUESTS)
         except DjangoValidationError as exc:
             raise exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages) \
                 from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
@@ -22,7 +23,7 @@ from ledger.models import ExternalOperation, OperationStatus
 from workflows import NonRetryableError
 from workflows import services as workflow_services
 from workflows.exceptions import IdempotencyConflict
-from workflows.models import WorkflowRun
+from workflows.models import TERMINAL, WorkflowRun
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -112,6 +113,7 @@ def refund_request_create(
     extra = {k: v for k, v in (options or {}).items() if k in OPTIONS}
     try:
         with transaction.atomic():
+            check_open_requests(customer=customer)
             locked = Order.objects.select_for_update().get(pk=order.pk)
             if key:
                 # A request with this key may have committed while we waited for the lock (a retry
@@ -152,6 +154,24 @@ def check_refundable(order: Order, amount: Decimal, balance: OrderBalance) -> No
             f"at most {balance.refundable} of this order's {order.amount} can still be refunded "
             f"({balance.refunded} refunded, {balance.in_flight} in requests still being handled)"
         )})
+
+
+class TooManyOpenRequests(Exception):
+    """The customer has REFUND_MAX_OPEN_REQUESTS refund requests in progress (the API's 429)."""
+
+
+def check_open_requests(*, customer: User) -> None:
+    """TooManyOpenRequests past REFUND_MAX_OPEN_REQUESTS requests whose runs have not finished.
+    Call inside the transaction that creates the request: the customer's row is locked (customer,
+    then order, then run), so requests sent together are counted one after the other."""
+    limit = int(settings.REFUND_MAX_OPEN_REQUESTS)
+    if not limit:
+        return
+    type(customer).objects.select_for_update().filter(pk=customer.pk).first()
+    open_requests = RefundRequest.objects.filter(customer=customer).exclude(run__status__in=TERMINAL).count()
+    if open_requests >= limit:
+        raise TooManyOpenRequests(f"you have {open_requests} refund requests in progress (the limit is {limit}); "
+                                  "ask for more once some have been handled")
 
 
 class RefundRefused(NonRetryableError):

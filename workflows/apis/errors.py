@@ -50,7 +50,7 @@ def error_responses(*statuses: int) -> dict[int, OpenApiResponse]:
         409: "Idempotency conflict, or the transition is not allowed in the run's state",
         413: "The request body or payload is too large",
         415: "The body is not application/json",
-        429: "Too many runs of yours have not finished yet (WORKFLOWS_MAX_ACTIVE_RUNS_PER_OWNER)",
+        429: "Too many of your runs or requests are still in progress; try again once some have finished",
     }
     return {code: OpenApiResponse(ErrorSerializer, description=descriptions[code]) for code in statuses}
 

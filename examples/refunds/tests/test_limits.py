@@ -1,0 +1,36 @@
+"""A customer asking for a penny at a time must not fill the workers and the provider: past
+REFUND_MAX_OPEN_REQUESTS requests in progress, a 429 that creates nothing."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from rest_framework.test import APIClient
+
+from examples.refunds.models import RefundRequest
+from examples.refunds.services import order_create
+from workflows.services import run_terminate
+
+
+@pytest.mark.django_db
+def test_past_the_open_requests_limit_a_refund_request_is_a_429_and_creates_nothing(users: Any,
+                                                                                     settings: Any) -> None:
+    settings.REFUND_MAX_OPEN_REQUESTS = 2
+    mallory = users["mallory"]
+    order_create(number="9200", customer=mallory, amount="10.00")
+    client = APIClient()
+    client.force_authenticate(mallory)
+
+    def ask() -> Any:
+        return client.post("/api/orders/9200/refunds", {"amount": "0.01"}, format="json")
+
+    assert [ask().status_code, ask().status_code] == [201, 201]
+    refused = ask()
+
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "too_many_requests"
+    assert "you have 2 refund requests in progress (the limit is 2)" in refused.json()["error"]["message"]
+    assert RefundRequest.objects.filter(customer=mallory).count() == 2
+    # once one is handled (its run ended), she may ask again; other customers were never limited
+    run_terminate(run_id=RefundRequest.objects.filter(customer=mallory).first().run_id)
+    assert ask().status_code == 201
