@@ -5,6 +5,7 @@ import json
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from django_fsm import TransitionNotAllowed as FSMTransitionNotAllowed
@@ -81,7 +82,7 @@ def check_run_quota(*, owner: User) -> None:
     limit = conf()["MAX_ACTIVE_RUNS_PER_OWNER"]
     if not limit:
         return
-    type(owner).objects.select_for_update().filter(pk=owner.pk).first()
+    get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
     public = [name for name in workflow_names() if get_workflow(name).public]
     active = WorkflowRun.objects.filter(owner=owner, workflow__in=public).exclude(status__in=TERMINAL).count()
     if active >= limit:

@@ -12,6 +12,7 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
@@ -167,7 +168,7 @@ def check_open_requests(*, customer: User) -> None:
     limit = int(settings.REFUND_MAX_OPEN_REQUESTS)
     if not limit:
         return
-    type(customer).objects.select_for_update().filter(pk=customer.pk).first()
+    get_user_model().objects.select_for_update().filter(pk=customer.pk).first()
     open_requests = RefundRequest.objects.filter(customer=customer).exclude(run__status__in=TERMINAL).count()
     if open_requests >= limit:
         raise TooManyOpenRequests(f"you have {open_requests} refund requests in progress (the limit is {limit}); "

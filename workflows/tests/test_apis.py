@@ -789,11 +789,13 @@ def test_the_run_limit_holds_for_starts_sent_together_and_counts_only_public_run
     for _ in range(4):
         services.run_start(workflow="test.lines", payload={"path": "/dev/null", "steps": 1}, owner=users["mallory"])
 
-    # when she sends eight starts of a public one at the same instant
-    answers = race(lambda: client_for(users["mallory"]).post(start_url(), {"payload": {}}, format="json"), n=8)
+    # when she sends eight starts of a public one at the same instant (runs that wait: a worker of
+    # the session, if one runs, must not finish them and free their places)
+    answers = race(lambda: client_for(users["mallory"]).post(start_url("test.wait"), {"payload": {"timeout": 300}},
+                                                            format="json"), n=8)
 
     # then exactly three were started
     assert sorted(a.status_code for a in answers) == [201] * 3 + [429] * 5
-    assert WorkflowRun.objects.filter(owner=users["mallory"], workflow="test.echo").count() == 3
+    assert WorkflowRun.objects.filter(owner=users["mallory"], workflow="test.wait").count() == 3
     assert "you have 3 runs that have not finished yet (the limit is 3)" in error_of(
         [a for a in answers if a.status_code == 429][0])["message"]

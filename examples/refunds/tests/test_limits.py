@@ -19,7 +19,7 @@ def test_past_the_open_requests_limit_a_refund_request_is_a_429_and_creates_noth
     mallory = users["mallory"]
     order_create(number="9200", customer=mallory, amount="10.00")
     client = APIClient()
-    client.force_authenticate(mallory)
+    client.force_login(mallory)  # a session: request.user is Django's lazy user, as in the browser
 
     def ask() -> Any:
         return client.post("/api/orders/9200/refunds", {"amount": "0.01"}, format="json")
