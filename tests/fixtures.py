@@ -12,6 +12,38 @@ from tests.support import AsgiServer, Worker
 
 
 @pytest.fixture(scope="session", autouse=True)
+def _flush_that_outlasts_a_deadlock() -> Iterator[None]:
+    """Transactional tests end with Django's ``flush`` (TRUNCATE of every table) while the real
+    workers of the session still advance runs and beat still sweeps. A worker's transaction holding
+    row locks on one table and waiting for another that TRUNCATE holds is a deadlock PostgreSQL
+    breaks by failing one side; when that is the flush, Django gives up and the next test starts on
+    the last one's rows. The flush runs in one transaction, rolled back whole, so trying it again is
+    safe: a few tries with a pause, then the error as before."""
+    import time
+
+    from django.core.management.base import CommandError
+    from django.core.management.commands import flush
+    from django.db import OperationalError
+
+    handle = flush.Command.handle
+
+    def patient_handle(self: flush.Command, **options: Any) -> None:
+        for attempt in range(5):
+            try:
+                return handle(self, **options)
+            except CommandError as exc:
+                if not (isinstance(exc.__cause__, OperationalError) and "deadlock" in str(exc.__cause__)) \
+                        or attempt == 4:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        return None
+
+    flush.Command.handle = patient_handle  # type: ignore[method-assign]
+    yield
+    flush.Command.handle = handle  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="session", autouse=True)
 def _clean_queue() -> Iterator[None]:
     """Each test session has its own queue; drop what a crashed earlier session may have left."""
     client = redis.Redis.from_url(settings.REDIS_URL)
