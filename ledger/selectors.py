@@ -76,16 +76,27 @@ def failed_by_hand_to_recheck(*, system: str | None = None, now: datetime | None
     return operations.order_by("finished_at", "pk")
 
 
-def resolvable_by_hand(op: ExternalOperation, *, now: datetime | None = None) -> bool:
-    """Whether a person may settle ``op`` with a note: unknown, a submit gone stale, or pending
-    after a send with its run ended (nobody will send it again, and no lookup can prove it will
-    not still arrive)."""
-    if op.status == OperationStatus.UNKNOWN:
+def is_stale(op: ExternalOperation, *, now: datetime | None = None, age: timedelta | None = None) -> bool:
+    """A submitted operation whose worker can no longer be waiting for the answer: the call would
+    have timed out long ago (LEDGER STALE_SUBMITTED_SECONDS, or ``age``), so the worker died."""
+    if op.status != OperationStatus.SUBMITTED:
+        return False
+    if op.submitted_at is None:
         return True
-    if op.status == OperationStatus.SUBMITTED:
-        cutoff = (now or timezone.now()) - stale_after()
-        return op.submitted_at is None or op.submitted_at < cutoff
+    return op.submitted_at < (now or timezone.now()) - (stale_after() if age is None else age)
+
+
+def sent_and_orphaned(op: ExternalOperation) -> bool:
+    """Pending again after a send, its run ended: nobody will send it again, and no lookup can prove
+    an earlier send will not still arrive. Reconcile looks it up like an unknown one and never
+    abandons it; a person may settle it."""
     return op.status == OperationStatus.PENDING and op.submit_count > 0 and run_ended(op)
+
+
+def resolvable_by_hand(op: ExternalOperation, *, now: datetime | None = None) -> bool:
+    """Whether a person may settle ``op`` with a note: unknown, a submit gone stale, or sent and
+    orphaned (``sent_and_orphaned``)."""
+    return op.status == OperationStatus.UNKNOWN or is_stale(op, now=now) or sent_and_orphaned(op)
 
 
 def run_ended(op: ExternalOperation) -> bool:

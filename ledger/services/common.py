@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
 
 from ledger import hooks
 from ledger.adapters import Adapter, Failed, LookupOutcome, NoEffect, NotFound, SubmitOutcome, Succeeded, Unknown
-from ledger.conf import in_flight_window, stale_after
+from ledger.conf import in_flight_window
 from ledger.models import FINAL, EventKind, EventOutcome, ExternalOperation, OperationEvent, OperationStatus
 from ledger.redaction import redact
 
@@ -25,16 +25,6 @@ def lock(operation_id: int) -> ExternalOperation:
     command, or a person in the admin) never decide from the same stale read.
     """
     return ExternalOperation.objects.select_for_update().get(pk=operation_id)
-
-
-def is_stale(op: ExternalOperation, *, now: datetime | None = None, age: timedelta | None = None) -> bool:
-    """A submitted operation whose worker can no longer be waiting for the answer: the call would
-    have timed out long ago (LEDGER STALE_SUBMITTED_SECONDS, or ``age``), so the worker died."""
-    if op.status != OperationStatus.SUBMITTED:
-        return False
-    if op.submitted_at is None:
-        return True
-    return op.submitted_at < (now or timezone.now()) - (stale_after() if age is None else age)
 
 
 def outcome_code(outcome: SubmitOutcome | LookupOutcome) -> str:
@@ -180,12 +170,18 @@ def prepare_lookup(
 
 def abandon(op: ExternalOperation, *, now: datetime, why: str) -> str:
     """Fail a pending operation that was never sent and that nobody will send: the key is spent,
-    and a new attempt is a new request with a new key. Call with the row locked, having checked
-    ``submit_count == 0`` on it; the caller saves it. Returns the note."""
+    and a new attempt is a new request with a new key. Call inside atomic() with the row locked,
+    having checked ``submit_count == 0`` on it; saves it, records the event and runs the settled
+    hooks. Returns the note."""
     assert op.submit_count == 0, "an operation sent before is never abandoned: a person decides"
     op.abandon()
     op.error, op.finished_at = {"reason": "abandoned", "detail": why}, now
-    return f"abandoned: {why}"
+    op.note = f"abandoned: {why}"
+    op.save()
+    record_event(op, kind=EventKind.ABANDON, outcome=EventOutcome.FAILED, before=OperationStatus.PENDING,
+                 note=op.note)
+    hooks.operation_settled(op)
+    return op.note
 
 
 def ago(when: datetime | None, *, now: datetime | None = None) -> str:

@@ -41,10 +41,10 @@ from ledger.exceptions import (
     ProviderUnavailable,
 )
 from ledger.models import FINAL, EventKind, EventOutcome, ExternalOperation, OperationStatus
+from ledger.selectors import is_stale
 from ledger.services.common import (
     ago,
     apply_lookup,
-    is_stale,
     lock,
     logger,
     outcome_code,

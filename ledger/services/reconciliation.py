@@ -39,16 +39,17 @@ from ledger.models import (
 from ledger.selectors import (
     can_resolve_operations,
     failed_by_hand_to_recheck,
+    is_stale,
     operations_to_reconcile,
     resolvable_by_hand,
     run_ended,
+    sent_and_orphaned,
 )
 from ledger.services.common import (
     LOOKUP_FIELDS,
     abandon,
     ago,
     apply_lookup,
-    is_stale,
     lock,
     logger,
     may_still_arrive,
@@ -142,13 +143,8 @@ def _reconcile_guarded(operation_id: int, older_than: timedelta | None, dry_run:
 
 def _looked_up_in_batch(op: ExternalOperation, older_than: timedelta | None) -> bool:
     """Due for a lookup now, at a system whose adapter can look up (the common case)."""
-    due = op.status == OperationStatus.UNKNOWN or is_stale(op, age=older_than) or _sent_and_orphaned(op)
+    due = op.status == OperationStatus.UNKNOWN or is_stale(op, age=older_than) or sent_and_orphaned(op)
     return due and has_adapter(op.system) and get_adapter(op.system).can_lookup
-
-
-def _sent_and_orphaned(op: ExternalOperation) -> bool:
-    """Pending after a send, its run ended: looked up like an unknown one, never abandoned."""
-    return op.status == OperationStatus.PENDING and op.submit_count > 0 and run_ended(op)
 
 
 BATCH = 200
@@ -272,7 +268,7 @@ def operation_reconcile(
     now = timezone.now()
     if op.status == OperationStatus.PENDING and run_ended(op) and op.submit_count == 0:
         return _abandon_pending(op, dry_run=dry_run)
-    if op.status not in RECONCILABLE and not _sent_and_orphaned(op):
+    if op.status not in RECONCILABLE and not sent_and_orphaned(op):
         return _result(op, op.status, "skipped", f"nothing to reconcile: it is {op.status}", dry_run=dry_run)
     if op.status == OperationStatus.SUBMITTED and not is_stale(op, now=now, age=min_age):
         return _result(op, op.status, "skipped",
@@ -303,11 +299,6 @@ def _abandon_pending(op: ExternalOperation, *, dry_run: bool) -> ReconcileResult
             return _result(current, current.status, "skipped", "changed since it was read (it was pending)",
                            before=OperationStatus.PENDING)
         note = abandon(current, now=timezone.now(), why=why)
-        current.note = note
-        current.save()
-        record_event(current, kind=EventKind.ABANDON, outcome=EventOutcome.FAILED, before=OperationStatus.PENDING,
-                     note=note)
-        hooks.operation_settled(current)
     return _result(current, current.status, "resolved", note, before=OperationStatus.PENDING)
 
 
@@ -325,11 +316,7 @@ def operations_abandon_for_run(run_id: Any) -> int:
     # Only those never sent: one sent before may still take effect, and stays for reconcile.
     for op in ExternalOperation.objects.select_for_update().filter(
             run_id=run_id, status=OperationStatus.PENDING, submit_count=0).order_by("pk"):
-        op.note = abandon(op, now=now, why=why)
-        op.save()
-        record_event(op, kind=EventKind.ABANDON, outcome=EventOutcome.FAILED, before=OperationStatus.PENDING,
-                     note=op.note)
-        hooks.operation_settled(op)
+        abandon(op, now=now, why=why)
         abandoned += 1
     return abandoned
 
