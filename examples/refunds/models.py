@@ -59,3 +59,9 @@ class RefundRequest(models.Model):
 
 def operation_key(order_number: str, request_id: int) -> str:
     return f"refund:{order_number}:{request_id}"
+
+
+def request_id_of(key: str) -> int | None:
+    """The request id ``operation_key`` put in ``key``, or None for a key of another shape."""
+    prefix, _, request_id = key.rpartition(":")
+    return int(request_id) if prefix.startswith("refund:") and request_id.isdigit() else None

@@ -17,7 +17,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from approvals import supersede_pending
-from examples.refunds.models import Order, OrderStatus, RefundRequest
+from examples.refunds.models import Order, OrderStatus, RefundRequest, request_id_of
 from examples.refunds.selectors import OrderBalance, order_balance
 from ledger import prepare, record_create
 from ledger.models import ExternalOperation, OperationStatus
@@ -226,9 +226,9 @@ def refund_settled(op: ExternalOperation) -> None:
     """
     if (op.system, op.action, op.status) != ("payments", "refund", OperationStatus.SUCCEEDED):
         return
-    _prefix, _, request_id = op.key.rpartition(":")
-    refund = RefundRequest.objects.select_related("order", "run").filter(pk=int(request_id)).first() \
-        if request_id.isdigit() else None
+    request_id = request_id_of(op.key)
+    refund = RefundRequest.objects.select_related("order", "run").filter(pk=request_id).first() \
+        if request_id is not None else None
     if refund is None or refund.operation_key != op.key or (refund.run is not None and not refund.run.is_terminal):
         return
     record_create(
