@@ -7,6 +7,7 @@
 The functions are imported lazily so that importing this package does not need Django's app
 registry to be ready (workflow modules import it at app-loading time).
 """
+
 from typing import Any
 
 from approvals.exceptions import (
@@ -23,9 +24,16 @@ _WAITS = ("wait_for_approval", "approve_current")
 _PUBLIC = ("decide", "supersede_pending", "decision_details")
 
 __all__ = [
-    "ApprovalDecision", "ApprovalError", "ApprovalExpired", "ApprovalRefused", "ApprovalRejected",
-    "ApprovalSuperseded", "Proposal",
-    "RefusalCode", *_WAITS, *_PUBLIC,
+    "ApprovalDecision",
+    "ApprovalError",
+    "ApprovalExpired",
+    "ApprovalRefused",
+    "ApprovalRejected",
+    "ApprovalSuperseded",
+    "Proposal",
+    "RefusalCode",
+    *_WAITS,
+    *_PUBLIC,
 ]
 
 

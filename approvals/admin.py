@@ -5,6 +5,7 @@ Requests are never added, edited or deleted here. The only write is the decision
 CSRF) to ``<id>/decide/``, which calls ``approvals.services.approval_decide``: that service checks
 everything again with the rows locked and logs every attempt, refusals included.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,8 +33,7 @@ class DecisionForm(forms.Form):
 
     version = forms.CharField(max_length=VERSION_MAX, widget=forms.HiddenInput)
     decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
-    note = forms.CharField(max_length=NOTE_MAX, required=False,
-                           widget=forms.Textarea(attrs={"rows": 3, "cols": 60}))
+    note = forms.CharField(max_length=NOTE_MAX, required=False, widget=forms.Textarea(attrs={"rows": 3, "cols": 60}))
 
 
 class StatusFilter(admin.SimpleListFilter):
@@ -66,15 +66,33 @@ class DecisionLogInline(ReadOnlyInline):
     model = DecisionLog
     verbose_name = "decision"
     verbose_name_plural = "decision log (every attempt, refusals included)"
-    fields = readonly_fields = ("created_at", "actor_name", "action", "version", "result", "code", "message",
-                                "note", "channel")
+    fields = readonly_fields = (
+        "created_at",
+        "actor_name",
+        "action",
+        "version",
+        "result",
+        "code",
+        "message",
+        "note",
+        "channel",
+    )
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return True  # whoever may see the request (checked by the parent admin) sees its log
 
 
-REQUEST_FIELDS = ("id", "status", "summary", "subject", "version", "approvers", "requested_by", "replaces",
-                  "superseded_by_link")
+REQUEST_FIELDS = (
+    "id",
+    "status",
+    "summary",
+    "subject",
+    "version",
+    "approvers",
+    "requested_by",
+    "replaces",
+    "superseded_by_link",
+)
 CONTENT_FIELDS = ("content_pretty",)
 TIME_FIELDS = ("created_at", "age", "expires_at", "expiry", "decided_by", "decided_at", "note")
 RUN_FIELDS = ("run_link", "attempt", "step_name")
@@ -152,8 +170,9 @@ class ApprovalRequestAdmin(admin.ModelAdmin):
         if replacement is None:
             return "-"
         url = reverse("admin:approvals_approvalrequest_change", args=[replacement.pk])
-        return format_html('<a href="{}">request {} (version {}, {})</a>', url, replacement.pk,
-                           replacement.version, replacement.status)
+        return format_html(
+            '<a href="{}">request {} (version {}, {})</a>', url, replacement.pk, replacement.version, replacement.status
+        )
 
     @admin.display(description="run")
     def run_link(self, obj: ApprovalRequest) -> str:
@@ -173,8 +192,11 @@ class ApprovalRequestAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list[URLPattern]:
         # admin_view: staff login and CSRF protection (csrf_protect) for the POST.
-        decide = path("<path:object_id>/decide/", self.admin_site.admin_view(self.decide_view),
-                      name="approvals_approvalrequest_decide")
+        decide = path(
+            "<path:object_id>/decide/",
+            self.admin_site.admin_view(self.decide_view),
+            name="approvals_approvalrequest_decide",
+        )
         return [decide, *super().get_urls()]
 
     def decide_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -192,8 +214,14 @@ class ApprovalRequestAdmin(admin.ModelAdmin):
         data = form.cleaned_data
         approve = data["decision"] == "approve"
         try:
-            decided = approval_decide(request_id=obj.pk, by=request.user, approve=approve, version=data["version"],
-                                      note=data["note"], channel=DecisionChannel.ADMIN)
+            decided = approval_decide(
+                request_id=obj.pk,
+                by=request.user,
+                approve=approve,
+                version=data["version"],
+                note=data["note"],
+                channel=DecisionChannel.ADMIN,
+            )
         except ApprovalRefused as refusal:
             if refusal.code in FORBIDDEN:
                 return self._forbidden(request, obj, refusal)
@@ -204,17 +232,24 @@ class ApprovalRequestAdmin(admin.ModelAdmin):
         word = "approved" if approve else "rejected"
         if decided.created:
             self.log_change(request, decided.request, f"{word} version {decided.request.version}")
-            self.message_user(request, f"Request {obj.pk} {word} (version {obj.version}); the workflow resumes.",
-                              messages.SUCCESS)
+            self.message_user(
+                request, f"Request {obj.pk} {word} (version {obj.version}); the workflow resumes.", messages.SUCCESS
+            )
         else:
-            self.message_user(request, f"Request {obj.pk} was already {decided.request.status}; nothing changed.",
-                              messages.INFO)
+            self.message_user(
+                request, f"Request {obj.pk} was already {decided.request.status}; nothing changed.", messages.INFO
+            )
         return HttpResponseRedirect(reverse("admin:approvals_approvalrequest_changelist"))
 
     def _forbidden(self, request: HttpRequest, obj: ApprovalRequest, refusal: ApprovalRefused) -> HttpResponse:
         """403 with the reason: the buttons were never offered to this user (the refusal is logged)."""
-        context = {**self.admin_site.each_context(request), "title": "Not allowed", "opts": self.opts,
-                   "original": obj, "reason": str(refusal)}
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Not allowed",
+            "opts": self.opts,
+            "original": obj,
+            "reason": str(refusal),
+        }
         return TemplateResponse(request, "admin/approvals/approvalrequest/forbidden.html", context, status=403)
 
 
@@ -227,8 +262,19 @@ class DecisionLogAdmin(admin.ModelAdmin):
     search_fields = ("actor_name", "=request__id", "message")
     list_select_related = ("request",)
     list_per_page = 100
-    readonly_fields = ("request", "actor", "actor_name", "action", "version", "result", "code", "message", "note",
-                       "channel", "created_at")
+    readonly_fields = (
+        "request",
+        "actor",
+        "actor_name",
+        "action",
+        "version",
+        "result",
+        "code",
+        "message",
+        "note",
+        "channel",
+        "created_at",
+    )
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return bool(request.user.is_active and request.user.is_staff and can_see_all(request.user))
@@ -244,4 +290,3 @@ class DecisionLogAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
-

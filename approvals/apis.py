@@ -7,6 +7,7 @@ Visibility: a caller sees the requests of their approvers groups (all with
 A decision refused because of who asks (not an approver, or the requester: four eyes) is a 403;
 refused because of the request's state or version, a 409 whose detail names the state.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,8 +37,11 @@ TAGS = ["approvals"]
 
 # --- Shapes ---------------------------------------------------------------------------------------
 @extend_schema_field(
-    {"type": "string", "enum": list(ApprovalStatus.values),
-     "description": "pending, then approved, rejected, expired, superseded or cancelled."},
+    {
+        "type": "string",
+        "enum": list(ApprovalStatus.values),
+        "description": "pending, then approved, rejected, expired, superseded or cancelled.",
+    },
     component_name="ApprovalStatus",
 )
 class ApprovalStatusField(serializers.ChoiceField):
@@ -87,21 +91,30 @@ class ApprovalDetailSerializer(ApprovalSummarySerializer):
     superseded_by = serializers.IntegerField(allow_null=True, help_text="The request that superseded this one.")
 
 
-def approval_data(*, request: ApprovalRequest, user: AbstractUser | AnonymousUser,
-                  detail: bool = False) -> dict[str, Any]:
+def approval_data(
+    *, request: ApprovalRequest, user: AbstractUser | AnonymousUser, detail: bool = False
+) -> dict[str, Any]:
     data: dict[str, Any] = {
-        "id": request.pk, "status": request.status,
+        "id": request.pk,
+        "status": request.status,
         "subject": {"type": request.subject_type, "id": request.subject_id},
-        "version": request.version, "summary": request.summary, "approvers": request.approvers,
+        "version": request.version,
+        "summary": request.summary,
+        "approvers": request.approvers,
         "requested_by": request.requested_by.get_username() if request.requested_by else None,
-        "run": request.run_id, "created_at": request.created_at, "expires_at": request.expires_at,
+        "run": request.run_id,
+        "created_at": request.created_at,
+        "expires_at": request.expires_at,
         "decided_by": request.decided_by.get_username() if request.decided_by else None,
-        "decided_at": request.decided_at, "note": request.note, "can_decide": may_decide_now(user, request),
+        "decided_at": request.decided_at,
+        "note": request.note,
+        "can_decide": may_decide_now(user, request),
     }
     if detail:
         replacement = superseded_by(request)
-        data.update(content=request.content, replaces=request.replaces_id,
-                    superseded_by=replacement.pk if replacement else None)
+        data.update(
+            content=request.content, replaces=request.replaces_id, superseded_by=replacement.pk if replacement else None
+        )
     return data
 
 
@@ -124,10 +137,12 @@ class ApprovalListApi(ApiBase):
     @extend_schema_serializer(component_name="ApprovalListFilter")
     class FilterSerializer(StrictSerializer):
         status = ApprovalStatusField(required=False)
-        cursor = StrictCharField(required=False, pattern=CURSOR,
-                                 help_text="From the previous page's next/previous link.")
-        page_size = serializers.IntegerField(required=False, min_value=1,
-                                             max_value=ApprovalCursorPagination.max_page_size)
+        cursor = StrictCharField(
+            required=False, pattern=CURSOR, help_text="From the previous page's next/previous link."
+        )
+        page_size = serializers.IntegerField(
+            required=False, min_value=1, max_value=ApprovalCursorPagination.max_page_size
+        )
 
     @extend_schema_serializer(component_name="ApprovalPage")
     class OutputSerializer(serializers.Serializer):
@@ -136,7 +151,9 @@ class ApprovalListApi(ApiBase):
         results = ApprovalSummarySerializer(many=True)
 
     @extend_schema(
-        operation_id="approval_list", tags=TAGS, parameters=[FilterSerializer],
+        operation_id="approval_list",
+        tags=TAGS,
+        parameters=[FilterSerializer],
         responses={200: OutputSerializer, **error_responses(400, 401)},
     )
     def get(self, request: Request) -> Response:
@@ -155,7 +172,9 @@ class ApprovalDetailApi(ApiBase):
     OutputSerializer = ApprovalDetailSerializer
 
     @extend_schema(
-        operation_id="approval_retrieve", tags=TAGS, parameters=[REQUEST_ID],
+        operation_id="approval_retrieve",
+        tags=TAGS,
+        parameters=[REQUEST_ID],
         responses={200: OutputSerializer, **error_responses(401, 404)},
     )
     def get(self, request: Request, request_id: int) -> Response:
@@ -175,13 +194,15 @@ class ApprovalDecisionApi(ApiBase):
     OutputSerializer = ApprovalDetailSerializer
 
     @extend_schema(
-        operation_id="approval_decide", tags=TAGS, parameters=[REQUEST_ID], request=InputSerializer,
+        operation_id="approval_decide",
+        tags=TAGS,
+        parameters=[REQUEST_ID],
+        request=InputSerializer,
         description="200 with the request: decided now, or the same decision made before (nothing sent twice). "
         "403 not_authorised / four_eyes; 409 stale_version, not_pending, expired or run_finished, with "
         "detail {status, version, superseded_by}. A refusal changes nothing.",
         responses={200: OutputSerializer, **error_responses(400, 401, 403, 404, 409, 413, 415)},
-        examples=[OpenApiExample("approve", value={"approve": True, "version": "3", "note": "ok"},
-                                 request_only=True)],
+        examples=[OpenApiExample("approve", value={"approve": True, "version": "3", "note": "ok"}, request_only=True)],
     )
     def post(self, request: Request, request_id: int) -> Response:
         # Access first: whatever the body, a caller who may not see the request learns only "not found".
@@ -190,10 +211,17 @@ class ApprovalDecisionApi(ApiBase):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         try:
-            decided = approval_decide(request_id=approval.pk, by=request.user, approve=data["approve"],
-                                      version=data["version"], note=data["note"], channel=DecisionChannel.API)
+            decided = approval_decide(
+                request_id=approval.pk,
+                by=request.user,
+                approve=data["approve"],
+                version=data["version"],
+                note=data["note"],
+                channel=DecisionChannel.API,
+            )
         except ApprovalRefused as refusal:
             http_status = status.HTTP_403_FORBIDDEN if refusal.code in FORBIDDEN else status.HTTP_409_CONFLICT
             return error_response(str(refusal.code), str(refusal), http_status, refusal.detail)
-        return Response(self.OutputSerializer(approval_data(request=decided.request, user=request.user,
-                                                            detail=True)).data)
+        return Response(
+            self.OutputSerializer(approval_data(request=decided.request, user=request.user, detail=True)).data
+        )

@@ -1,4 +1,5 @@
 """What approvals raise: to workflow code (rejected, expired) and to deciders (refused)."""
+
 from __future__ import annotations
 
 from enum import StrEnum
@@ -65,8 +66,9 @@ FORBIDDEN = frozenset({RefusalCode.NOT_AUTHORISED, RefusalCode.FOUR_EYES})
 class ApprovalRefused(ApprovalError):
     """``decide`` refused: nothing changed (no transition, no event). ``status`` is the request's."""
 
-    def __init__(self, code: RefusalCode, message: str, *, status: str, version: str,
-                 superseded_by: int | None = None) -> None:
+    def __init__(
+        self, code: RefusalCode, message: str, *, status: str, version: str, superseded_by: int | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.status = status

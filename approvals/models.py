@@ -5,6 +5,7 @@ A request names the exact version of its subject (``subject_type`` + ``subject_i
 version under review). It belongs to the workflow run (and attempt) that waits for it; that run
 waits for the event ``approval:<id>``.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -60,9 +61,7 @@ class ApprovalRequest(FSMModelMixin, models.Model):
     )
     approvers = models.CharField(max_length=APPROVERS_MAX, help_text="The name of the group that may decide.")
     # The request this one replaces (its subject changed after it was approved).
-    replaces = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="replacements"
-    )
+    replaces = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="replacements")
 
     status = FSMField(default=ApprovalStatus.PENDING, choices=ApprovalStatus.choices, protected=True)
     expires_at = models.DateTimeField()
@@ -79,8 +78,11 @@ class ApprovalRequest(FSMModelMixin, models.Model):
         ordering = ["-created_at", "-id"]
         indexes = [
             # The pending queue (admin, API) and the orphan sweep read only pending rows.
-            models.Index(fields=["approvers", "created_at"], name="approval_pending_queue",
-                         condition=Q(status=ApprovalStatus.PENDING)),
+            models.Index(
+                fields=["approvers", "created_at"],
+                name="approval_pending_queue",
+                condition=Q(status=ApprovalStatus.PENDING),
+            ),
             models.Index(fields=["run", "status"], name="approval_run_status"),
             models.Index(fields=["subject_type", "subject_id"], name="approval_subject"),
         ]
@@ -122,8 +124,9 @@ class ApprovalRequest(FSMModelMixin, models.Model):
 
     # Superseded when the subject changes: while pending (supersede_pending, with the change), or
     # once approved, when the workflow's re-check finds a newer version.
-    @transition(field=status, source=[ApprovalStatus.PENDING, ApprovalStatus.APPROVED],
-                target=ApprovalStatus.SUPERSEDED)
+    @transition(
+        field=status, source=[ApprovalStatus.PENDING, ApprovalStatus.APPROVED], target=ApprovalStatus.SUPERSEDED
+    )
     def supersede(self) -> None:
         pass
 

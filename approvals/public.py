@@ -1,4 +1,5 @@
 """``decide``, as DESIGN.md names it, and ``supersede_pending``; thin over the services."""
+
 from __future__ import annotations
 
 from django.contrib.auth.models import AbstractUser, AnonymousUser
@@ -11,7 +12,12 @@ from approvals.services import Subject
 
 
 def decide(
-    request: ApprovalRequest | int, *, by: AbstractUser | AnonymousUser, approve: bool, version: str, note: str = "",
+    request: ApprovalRequest | int,
+    *,
+    by: AbstractUser | AnonymousUser,
+    approve: bool,
+    version: str,
+    note: str = "",
     channel: str = DecisionChannel.PYTHON,
 ) -> services.Decided:
     """Approve (``approve=True``) or reject ``version`` of the request as ``by``.
@@ -20,8 +26,9 @@ def decide(
     DESIGN.md section 5's table refuses, and then nothing but the decision log changes.
     """
     request_id = request.pk if isinstance(request, ApprovalRequest) else int(request)
-    return services.approval_decide(request_id=request_id, by=by, approve=approve, version=version, note=note,
-                                    channel=channel)
+    return services.approval_decide(
+        request_id=request_id, by=by, approve=approve, version=version, note=note, channel=channel
+    )
 
 
 def supersede_pending(subject: Subject, *, reason: str = "", current_version: str = "") -> list[int]:
@@ -33,8 +40,9 @@ def supersede_pending(subject: Subject, *, reason: str = "", current_version: st
     ids of the requests superseded. A decision on one of them is then refused ("the request is
     superseded"), naming its replacement once the workflow has raised it.
     """
-    return services.approval_supersede_pending(subject=services.subject_ref(subject), reason=reason,
-                                               current_version=current_version)
+    return services.approval_supersede_pending(
+        subject=services.subject_ref(subject), reason=reason, current_version=current_version
+    )
 
 
 def decision_details(request: ApprovalRequest | int) -> DecisionDetails:

@@ -1,4 +1,5 @@
 """Reads: who may see and decide which requests, and the decision a workflow receives."""
+
 from __future__ import annotations
 
 from typing import Any, TypedDict
@@ -103,14 +104,22 @@ def decision_details(request_id: int) -> DecisionDetails:
     result is shown to the run's owner)."""
     request = ApprovalRequest.objects.select_related("decided_by").get(pk=request_id)
     by = request.decided_by
-    return {"decided_by_id": request.decided_by_id, "decided_by": by.get_username() if by is not None else None,
-            "note": request.note}
+    return {
+        "decided_by_id": request.decided_by_id,
+        "decided_by": by.get_username() if by is not None else None,
+        "note": request.note,
+    }
 
 
 def supersession_payload(request: ApprovalRequest, *, reason: str, current_version: str = "") -> dict[str, Any]:
     """The wake event's payload when the subject changed under a pending request (no decision)."""
-    return {"request_id": request.pk, "superseded": True, "version": request.version,
-            "current_version": current_version, "reason": reason}
+    return {
+        "request_id": request.pk,
+        "superseded": True,
+        "version": request.version,
+        "current_version": current_version,
+        "reason": reason,
+    }
 
 
 def superseded_by(request: ApprovalRequest) -> ApprovalRequest | None:

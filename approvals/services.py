@@ -11,6 +11,7 @@ these; with one order they simply queue.
 Each service is one transaction. The only thing that leaves the database, the Celery enqueue that
 wakes the run, is deferred to commit by ``run_send_event`` (workflows.effects.on_commit).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,13 +59,16 @@ def subject_ref(subject: Subject) -> tuple[str, str]:
             raise ValueError(f"the subject {subject!r} is not saved: it has no id to name")
         return subject._meta.label_lower, str(subject.pk)
     if (
-        isinstance(subject, tuple) and len(subject) == 2 and isinstance(subject[0], str) and subject[0]
-        and isinstance(subject[1], str | int) and not isinstance(subject[1], bool)
+        isinstance(subject, tuple)
+        and len(subject) == 2
+        and isinstance(subject[0], str)
+        and subject[0]
+        and isinstance(subject[1], str | int)
+        and not isinstance(subject[1], bool)
     ):
         subject_type, subject_id = subject[0], str(subject[1])
         if len(subject_type) > SUBJECT_TYPE_MAX or not subject_id or len(subject_id) > SUBJECT_ID_MAX:
-            raise ValueError(f"subject {subject!r}: type up to {SUBJECT_TYPE_MAX} characters, "
-                             f"id 1 to {SUBJECT_ID_MAX}")
+            raise ValueError(f"subject {subject!r}: type up to {SUBJECT_TYPE_MAX} characters, id 1 to {SUBJECT_ID_MAX}")
         return subject_type, subject_id
     raise TypeError(f"subject must be a saved model instance or a (type, id) pair, not {subject!r}")
 
@@ -97,8 +101,16 @@ class CreatedRequest(TypedDict):
 
 
 def approval_request_create(
-    *, run_id: UUID | str, attempt: int, step_name: str, subject: tuple[str, str], proposal: Proposal,
-    approvers: str, timeout: timedelta, requested_by_id: int | None = None, replaces_id: int | None = None,
+    *,
+    run_id: UUID | str,
+    attempt: int,
+    step_name: str,
+    subject: tuple[str, str],
+    proposal: Proposal,
+    approvers: str,
+    timeout: timedelta,
+    requested_by_id: int | None = None,
+    replaces_id: int | None = None,
 ) -> ApprovalRequest:
     """Create a pending request. Call inside the request step's atomic(): the row and the step's
     result commit together, so a replay finds the step done and never creates a second row."""
@@ -112,11 +124,20 @@ def approval_request_create(
     if requested_by_id is not None and not get_user_model().objects.filter(pk=requested_by_id).exists():
         requested_by_id = None  # deleted since the run started: the foreign key would fail at commit
     return ApprovalRequest.objects.create(
-        run=run, attempt=attempt, step_name=step_name, subject_type=subject[0], subject_id=subject[1],
+        run=run,
+        attempt=attempt,
+        step_name=step_name,
+        subject_type=subject[0],
+        subject_id=subject[1],
         # Reviewers decide on what the workflow shows them, never on personal data: whatever a
         # workflow puts under a key the ledger redacts (address, email, phone, card ...) is not kept.
-        version=proposal.version, summary=proposal.summary, content=redact(proposal.content), approvers=approvers,
-        requested_by_id=requested_by_id, replaces_id=replaces_id, expires_at=timezone.now() + timeout,
+        version=proposal.version,
+        summary=proposal.summary,
+        content=redact(proposal.content),
+        approvers=approvers,
+        requested_by_id=requested_by_id,
+        replaces_id=replaces_id,
+        expires_at=timezone.now() + timeout,
     )
 
 
@@ -140,19 +161,31 @@ def _lock(request_id: int) -> tuple[ApprovalRequest, WorkflowRun]:
 
 
 def check_decision(
-    *, request: ApprovalRequest, run: WorkflowRun, by: AbstractUser | AnonymousUser, approve: bool, version: str,
+    *,
+    request: ApprovalRequest,
+    run: WorkflowRun,
+    by: AbstractUser | AnonymousUser,
+    approve: bool,
+    version: str,
 ) -> bool:
     """DESIGN.md section 5's table, on locked rows. True: make the decision. False: the same
     decision was made already (answer with it). Otherwise raises ApprovalRefused."""
 
     def refused(code: RefusalCode, message: str, replacement: ApprovalRequest | None = None) -> ApprovalRefused:
-        return ApprovalRefused(code, message, status=request.status, version=request.version,
-                               superseded_by=replacement.pk if replacement else None)
+        return ApprovalRefused(
+            code,
+            message,
+            status=request.status,
+            version=request.version,
+            superseded_by=replacement.pk if replacement else None,
+        )
 
     # Who first: someone who may not decide learns nothing about the request's state.
     if not is_authorised(by, request):
-        raise refused(RefusalCode.NOT_AUTHORISED, f"{by} is not in the approvers group {request.approvers!r} "
-                      "and may not decide every request")
+        raise refused(
+            RefusalCode.NOT_AUTHORISED,
+            f"{by} is not in the approvers group {request.approvers!r} and may not decide every request",
+        )
     if is_requester(by, request):
         raise refused(RefusalCode.FOUR_EYES, "you requested this action: another reviewer must decide it")
     target = ApprovalStatus.APPROVED if approve else ApprovalStatus.REJECTED
@@ -165,19 +198,27 @@ def check_decision(
             message += f": review the current version ({replacement.version}, request {replacement.pk})"
         raise refused(RefusalCode.NOT_PENDING, message, replacement)
     if version != request.version:
-        raise refused(RefusalCode.STALE_VERSION, f"review the current version: this request is for version "
-                      f"{request.version!r}, not {version!r}")
+        raise refused(
+            RefusalCode.STALE_VERSION,
+            f"review the current version: this request is for version {request.version!r}, not {version!r}",
+        )
     if run.is_terminal or run.attempt != request.attempt:
         what = f"is {run.status}" if run.is_terminal else f"was restarted (attempt {run.attempt})"
         raise refused(RefusalCode.RUN_FINISHED, f"the run that asked for this approval {what}")
     if request.is_overdue():
-        raise refused(RefusalCode.EXPIRED, f"the request expired at {request.expires_at.isoformat()}; "
-                      "it takes no more decisions")
+        raise refused(
+            RefusalCode.EXPIRED, f"the request expired at {request.expires_at.isoformat()}; it takes no more decisions"
+        )
     return True
 
 
 def approval_decide(
-    *, request_id: int, by: AbstractUser | AnonymousUser, approve: bool, version: str, note: str = "",
+    *,
+    request_id: int,
+    by: AbstractUser | AnonymousUser,
+    approve: bool,
+    version: str,
+    note: str = "",
     channel: str = DecisionChannel.PYTHON,
 ) -> Decided:
     """Approve or reject a request, in one transaction with the event that wakes its run.
@@ -188,17 +229,33 @@ def approval_decide(
     check_decision_input(version=version, note=note)
     action = DecisionAction.APPROVE if approve else DecisionAction.REJECT
     try:
-        return _decide(request_id=request_id, by=by, approve=approve, version=version, note=note,
-                       channel=channel, action=action)
+        return _decide(
+            request_id=request_id, by=by, approve=approve, version=version, note=note, channel=channel, action=action
+        )
     except ApprovalRefused as refusal:
         # After the decision's transaction rolled back: the refusal is on the record, nothing else.
-        _log(request_id, actor=by, action=action, version=version, result=DecisionResult.REFUSED,
-             code=refusal.code, message=str(refusal), note=note, channel=channel)
+        _log(
+            request_id,
+            actor=by,
+            action=action,
+            version=version,
+            result=DecisionResult.REFUSED,
+            code=refusal.code,
+            message=str(refusal),
+            note=note,
+            channel=channel,
+        )
         raise
 
 
 def _decide(
-    *, request_id: int, by: AbstractUser | AnonymousUser, approve: bool, version: str, note: str, channel: str,
+    *,
+    request_id: int,
+    by: AbstractUser | AnonymousUser,
+    approve: bool,
+    version: str,
+    note: str,
+    channel: str,
     action: str,
 ) -> Decided:
     with transaction.atomic():
@@ -206,30 +263,65 @@ def _decide(
         # others wait here and then see its result (repeated, or refused naming the state).
         request, run = _lock(request_id)
         if not check_decision(request=request, run=run, by=by, approve=approve, version=version):
-            _log(request.pk, actor=by, action=action, version=version, result=DecisionResult.REPEATED,
-                 message=f"already {request.status}", note=note, channel=channel)
+            _log(
+                request.pk,
+                actor=by,
+                action=action,
+                version=version,
+                result=DecisionResult.REPEATED,
+                message=f"already {request.status}",
+                note=note,
+                channel=channel,
+            )
             return Decided(request=request, created=False)
         transition = request.approve if approve else request.reject
         transition(by_id=by.pk, note=note, at=timezone.now())
         request.save()
         # Inside this transaction: the event row commits with the decision, and its enqueue is
         # deferred to that commit. The key makes the event unique even if this were ever replayed.
-        event, _ = run_send_event(run_id=run.id, type=request.event_type, payload=decision_payload(request),
-                                  idempotency_key=request.event_key, system=True)
-        _log(request.pk, actor=by, action=action, version=version, result=DecisionResult.ACCEPTED, note=note,
-             channel=channel)
+        event, _ = run_send_event(
+            run_id=run.id,
+            type=request.event_type,
+            payload=decision_payload(request),
+            idempotency_key=request.event_key,
+            system=True,
+        )
+        _log(
+            request.pk,
+            actor=by,
+            action=action,
+            version=version,
+            result=DecisionResult.ACCEPTED,
+            note=note,
+            channel=channel,
+        )
     return Decided(request=request, created=True, event_id=event.pk)
 
 
 def _log(
-    request_id: int, *, actor: AbstractUser | AnonymousUser | None, action: str, version: str, result: str,
-    code: str = "", message: str = "", note: str = "", channel: str = DecisionChannel.SYSTEM,
+    request_id: int,
+    *,
+    actor: AbstractUser | AnonymousUser | None,
+    action: str,
+    version: str,
+    result: str,
+    code: str = "",
+    message: str = "",
+    note: str = "",
+    channel: str = DecisionChannel.SYSTEM,
 ) -> None:
     known = actor is not None and actor.is_authenticated
     DecisionLog.objects.create(
-        request_id=request_id, actor_id=actor.pk if known and actor is not None else None,
-        actor_name=actor.get_username() if known and actor is not None else "", action=action,
-        version=version, result=result, code=code, message=message, note=note, channel=channel,
+        request_id=request_id,
+        actor_id=actor.pk if known and actor is not None else None,
+        actor_name=actor.get_username() if known and actor is not None else "",
+        action=action,
+        version=version,
+        result=result,
+        code=code,
+        message=message,
+        note=note,
+        channel=channel,
     )
 
 
@@ -249,8 +341,14 @@ def approval_expire(*, request_id: int) -> Expiry:
         if request.status == ApprovalStatus.PENDING:
             request.expire()
             request.save()
-            _log(request.pk, actor=None, action=DecisionAction.EXPIRE, version=request.version,
-                 result=DecisionResult.ACCEPTED, message=f"no decision by {request.expires_at.isoformat()}")
+            _log(
+                request.pk,
+                actor=None,
+                action=DecisionAction.EXPIRE,
+                version=request.version,
+                result=DecisionResult.ACCEPTED,
+                message=f"no decision by {request.expires_at.isoformat()}",
+            )
             return {"status": request.status, "decision": None}
         decided = request.status in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED)
         return {"status": request.status, "decision": decision_payload(request) if decided else None}
@@ -273,9 +371,14 @@ def approval_recheck(*, request_id: int, current: Proposal) -> Recheck:
         if changed and request.status in (ApprovalStatus.APPROVED, ApprovalStatus.PENDING):
             request.supersede()
             request.save()
-            _log(request.pk, actor=None, action=DecisionAction.SUPERSEDE, version=current.version,
-                 result=DecisionResult.ACCEPTED,
-                 message=f"the subject changed from version {request.version} to {current.version}")
+            _log(
+                request.pk,
+                actor=None,
+                action=DecisionAction.SUPERSEDE,
+                version=current.version,
+                result=DecisionResult.ACCEPTED,
+                message=f"the subject changed from version {request.version} to {current.version}",
+            )
         return {"changed": changed, "approved_version": request.version, "current_version": current.version}
 
 
@@ -292,8 +395,9 @@ def approval_supersede_pending(*, subject: tuple[str, str], reason: str, current
     if not isinstance(reason, str) or len(reason) > NOTE_MAX:
         raise InvalidPayload(f"reason must be a string of at most {NOTE_MAX} characters")
     superseded: list[int] = []
-    pending = ApprovalRequest.objects.filter(subject_type=subject[0], subject_id=subject[1],
-                                             status=ApprovalStatus.PENDING)
+    pending = ApprovalRequest.objects.filter(
+        subject_type=subject[0], subject_id=subject[1], status=ApprovalStatus.PENDING
+    )
     with transaction.atomic():
         for request_id in pending.order_by("id").values_list("pk", flat=True):
             request, run = _lock(request_id)  # run first, as everywhere
@@ -303,12 +407,22 @@ def approval_supersede_pending(*, subject: tuple[str, str], reason: str, current
                 continue  # its time is up: it ends as expired (the run's timer), not revived as a new request
             request.supersede()
             request.save()
-            run_send_event(run_id=run.id, type=request.event_type, idempotency_key=request.event_key,
-                           payload=supersession_payload(request, reason=reason, current_version=current_version),
-                           system=True)
+            run_send_event(
+                run_id=run.id,
+                type=request.event_type,
+                idempotency_key=request.event_key,
+                payload=supersession_payload(request, reason=reason, current_version=current_version),
+                system=True,
+            )
             message = f"the subject changed: {reason}" if reason else "the subject changed"
-            _log(request.pk, actor=None, action=DecisionAction.SUPERSEDE, version=current_version or request.version,
-                 result=DecisionResult.ACCEPTED, message=message)
+            _log(
+                request.pk,
+                actor=None,
+                action=DecisionAction.SUPERSEDE,
+                version=current_version or request.version,
+                result=DecisionResult.ACCEPTED,
+                message=message,
+            )
             superseded.append(request.pk)
     return superseded
 
@@ -335,8 +449,14 @@ def cancel_for_run(run_id: UUID | str) -> int:
         for request in stale.order_by("id"):
             request.cancel()
             request.save()
-            _log(request.pk, actor=None, action=DecisionAction.CANCEL, version=request.version,
-                 result=DecisionResult.ACCEPTED, message=why)
+            _log(
+                request.pk,
+                actor=None,
+                action=DecisionAction.CANCEL,
+                version=request.version,
+                result=DecisionResult.ACCEPTED,
+                message=why,
+            )
             cancelled += 1
     return cancelled
 

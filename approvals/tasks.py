@@ -1,4 +1,5 @@
 """Celery tasks: thin over the services."""
+
 from __future__ import annotations
 
 from celery import shared_task

@@ -1,4 +1,5 @@
 """What the approvals API hands back: plain dataclasses, importable before Django is ready."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -1,4 +1,5 @@
 """/api/approvals...: paths without a trailing slash, as in DESIGN.md section 7."""
+
 from django.urls import URLPattern, path
 
 from approvals.apis import ApprovalDecisionApi, ApprovalDetailApi, ApprovalListApi

@@ -14,6 +14,7 @@ repeated names ``#2``, ``#3``): approval is only returned for the version that i
 loops, without a re-check, when the subject changed while the request was pending and the change
 superseded it at once (``supersede_pending``, which wakes the wait with a supersession event).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
@@ -40,8 +41,15 @@ DEFAULT_TIMEOUT = timedelta(hours=48)
 
 
 def wait_for_approval(
-    step: Step, *, name: str, subject: Subject, version: str, summary: str, approvers: str,
-    timeout: timedelta | float = DEFAULT_TIMEOUT, content: Any = None,
+    step: Step,
+    *,
+    name: str,
+    subject: Subject,
+    version: str,
+    summary: str,
+    approvers: str,
+    timeout: timedelta | float = DEFAULT_TIMEOUT,
+    content: Any = None,
     requested_by: AbstractBaseUser | int | None = None,
 ) -> ApprovalDecision:
     """Ask the ``approvers`` group to decide on ``version`` of ``subject``; return the approval.
@@ -54,14 +62,21 @@ def wait_for_approval(
     """
     proposal = Proposal(version=version, content=content, summary=summary)
     fixed: Load = lambda: proposal
-    created = _request(step, name=name, subject=subject, load=fixed, approvers=approvers, timeout=timeout,
-                       requested_by=requested_by)
+    created = _request(
+        step, name=name, subject=subject, load=fixed, approvers=approvers, timeout=timeout, requested_by=requested_by
+    )
     return _decision(step, name=name, created=created)
 
 
 def approve_current(
-    step: Step, *, name: str, subject: Subject, load: Load, approvers: str,
-    timeout: timedelta | float = DEFAULT_TIMEOUT, requested_by: AbstractBaseUser | int | None = None,
+    step: Step,
+    *,
+    name: str,
+    subject: Subject,
+    load: Load,
+    approvers: str,
+    timeout: timedelta | float = DEFAULT_TIMEOUT,
+    requested_by: AbstractBaseUser | int | None = None,
 ) -> ApprovalDecision:
     """Get an approval of the subject's version that is still current after the approval.
 
@@ -76,8 +91,16 @@ def approve_current(
     """
     replaces: int | None = None
     while True:
-        created = _request(step, name=name, subject=subject, load=load, approvers=approvers, timeout=timeout,
-                           requested_by=requested_by, replaces=replaces)
+        created = _request(
+            step,
+            name=name,
+            subject=subject,
+            load=load,
+            approvers=approvers,
+            timeout=timeout,
+            requested_by=requested_by,
+            replaces=replaces,
+        )
         try:
             decision = _decision(step, name=name, created=created)
         except ApprovalSuperseded:
@@ -91,8 +114,15 @@ def approve_current(
 
 # --- the steps --------------------------------------------------------------------------------------
 def _request(
-    step: Step, *, name: str, subject: Subject, load: Load, approvers: str, timeout: timedelta | float,
-    requested_by: AbstractBaseUser | int | None, replaces: int | None = None,
+    step: Step,
+    *,
+    name: str,
+    subject: Subject,
+    load: Load,
+    approvers: str,
+    timeout: timedelta | float,
+    requested_by: AbstractBaseUser | int | None,
+    replaces: int | None = None,
 ) -> CreatedRequest:
     # Checked outside the step, on every replay: bad arguments fail the run at once with a clear
     # error instead of being retried as if the database had hiccupped.
@@ -103,22 +133,45 @@ def _request(
     requested_by_id = requested_by if isinstance(requested_by, int) or requested_by is None else requested_by.pk
     run_id, attempt = _run_of(step)
     created: CreatedRequest = step.do(
-        f"{name}: request", _create, run_id, attempt, name, subject_pair, load, approvers, seconds,
-        requested_by_id, replaces, atomic=True,
+        f"{name}: request",
+        _create,
+        run_id,
+        attempt,
+        name,
+        subject_pair,
+        load,
+        approvers,
+        seconds,
+        requested_by_id,
+        replaces,
+        atomic=True,
     )
     return created
 
 
 def _create(
-    run_id: str, attempt: int, name: str, subject: tuple[str, str], load: Load, approvers: str, seconds: float,
-    requested_by_id: int | None, replaces: int | None,
+    run_id: str,
+    attempt: int,
+    name: str,
+    subject: tuple[str, str],
+    load: Load,
+    approvers: str,
+    seconds: float,
+    requested_by_id: int | None,
+    replaces: int | None,
 ) -> CreatedRequest:
     loaded = load()
     try:
         proposal = Proposal.of(loaded)
         request = services.approval_request_create(
-            run_id=run_id, attempt=attempt, step_name=name, subject=subject, proposal=proposal,
-            approvers=approvers, timeout=timedelta(seconds=seconds), requested_by_id=requested_by_id,
+            run_id=run_id,
+            attempt=attempt,
+            step_name=name,
+            subject=subject,
+            proposal=proposal,
+            approvers=approvers,
+            timeout=timedelta(seconds=seconds),
+            requested_by_id=requested_by_id,
             replaces_id=replaces,
         )
     except (TypeError, ValueError, InvalidPayload) as exc:
@@ -133,8 +186,7 @@ def _decision(step: Step, *, name: str, created: CreatedRequest) -> ApprovalDeci
     # refusing, however late the wait was reached. On replay the stored timer rules and this is unused.
     remaining = (datetime.fromisoformat(created["expires_at"]) - timezone.now()).total_seconds()
     try:
-        payload = step.wait_for_event(f"{name}: decision", type=f"approval:{request_id}",
-                                      timeout=max(remaining, 0.0))
+        payload = step.wait_for_event(f"{name}: decision", type=f"approval:{request_id}", timeout=max(remaining, 0.0))
     except WaitTimeout:
         expiry: Expiry = step.do(f"{name}: expire", _expire, request_id, atomic=True)
         if expiry["status"] == ApprovalStatus.SUPERSEDED:  # superseded just as the timer fired
@@ -143,9 +195,12 @@ def _decision(step: Step, *, name: str, created: CreatedRequest) -> ApprovalDeci
             raise ApprovalExpired(request_id, status=expiry["status"]) from None
         payload = expiry["decision"]  # decided just as the timer fired: the decision stands
     if payload.get("superseded"):
-        raise ApprovalSuperseded(request_id, version=str(payload.get("version", created["version"])),
-                                 current_version=str(payload.get("current_version", "")),
-                                 reason=str(payload.get("reason", "")))
+        raise ApprovalSuperseded(
+            request_id,
+            version=str(payload.get("version", created["version"])),
+            current_version=str(payload.get("current_version", "")),
+            reason=str(payload.get("reason", "")),
+        )
     decision = ApprovalDecision.from_payload(payload)
     if not decision.approved:
         raise ApprovalRejected(decision)

@@ -21,6 +21,7 @@ own sandbox payment provider process (examples/sandbox) on a free port with a te
 
 The figures, their targets and PASS/MISS are printed as a table. It exits 0 once printed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -62,21 +63,26 @@ APPROVERS = "bench-approvers"  # the same as bench.workflows.APPROVERS (not impo
 # --- arguments -----------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--waiters", "-K", type=int, default=100,
-                   help="runs per steady-rate latency series, per path (default 100)")
+    p.add_argument(
+        "--waiters", "-K", type=int, default=100, help="runs per steady-rate latency series, per path (default 100)"
+    )
     p.add_argument("--single", type=int, default=25, help="runs per one-at-a-time series, per path (default 25)")
-    p.add_argument("--decision-interval", type=float, default=0.05,
-                   help="seconds between two decisions in the steady series (default 0.05: 20/s)")
+    p.add_argument(
+        "--decision-interval",
+        type=float,
+        default=0.05,
+        help="seconds between two decisions in the steady series (default 0.05: 20/s)",
+    )
     p.add_argument("--operations", "-N", type=int, default=10_000, help="unknown operations (default 10,000)")
-    p.add_argument("--stored", type=int, default=None,
-                   help="of which stored at the sandbox beforehand (default half)")
+    p.add_argument("--stored", type=int, default=None, help="of which stored at the sandbox beforehand (default half)")
     p.add_argument("--post-threads", type=int, default=8, help="threads POSTing the stored refunds (default 8)")
     p.add_argument("--concurrency", type=int, default=2, help="worker processes (default 2)")
     p.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL, no database")
     p.add_argument("--database", default="durable_bench_appr", help="database to create and drop")
     p.add_argument("--redis", default="redis://127.0.0.1:6379/11", help="Redis URL (default db 11)")
-    p.add_argument("--phases", default="latency,reconcile",
-                   help="comma-separated subset of latency,reconcile (default both)")
+    p.add_argument(
+        "--phases", default="latency,reconcile", help="comma-separated subset of latency,reconcile (default both)"
+    )
     p.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
     args = p.parse_args(argv)
     args.phases = {x.strip() for x in args.phases.split(",") if x.strip()}
@@ -136,8 +142,9 @@ def decision_latencies(args: argparse.Namespace, worker: Worker) -> list[Series]
             raise RuntimeError(f"request {request_id} had been decided already")
 
     def by_api(request_id: int) -> None:
-        response = client.post(f"/api/approvals/{request_id}/decision", {"approve": True, "version": "1"},
-                               content_type="application/json")
+        response = client.post(
+            f"/api/approvals/{request_id}/decision", {"approve": True, "version": "1"}, content_type="application/json"
+        )
         if response.status_code != 200:
             raise RuntimeError(f"decision on {request_id}: HTTP {response.status_code} {response.content[:300]!r}")
 
@@ -156,7 +163,7 @@ def decision_latencies(args: argparse.Namespace, worker: Worker) -> list[Series]
         steady = Series(label, rate)
         sent: dict[Any, float] = {}
         say(f"{label}: {args.single} decisions one at a time")
-        for run_id, request_id in parked[:args.single]:
+        for run_id, request_id in parked[: args.single]:
             sent[run_id] = time.time()
             send(request_id)
             single.call.append(time.time() - sent[run_id])
@@ -164,7 +171,7 @@ def decision_latencies(args: argparse.Namespace, worker: Worker) -> list[Series]
             wait_until(done.exists, timeout=60, what=f"run {run_id} to resume", check=worker.check)
         say(f"{label}: {args.waiters} decisions at {rate}")
         next_at = time.monotonic()
-        for run_id, request_id in parked[args.single:]:
+        for run_id, request_id in parked[args.single :]:
             sent[run_id] = time.time()
             send(request_id)
             steady.call.append(time.time() - sent[run_id])
@@ -173,8 +180,8 @@ def decision_latencies(args: argparse.Namespace, worker: Worker) -> list[Series]
         ids = [run_id for run_id, _ in parked]
         wait_for_runs(ids, worker, timeout=180)
         results: dict[Any, Any] = dict(WorkflowRun.objects.filter(id__in=ids).values_list("id", "result"))
-        single.latencies = [results[r] - sent[r] for r, _ in parked[:args.single]]
-        steady.latencies = [results[r] - sent[r] for r, _ in parked[args.single:]]
+        single.latencies = [results[r] - sent[r] for r, _ in parked[: args.single]]
+        steady.latencies = [results[r] - sent[r] for r, _ in parked[args.single :]]
         out += [single, steady]
     return out
 
@@ -187,8 +194,12 @@ class TimedAdapter:
     def __init__(self, base_url: str) -> None:
         from ledger import HttpAdapter
 
-        self.inner = HttpAdapter(base_url=base_url, submit_path="/v1/refunds", lookup_path="/v1/refunds?key={key}",
-                                 batch_lookup_path="/v1/refunds/lookup")
+        self.inner = HttpAdapter(
+            base_url=base_url,
+            submit_path="/v1/refunds",
+            lookup_path="/v1/refunds?key={key}",
+            batch_lookup_path="/v1/refunds/lookup",
+        )
         self.can_lookup = True
         self.lookups = 0
         self.seconds = 0.0
@@ -237,6 +248,7 @@ def store_refunds(base_url: str, indices: list[int], threads: int) -> float:
     import httpx
 
     with httpx.Client(base_url=base_url, timeout=30, limits=httpx.Limits(max_connections=threads)) as client:
+
         def post(i: int) -> None:
             response = client.post("/v1/refunds", json=refund_request(i), headers={"Idempotency-Key": key(i)})
             if response.status_code != 201:
@@ -264,11 +276,19 @@ def insert_unknown(count: int, sample: int) -> None:
     for i in range(count):
         request = refund_request(i)
         system = SAMPLE_SYSTEM if i < sample else SYSTEM
-        rows.append(ExternalOperation(
-            key=key(i), system=system, action="refund", request=request,
-            request_hash=request_fingerprint(system=system, action="refund", request=request),
-            status="unknown", note="bench: the answer was lost", submit_count=1, submitted_at=now,
-        ))
+        rows.append(
+            ExternalOperation(
+                key=key(i),
+                system=system,
+                action="refund",
+                request=request,
+                request_hash=request_fingerprint(system=system, action="refund", request=request),
+                status="unknown",
+                note="bench: the answer was lost",
+                submit_count=1,
+                submitted_at=now,
+            )
+        )
     ExternalOperation.objects.bulk_create(rows, batch_size=2000)
 
 
@@ -320,8 +340,9 @@ def reconcile_sequential(adapter: TimedAdapter, system: str, label: str) -> Reco
         t0 = time.perf_counter()
         results = operations_reconcile(system=system)
         seconds = time.perf_counter() - t0
-    return Reconcile(label, seconds, len(results),
-                     Counter(r.verdict for r in results), statuses(system), adapter.seconds, sql)
+    return Reconcile(
+        label, seconds, len(results), Counter(r.verdict for r in results), statuses(system), adapter.seconds, sql
+    )
 
 
 def lookup_probe(adapter: TimedAdapter, system: str, count: int = 200) -> tuple[float, float]:
@@ -368,16 +389,18 @@ def reconcile_part(args: argparse.Namespace, data_dir: Path) -> ReconcilePart:
         say(f"sandbox on {sandbox.url}; storing {args.stored:,} refunds ({args.post_threads} threads)")
         store_seconds = store_refunds(sandbox.url, stored_indices(args.operations, args.stored), args.post_threads)
         before = sandbox.stats()
-        part = ReconcilePart(args.stored, store_seconds, before["refunds"],
-                             created_before=before["requests"].get("created", 0))
+        part = ReconcilePart(
+            args.stored, store_seconds, before["refunds"], created_before=before["requests"].get("created", 0)
+        )
         say(f"stored in {store_seconds:.1f} s; inserting {args.operations:,} unknown operations")
         insert_unknown(args.operations, args.operations)  # all of them through the adapter as shipped
         shipped = TimedAdapter(sandbox.url)
         register_adapter(SAMPLE_SYSTEM, shipped)
         try:
             say(f"reconciling all {args.operations:,} as manage.py reconcile does (adapter and sandbox as shipped)")
-            part.runs.append(reconcile_sequential(
-                shipped, SAMPLE_SYSTEM, f"shipped: manage.py reconcile, all {args.operations:,}"))
+            part.runs.append(
+                reconcile_sequential(shipped, SAMPLE_SYSTEM, f"shipped: manage.py reconcile, all {args.operations:,}")
+            )
             say(f"  {part.runs[-1].rate:,.0f} operations/s")
             part.lookup_fresh, part.lookup_kept = lookup_probe(shipped, SAMPLE_SYSTEM)
         finally:
@@ -397,9 +420,11 @@ def report(args: argparse.Namespace, probes: list[str], series: list[Series], re
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('server_version'), current_setting('synchronous_commit')")
         version, sync_commit = cursor.fetchone()
-    print(f"\nApprovals and reconciliation benchmark  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
-          f"PostgreSQL {version.split()[0]} synchronous_commit={sync_commit}; one celery worker -P prefork "
-          f"-c {args.concurrency}, Redis {args.redis})")
+    print(
+        f"\nApprovals and reconciliation benchmark  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
+        f"PostgreSQL {version.split()[0]} synchronous_commit={sync_commit}; one celery worker -P prefork "
+        f"-c {args.concurrency}, Redis {args.redis})"
+    )
     for probe in probes:
         print(f"machine {probe}")
     rows: list[Row] = []
@@ -407,19 +432,37 @@ def report(args: argparse.Namespace, probes: list[str], series: list[Series], re
         p50, p99 = percentile(s.latencies, 0.5), percentile(s.latencies, 0.99)
         targeted = s.mode != "one at a time"
         rows += [
-            Row(f"decision-to-resume p50, {s.path} ({s.mode})", ms(p50), "<= 100 ms" if targeted else "(<= 100 ms)",
-                p50 <= 0.100 if targeted else None),
-            Row(f"decision-to-resume p99, {s.path} ({s.mode})", ms(p99), "<= 500 ms" if targeted else "(<= 500 ms)",
-                p99 <= 0.500 if targeted else None),
+            Row(
+                f"decision-to-resume p50, {s.path} ({s.mode})",
+                ms(p50),
+                "<= 100 ms" if targeted else "(<= 100 ms)",
+                p50 <= 0.100 if targeted else None,
+            ),
+            Row(
+                f"decision-to-resume p99, {s.path} ({s.mode})",
+                ms(p99),
+                "<= 500 ms" if targeted else "(<= 500 ms)",
+                p99 <= 0.500 if targeted else None,
+            ),
         ]
         if targeted:
-            rows.append(Row(f"  the decision call itself p50 / p99 ({s.path})",
-                            f"{ms(percentile(s.call, 0.5))} / {ms(percentile(s.call, 0.99))}"))
+            rows.append(
+                Row(
+                    f"  the decision call itself p50 / p99 ({s.path})",
+                    f"{ms(percentile(s.call, 0.5))} / {ms(percentile(s.call, 0.99))}",
+                )
+            )
     if rec is not None:
         duplicates = rec.refunds_after - rec.refunds_before
         for i, r in enumerate(rec.runs):
-            rows.append(Row(f"reconcile ops/s, {r.label}"[:48], f"{r.rate:,.0f}", ">= 500" if i == 0 else "(>= 500)",
-                            r.rate >= 500 if i == 0 else None))
+            rows.append(
+                Row(
+                    f"reconcile ops/s, {r.label}"[:48],
+                    f"{r.rate:,.0f}",
+                    ">= 500" if i == 0 else "(>= 500)",
+                    r.rate >= 500 if i == 0 else None,
+                )
+            )
         rows.append(Row("duplicate effects (new refunds at the sandbox)", str(duplicates), "0", duplicates == 0))
     print_table(rows)
     if series:
@@ -443,23 +486,31 @@ ledger.HttpAdapter(base_url=<sandbox>, lookup_path="/v1/refunds?key={{key}}") as
 {rec.refunds_after:,} after; "created" answers {rec.created_before:,} before, {rec.created_after:,} after.""")
         for r in rec.runs:
             per = r.seconds / max(r.operations, 1)
-            print(f"- {r.label}: {r.operations:,} operations in {r.seconds:.1f} s = {per * 1000:.2f} ms each; "
-                  f"verdicts {dict(r.verdicts)}; rows now {dict(r.statuses)}; lookups {r.lookup_seconds:.1f} s "
-                  f"in total ({r.lookup_seconds * 1000 / max(r.operations, 1):.2f} ms each, summed over threads)")
+            print(
+                f"- {r.label}: {r.operations:,} operations in {r.seconds:.1f} s = {per * 1000:.2f} ms each; "
+                f"verdicts {dict(r.verdicts)}; rows now {dict(r.statuses)}; lookups {r.lookup_seconds:.1f} s "
+                f"in total ({r.lookup_seconds * 1000 / max(r.operations, 1):.2f} ms each, summed over threads)"
+            )
             total = r.operations
             if r.sql and total:
                 statements = sum(int(v[0]) for v in r.sql.values())
                 sql_seconds = sum(v[1] for v in r.sql.values())
                 other = r.seconds - sql_seconds - r.lookup_seconds
                 print(f"  where the time goes, per operation ({statements / total:.1f} SQL statements):")
-                print(f"    {'HTTP lookups (summed over the concurrent threads)':<60} "
-                      f"{r.lookup_seconds * 1000 / total:>7.3f} ms")
+                print(
+                    f"    {'HTTP lookups (summed over the concurrent threads)':<60} "
+                    f"{r.lookup_seconds * 1000 / total:>7.3f} ms"
+                )
                 for label, (count, sec) in sorted(r.sql.items(), key=lambda kv: -kv[1][1])[:8]:
                     print(f"    {('SQL ' + label)[:52]:<52} x{count / total:<5.1f} {sec * 1000 / total:>7.3f} ms")
-                print(f"    {'COMMIT, Python (ORM, FSM, redaction, logging), the rest':<60} "
-                      f"{other * 1000 / total:>7.3f} ms")
-        print(f"one lookup p50 (200 keys, sequential): the adapter {ms(rec.lookup_fresh)} "
-              f"(a plain kept-alive httpx.Client on the same sandbox: {ms(rec.lookup_kept)})")
+                print(
+                    f"    {'COMMIT, Python (ORM, FSM, redaction, logging), the rest':<60} "
+                    f"{other * 1000 / total:>7.3f} ms"
+                )
+        print(
+            f"one lookup p50 (200 keys, sequential): the adapter {ms(rec.lookup_fresh)} "
+            f"(a plain kept-alive httpx.Client on the same sandbox: {ms(rec.lookup_kept)})"
+        )
 
 
 # --- main ----------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ with two prefork processes on a queue of its own, and measures, in one run:
 
 The figures, their targets and PASS/MISS are printed as a table. It always exits 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,11 +53,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--runs", "-M", type=int, default=100, help="runs (and chains) per round (default 100)")
     p.add_argument("--steps", "-N", type=int, default=20, help="no-op steps (and tasks) per run (default 20)")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="durable/plain rounds, alternated; medians reported (default 3)")
+    p.add_argument(
+        "--rounds", type=int, default=3, help="durable/plain rounds, alternated; medians reported (default 3)"
+    )
     p.add_argument("--waiters", "-K", type=int, default=200, help="runs waiting for an event (default 200)")
-    p.add_argument("--event-interval", type=float, default=0.05,
-                   help="seconds between two send_event calls (default 0.05: 20 events/s)")
+    p.add_argument(
+        "--event-interval",
+        type=float,
+        default=0.05,
+        help="seconds between two send_event calls (default 0.05: 20 events/s)",
+    )
     p.add_argument("--finished", type=int, default=200_000, help="finished runs in the table for the sweep")
     p.add_argument("--sweeps", type=int, default=30, help="sweeps timed (default 30)")
     p.add_argument("--breakdown-runs", type=int, default=30, help="runs advanced in-process for the breakdown")
@@ -64,9 +70,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL, no database")
     p.add_argument("--database", default="durable_bench", help="database to create and drop (default durable_bench)")
     p.add_argument("--redis", default="redis://127.0.0.1:6379/6", help="Redis URL (default db 6)")
-    p.add_argument("--phases", default="throughput,async,events,breakdown,sweep",
-                   help="comma-separated subset of throughput,async,events,breakdown,sweep (default all); "
-                        "async: one more durable and plain round with WORKFLOWS_STEP_COMMIT=async workers")
+    p.add_argument(
+        "--phases",
+        default="throughput,async,events,breakdown,sweep",
+        help="comma-separated subset of throughput,async,events,breakdown,sweep (default all); "
+        "async: one more durable and plain round with WORKFLOWS_STEP_COMMIT=async workers",
+    )
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the in-process breakdown")
     p.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
     args = p.parse_args(argv)
@@ -82,19 +91,21 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def configure_environment(args: argparse.Namespace) -> None:
     """Set before Django reads its settings; the worker processes inherit the same environment."""
     tag = f"bench-{os.getpid()}"
-    os.environ.update({
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "DATABASE_URL": f"{args.pg.rstrip('/')}/{args.database}",
-        "REDIS_URL": args.redis,
-        "WORKFLOWS_QUEUE": tag,
-        "WORKFLOWS_MODULES": "bench.workflows",
-        "CHANNELS_PREFIX": f"asgi-{tag}",
-        # Per-task INFO lines would cost the plain chain (N log lines per run) more than the engine.
-        "LOG_LEVEL": "WARNING",
-        "PYTHONPATH": str(ROOT),
-        # Settings refuse to start without one (DEBUG is off here, as in production).
-        "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(50),
-    })
+    os.environ.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "DATABASE_URL": f"{args.pg.rstrip('/')}/{args.database}",
+            "REDIS_URL": args.redis,
+            "WORKFLOWS_QUEUE": tag,
+            "WORKFLOWS_MODULES": "bench.workflows",
+            "CHANNELS_PREFIX": f"asgi-{tag}",
+            # Per-task INFO lines would cost the plain chain (N log lines per run) more than the engine.
+            "LOG_LEVEL": "WARNING",
+            "PYTHONPATH": str(ROOT),
+            # Settings refuse to start without one (DEBUG is off here, as in production).
+            "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(50),
+        }
+    )
 
 
 def recreate_database(args: argparse.Namespace, *, drop_only: bool = False) -> None:
@@ -145,13 +156,30 @@ class Worker:
         os.close(fd)
         self.log = Path(name)
         cmd = [
-            sys.executable, "-m", "celery", "-A", "config", "worker", "-P", "prefork", "-c", str(concurrency),
-            "-Q", queue, "-n", f"{queue}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-l", "WARNING",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            str(concurrency),
+            "-Q",
+            queue,
+            "-n",
+            f"{queue}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "WARNING",
         ]
         with self.log.open("wb") as out:
-            self.process = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ), stdout=out,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(
+                cmd, cwd=ROOT, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def check(self) -> None:
         if self.process.poll() is not None:
@@ -303,8 +331,11 @@ def step_overhead(ids: list[Any]) -> Overhead:
 
     out = Overhead()
     # Every row here is a completed no-op step: both timestamps are set (Any: the stubs say Optional).
-    rows: Any = StepResult.objects.filter(run_id__in=ids).order_by("run_id", "position").values_list(
-        "run_id", "started_at", "finished_at")
+    rows: Any = (
+        StepResult.objects.filter(run_id__in=ids)
+        .order_by("run_id", "position")
+        .values_list("run_id", "started_at", "finished_at")
+    )
     by_run: dict[Any, list[tuple[Any, Any]]] = defaultdict(list)
     for run_id, started, finished in rows:
         by_run[run_id].append((started, finished))
@@ -378,30 +409,49 @@ def fill_finished_runs(count: int) -> float:
             cursor.execute(
                 f"INSERT INTO {WorkflowRun._meta.db_table} ({', '.join(columns)}) SELECT {', '.join(exprs)} "
                 f"FROM generate_series(1, {int(rows)}) AS g, "
-                f"LATERAL (SELECT now() - g * interval '13 seconds' AS t) AS x", params)
+                f"LATERAL (SELECT now() - g * interval '13 seconds' AS t) AS x",
+                params,
+            )
 
     queue = settings.WORKFLOWS["QUEUE"]
     finished = WorkflowRun(workflow="bench.noop", workflow_version="1", payload={"steps": 10}, attempt=1)
-    waiting = WorkflowRun(workflow="bench.wait", workflow_version="1", payload={}, attempt=1,
-                          wait_event_type="bench.go", wait_step="wait")
+    waiting = WorkflowRun(
+        workflow="bench.wait", workflow_version="1", payload={}, attempt=1, wait_event_type="bench.go", wait_step="wait"
+    )
     for template in (finished, waiting):
         if hasattr(template, "queue"):
             template.queue = queue
     t0 = time.perf_counter()
     failed, terminated = "mod(g, 20) = 0", "mod(g, 100) = 0"
-    insert(finished, {
-        "id": "gen_random_uuid()",
-        "status": f"CASE WHEN {terminated} THEN 'terminated' WHEN {failed} THEN 'failed' ELSE 'completed' END",
-        "result": f"CASE WHEN {failed} THEN NULL ELSE '10'::jsonb END",
-        "error": f"""CASE WHEN {failed} AND NOT {terminated} THEN '{{"type": "ValueError"}}'::jsonb END""",
-        "failure_reason": f"CASE WHEN {failed} AND NOT {terminated} THEN 'error' ELSE '' END",
-        "enqueued_at": "t", "created_at": "t", "started_at": "t",
-        "updated_at": "t + interval '2 seconds'", "finished_at": "t + interval '2 seconds'",
-    }, count)
-    insert(waiting, {
-        "id": "gen_random_uuid()", "status": "'waiting'", "wake_at": "now() + interval '1 day'",
-        "enqueued_at": "t", "created_at": "t", "started_at": "t", "updated_at": "t",
-    }, 1000)
+    insert(
+        finished,
+        {
+            "id": "gen_random_uuid()",
+            "status": f"CASE WHEN {terminated} THEN 'terminated' WHEN {failed} THEN 'failed' ELSE 'completed' END",
+            "result": f"CASE WHEN {failed} THEN NULL ELSE '10'::jsonb END",
+            "error": f"""CASE WHEN {failed} AND NOT {terminated} THEN '{{"type": "ValueError"}}'::jsonb END""",
+            "failure_reason": f"CASE WHEN {failed} AND NOT {terminated} THEN 'error' ELSE '' END",
+            "enqueued_at": "t",
+            "created_at": "t",
+            "started_at": "t",
+            "updated_at": "t + interval '2 seconds'",
+            "finished_at": "t + interval '2 seconds'",
+        },
+        count,
+    )
+    insert(
+        waiting,
+        {
+            "id": "gen_random_uuid()",
+            "status": "'waiting'",
+            "wake_at": "now() + interval '1 day'",
+            "enqueued_at": "t",
+            "created_at": "t",
+            "started_at": "t",
+            "updated_at": "t",
+        },
+        1000,
+    )
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {WorkflowRun._meta.db_table}")
     return time.perf_counter() - t0
@@ -483,8 +533,9 @@ def create_unqueued_runs(count: int, steps: int) -> list[Any]:
 
     ids = []
     for _ in range(count):
-        run = WorkflowRun.objects.create(workflow="bench.noop", workflow_version="1", payload={"steps": steps},
-                                         enqueued_at=timezone.now())
+        run = WorkflowRun.objects.create(
+            workflow="bench.noop", workflow_version="1", payload={"steps": steps}, enqueued_at=timezone.now()
+        )
         RunAttempt.objects.create(run=run, number=1)
         ids.append(run.id)
     CREATED.extend(ids)
@@ -494,6 +545,7 @@ def create_unqueued_runs(count: int, steps: int) -> list[Any]:
 def _timed(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
     """``fn`` adding its calls and seconds to ``into`` when called on the advancing (main) thread;
     into[2] is 1 while it runs there."""
+
     def call(*args: Any, **kwargs: Any) -> Any:
         if threading.current_thread() is not threading.main_thread():
             return fn(*args, **kwargs)  # off the advancing path: not this table's business
@@ -549,8 +601,9 @@ def timed_publish(publish: list[float], group_send: list[float]) -> Iterator[Non
         streams.publish_later = original
 
 
-def breakdown(runs: int, steps: int, *, synchronous_commit: bool = True,
-              profiler: cProfile.Profile | None = None) -> Breakdown:
+def breakdown(
+    runs: int, steps: int, *, synchronous_commit: bool = True, profiler: cProfile.Profile | None = None
+) -> Breakdown:
     """Advance ``runs`` runs in this process (workers idle) with every SQL statement timed."""
     from django.db import connection
 
@@ -597,29 +650,39 @@ def print_breakdown(b: Breakdown, title: str) -> None:
     total_steps = b.steps * b.runs
     sql_seconds = b.sql_seconds
     print(f"\n{title}")
-    print(f"  {b.runs} runs x {b.steps} steps advanced in this process: {b.seconds * 1000 / total_steps:.3f} ms "
-          f"per step all in ({b.seconds * 1000 / b.runs:.2f} ms per run); between-body gap "
-          f"p50 {percentile(b.gaps, 0.5) * 1000:.3f} ms, p99 {percentile(b.gaps, 0.99) * 1000:.3f} ms")
-    print(f"  CPU of this (advancing) process: {b.cpu * 1000 / total_steps:.3f} ms per step all in "
-          f"({b.cpu * 1000 / b.runs:.2f} ms per run)")
+    print(
+        f"  {b.runs} runs x {b.steps} steps advanced in this process: {b.seconds * 1000 / total_steps:.3f} ms "
+        f"per step all in ({b.seconds * 1000 / b.runs:.2f} ms per run); between-body gap "
+        f"p50 {percentile(b.gaps, 0.5) * 1000:.3f} ms, p99 {percentile(b.gaps, 0.99) * 1000:.3f} ms"
+    )
+    print(
+        f"  CPU of this (advancing) process: {b.cpu * 1000 / total_steps:.3f} ms per step all in "
+        f"({b.cpu * 1000 / b.runs:.2f} ms per run)"
+    )
     print(f"  {'statement':<62} {'per run':>8} {'mean ms':>8} {'ms/run':>8}")
     for label, (count, seconds) in sorted(b.sql.items(), key=lambda kv: -kv[1][1]):
-        print(f"  {label[:62]:<62} {count / b.runs:>8.1f} {seconds * 1000 / count:>8.3f} "
-              f"{seconds * 1000 / b.runs:>8.3f}")
+        print(
+            f"  {label[:62]:<62} {count / b.runs:>8.1f} {seconds * 1000 / count:>8.3f} {seconds * 1000 / b.runs:>8.3f}"
+        )
     statements = sum(v[0] for v in b.sql.values())
     other = b.seconds - sql_seconds - b.publish[1]
     label = "= SQL round trips (a BEGIN rides in the first statement)"
     print(f"  {label:<62} {statements / b.runs:>8.1f} {'':>8} {sql_seconds * 1000 / b.runs:>8.3f}")
     if b.publish[0]:
-        print(f"  {'emit_status -> publish_later (hand-off to the publisher thread)':<62} "
-              f"{b.publish[0] / b.runs:>8.1f} {b.publish[1] * 1000 / b.publish[0]:>8.3f} "
-              f"{b.publish[1] * 1000 / b.runs:>8.3f}")
+        print(
+            f"  {'emit_status -> publish_later (hand-off to the publisher thread)':<62} "
+            f"{b.publish[0] / b.runs:>8.1f} {b.publish[1] * 1000 / b.publish[0]:>8.3f} "
+            f"{b.publish[1] * 1000 / b.runs:>8.3f}"
+        )
     if b.group_send[0]:
-        print(f"  {'  of which async_to_sync(channel_layer.group_send)':<62} "
-              f"{b.group_send[0] / b.runs:>8.1f} {b.group_send[1] * 1000 / b.group_send[0]:>8.3f} "
-              f"{b.group_send[1] * 1000 / b.runs:>8.3f}")
-    print(f"  {'Python (replay, Django ORM, engine; excl. the above)':<62} {'':>8} {'':>8} "
-          f"{other * 1000 / b.runs:>8.3f}")
+        print(
+            f"  {'  of which async_to_sync(channel_layer.group_send)':<62} "
+            f"{b.group_send[0] / b.runs:>8.1f} {b.group_send[1] * 1000 / b.group_send[0]:>8.3f} "
+            f"{b.group_send[1] * 1000 / b.runs:>8.3f}"
+        )
+    print(
+        f"  {'Python (replay, Django ORM, engine; excl. the above)':<62} {'':>8} {'':>8} {other * 1000 / b.runs:>8.3f}"
+    )
 
 
 # --- output --------------------------------------------------------------------------------------
@@ -687,8 +750,10 @@ def probe_environment(when: str) -> str:
         write = p50(lambda: cursor.execute("UPDATE bench_probe SET n = n + 1 WHERE id = 1"))
     ping = p50(client.ping)
     load = os.getloadavg()[0]
-    return (f"{when}: SELECT 1 {ms(read)}, autocommit UPDATE (WAL flush) {ms(write)}, "
-            f"Redis PING {ms(ping)}, load average {load:.2f}")
+    return (
+        f"{when}: SELECT 1 {ms(read)}, autocommit UPDATE (WAL flush) {ms(write)}, "
+        f"Redis PING {ms(ping)}, load average {load:.2f}"
+    )
 
 
 def run(args: argparse.Namespace, worker: Worker | None) -> None:
@@ -758,8 +823,10 @@ def async_round(args: argparse.Namespace, res: Results) -> None:
         res.async_durable_s, ids = durable_round(M, N, worker)
         res.async_overhead = step_overhead(ids)
         res.async_plain_s = plain_round(M, N, worker, f"bench:{os.getpid()}:async")
-        say(f"async step commits: durable {M * N / res.async_durable_s:,.0f} steps/s, "
-            f"plain chain {M * N / res.async_plain_s:,.0f} tasks/s")
+        say(
+            f"async step commits: durable {M * N / res.async_durable_s:,.0f} steps/s, "
+            f"plain chain {M * N / res.async_plain_s:,.0f} tasks/s"
+        )
     finally:
         worker.stop()
         del os.environ["WORKFLOWS_STEP_COMMIT"]
@@ -769,12 +836,16 @@ def server_line(args: argparse.Namespace) -> str:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('server_version'), current_setting('synchronous_commit'), "
-                       "current_setting('fsync'), current_setting('shared_buffers')")
+        cursor.execute(
+            "SELECT current_setting('server_version'), current_setting('synchronous_commit'), "
+            "current_setting('fsync'), current_setting('shared_buffers')"
+        )
         version, sync_commit, fsync, shared_buffers = cursor.fetchone()
-    return (f"Durable engine benchmark  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
-            f"Python {platform.python_version()}, PostgreSQL {version.split()[0]} synchronous_commit={sync_commit} "
-            f"fsync={fsync} shared_buffers={shared_buffers})")
+    return (
+        f"Durable engine benchmark  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, PostgreSQL {version.split()[0]} synchronous_commit={sync_commit} "
+        f"fsync={fsync} shared_buffers={shared_buffers})"
+    )
 
 
 def table_rows(args: argparse.Namespace, res: Results) -> list[Row]:
@@ -791,10 +862,17 @@ def table_rows(args: argparse.Namespace, res: Results) -> list[Row]:
             Row("ratio durable / plain", f"{durable / plain:.2f}x", ">= 2.5x", durable / plain >= 2.5),
             Row("CPU per durable step (all processes)", ms(cpu_total(res.durable_cpu))),
             Row("CPU per plain task (all processes)", ms(cpu_total(res.plain_cpu))),
-            Row("CPU-bound ratio (plain CPU / durable CPU)",
-                f"{cpu_total(res.plain_cpu) / cpu_total(res.durable_cpu):.2f}x", "(>= 2.5x)"),
-            Row("per-step overhead p50 (under load)", ms(percentile(gaps, 0.5)), "<= 1 ms",
-                percentile(gaps, 0.5) <= 0.001),
+            Row(
+                "CPU-bound ratio (plain CPU / durable CPU)",
+                f"{cpu_total(res.plain_cpu) / cpu_total(res.durable_cpu):.2f}x",
+                "(>= 2.5x)",
+            ),
+            Row(
+                "per-step overhead p50 (under load)",
+                ms(percentile(gaps, 0.5)),
+                "<= 1 ms",
+                percentile(gaps, 0.5) <= 0.001,
+            ),
             Row("per-step overhead p99 (under load)", ms(percentile(gaps, 0.99))),
         ]
     if res.async_durable_s:
@@ -809,8 +887,12 @@ def table_rows(args: argparse.Namespace, res: Results) -> list[Row]:
     if res.inproc is not None:
         gaps = res.inproc.gaps
         rows += [
-            Row("per-step overhead p50 (one run at a time)", ms(percentile(gaps, 0.5)), "<= 1 ms",
-                percentile(gaps, 0.5) <= 0.001),
+            Row(
+                "per-step overhead p50 (one run at a time)",
+                ms(percentile(gaps, 0.5)),
+                "<= 1 ms",
+                percentile(gaps, 0.5) <= 0.001,
+            ),
             Row("per-step overhead p99 (one run at a time)", ms(percentile(gaps, 0.99))),
         ]
     if res.overhead is not None:
@@ -852,20 +934,25 @@ def print_cpu(res: Results) -> None:
 def report(args: argparse.Namespace, res: Results) -> None:
     M, N = args.runs, args.steps
     print("\n" + server_line(args))
-    print(f"shape: {M} runs x {N} no-op steps per round, {args.rounds} rounds alternating durable/plain; one "
-          f"celery worker -P prefork -c {args.concurrency}, prefetch 1, acks_late, Redis broker {args.redis}")
+    print(
+        f"shape: {M} runs x {N} no-op steps per round, {args.rounds} rounds alternating durable/plain; one "
+        f"celery worker -P prefork -c {args.concurrency}, prefetch 1, acks_late, Redis broker {args.redis}"
+    )
     for probe in res.probes:
         print(f"machine {probe}")
     if res.durable_s:
-        print("rounds (durable steps/s | plain tasks/s): "
-              + ", ".join(f"{M * N / d:,.0f} | {M * N / p:,.0f}" for d, p in zip(res.durable_s, res.plain_s)))
+        print(
+            "rounds (durable steps/s | plain tasks/s): "
+            + ", ".join(f"{M * N / d:,.0f} | {M * N / p:,.0f}" for d, p in zip(res.durable_s, res.plain_s))
+        )
         print_cpu(res)
     print_table(table_rows(args, res))
     print_method(args, res)
     if res.inproc is not None and res.inproc_async is not None:
         print_breakdown(res.inproc, "Where the time goes (synchronous_commit=on, as configured):")
-        print_breakdown(res.inproc_async,
-                        "What-if: the same with synchronous_commit=off for this session (WAL flush cost):")
+        print_breakdown(
+            res.inproc_async, "What-if: the same with synchronous_commit=off for this session (WAL flush cost):"
+        )
 
 
 def print_method(args: argparse.Namespace, res: Results) -> None:
@@ -927,8 +1014,13 @@ def cleanup(args: argparse.Namespace) -> None:
         from workflows.streams import redis_client
 
         client = redis_client()
-        keys = [queue, f"_kombu.binding.{queue}", f"_kombu.binding_permanent.{queue}",
-                f"bench:{os.getpid()}:done", f"bench:{os.getpid()}:warm"]
+        keys = [
+            queue,
+            f"_kombu.binding.{queue}",
+            f"_kombu.binding_permanent.{queue}",
+            f"bench:{os.getpid()}:done",
+            f"bench:{os.getpid()}:warm",
+        ]
         keys += [f"wf:run:{run_id.hex}:{part}" for run_id in CREATED for part in ("seq", "events")]
         keys += list(client.scan_iter(match=f"{os.environ['CHANNELS_PREFIX']}*", count=1000))
         if keys:

@@ -9,6 +9,7 @@
 - ``bench.noop`` the Celery task: the plain-chain baseline, the same shape without the engine. The last
   task of a chain names a Redis list and appends the time it ran to it.
 """
+
 from __future__ import annotations
 
 import time
@@ -53,8 +54,15 @@ class ApprovalThenStep(Workflow):
     def run(self, event: Event, step: Any) -> float:
         from approvals.waits import wait_for_approval  # the approvals app is loaded by then
 
-        wait_for_approval(step, name="bench", subject=("bench.item", str(event.payload["n"])), version="1",
-                          summary="bench approval", approvers=APPROVERS, timeout=3600)
+        wait_for_approval(
+            step,
+            name="bench",
+            subject=("bench.item", str(event.payload["n"])),
+            version="1",
+            summary="bench approval",
+            approvers=APPROVERS,
+            timeout=3600,
+        )
         resumed: float = step.do("resumed", time.time)
         return resumed
 

@@ -1,4 +1,5 @@
 """Typed readers for the environment: the one place settings come from."""
+
 from __future__ import annotations
 
 import os

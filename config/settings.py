@@ -1,4 +1,5 @@
 """Settings. Everything that varies between machines comes from the environment, read here only."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -204,7 +205,7 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Durable agents and workflows API",
-    "DESCRIPTION": "Start and control durable workflow runs; errors are {\"error\": {code, message, detail}}.",
+    "DESCRIPTION": 'Start and control durable workflow runs; errors are {"error": {code, message, detail}}.',
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
@@ -274,12 +275,37 @@ LEDGER: dict[str, Any] = {
     "RECHECK_RESOLVED_DAYS": envfloat("LEDGER_RECHECK_RESOLVED_DAYS", 7.0),
     # Keys whose values never reach operational records or logs, matched case-insensitively at
     # any depth, ignoring "_" and "-" (so cardNumber matches card_number). Whole keys only.
-    "REDACT_KEYS": envlist("LEDGER_REDACT_KEYS", [
-        "address", "billing_address", "shipping_address", "street", "postcode", "zip",
-        "email", "phone", "phone_number", "mobile",
-        "card", "card_number", "pan", "cvc", "cvv", "iban", "account_number", "sort_code",
-        "full_name", "first_name", "last_name", "date_of_birth", "dob", "ssn", "national_id", "tax_id",
-    ]),
+    "REDACT_KEYS": envlist(
+        "LEDGER_REDACT_KEYS",
+        [
+            "address",
+            "billing_address",
+            "shipping_address",
+            "street",
+            "postcode",
+            "zip",
+            "email",
+            "phone",
+            "phone_number",
+            "mobile",
+            "card",
+            "card_number",
+            "pan",
+            "cvc",
+            "cvv",
+            "iban",
+            "account_number",
+            "sort_code",
+            "full_name",
+            "first_name",
+            "last_name",
+            "date_of_birth",
+            "dob",
+            "ssn",
+            "national_id",
+            "tax_id",
+        ],
+    ),
     # `manage.py purge_records` deletes operational records older than this by default.
     "RETENTION_DAYS": envint("LEDGER_RETENTION_DAYS", 90),
     # Lookups in flight at once during `manage.py reconcile` (they change nothing at the provider).

@@ -6,6 +6,7 @@
 The services are imported lazily so that importing this package does not need Django's app
 registry to be ready (an app's ready() registers its adapters through it).
 """
+
 from typing import Any
 
 from ledger.adapters import (
@@ -41,10 +42,28 @@ _LAZY = {
 }
 
 __all__ = [
-    "Adapter", "Failed", "HttpAdapter", "IdempotencyConflict", "InvalidOperation", "LedgerError", "LookupOutcome",
-    "NoEffect", "NotFound", "OperationFailed", "OperationInProgress", "OutcomeUnknown", "PerformInTransaction",
-    "ProviderUnavailable", "SubmitOutcome", "Succeeded", "Unknown", "UnknownSystem", "redact", "register_adapter",
-    "unregister_adapter", *_LAZY,
+    "Adapter",
+    "Failed",
+    "HttpAdapter",
+    "IdempotencyConflict",
+    "InvalidOperation",
+    "LedgerError",
+    "LookupOutcome",
+    "NoEffect",
+    "NotFound",
+    "OperationFailed",
+    "OperationInProgress",
+    "OutcomeUnknown",
+    "PerformInTransaction",
+    "ProviderUnavailable",
+    "SubmitOutcome",
+    "Succeeded",
+    "Unknown",
+    "UnknownSystem",
+    "redact",
+    "register_adapter",
+    "unregister_adapter",
+    *_LAZY,
 ]
 
 

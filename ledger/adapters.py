@@ -10,6 +10,7 @@ happened; ``lookup(op)`` asks the provider what happened to ``op.key``. Neither 
 database: the services record what they return. An adapter must not raise for an answer it
 understands; an exception from ``submit`` is taken as "may have been sent" (unknown).
 """
+
 from __future__ import annotations
 
 import threading

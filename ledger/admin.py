@@ -4,6 +4,7 @@ Nothing here writes an operation directly (a form loaded a minute ago would over
 worker recorded since): the change page is read-only and every change is an action that calls
 ``ledger.services``, which locks the row. Operational records are read-only too.
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -60,8 +61,15 @@ class OperationEventInline(ReadOnlyInline):
     model = OperationEvent
     verbose_name_plural = "what happened (every submit, lookup and resolution)"
     ordering = ("created_at", "id")
-    fields = readonly_fields = ("created_at", "kind", "outcome", "status_before", "status_after", "note",
-                                "detail_pretty")
+    fields = readonly_fields = (
+        "created_at",
+        "kind",
+        "outcome",
+        "status_before",
+        "status_after",
+        "note",
+        "detail_pretty",
+    )
 
     @admin.display(description="detail")
     def detail_pretty(self, event: OperationEvent) -> str:
@@ -73,7 +81,8 @@ class OperationEventInline(ReadOnlyInline):
 
 class ResolveForm(forms.Form):
     note = forms.CharField(
-        widget=forms.Textarea(attrs={"rows": 4, "cols": 80}), strip=True,
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 80}),
+        strip=True,
         help_text="Required: how you know the outcome (e.g. checked the provider's dashboard, reference …).",
     )
 
@@ -87,8 +96,17 @@ TIME_FIELDS = ("created_at", "submitted_at", "looked_up_at", "finished_at", "upd
 # Not ModelAdmin[ExternalOperation]: see workflows.admin (subscripting needs django_stubs_ext).
 @admin.register(ExternalOperation)
 class ExternalOperationAdmin(admin.ModelAdmin):
-    list_display = ("key", "system", "action", "status", "attention", "submit_count", "submitted_at",
-                    "resolved_by", "created_at")
+    list_display = (
+        "key",
+        "system",
+        "action",
+        "status",
+        "attention",
+        "submit_count",
+        "submitted_at",
+        "resolved_by",
+        "created_at",
+    )
     list_filter = ("status", "system", AttentionFilter)
     list_select_related = ("resolved_by",)
     search_fields = ("=key", "key")
@@ -172,8 +190,9 @@ class ExternalOperationAdmin(admin.ModelAdmin):
         if "apply" in request.POST and form.is_valid():
             for operation_id, key in queryset.values_list("pk", "key"):
                 try:
-                    op = services.operation_resolve(operation_id=operation_id, outcome=outcome,
-                                                    note=form.cleaned_data["note"], user=request.user)
+                    op = services.operation_resolve(
+                        operation_id=operation_id, outcome=outcome, note=form.cleaned_data["note"], user=request.user
+                    )
                 except ResolutionRefused as exc:
                     self.message_user(request, f"{key}: not resolved: {exc}", messages.ERROR)
                 else:
@@ -206,8 +225,17 @@ class OperationalRecordAdmin(admin.ModelAdmin):
     search_help_text = "A request id (exact)."
     list_per_page = 50
     show_full_result_count = False
-    fields = readonly_fields = ("request_id", "run", "operation", "step", "tool", "observed_at", "approval_pending",
-                                "response_pretty", "created_at")
+    fields = readonly_fields = (
+        "request_id",
+        "run",
+        "operation",
+        "step",
+        "tool",
+        "observed_at",
+        "approval_pending",
+        "response_pretty",
+        "created_at",
+    )
 
     @admin.display(description="external response (redacted)")
     def response_pretty(self, record: OperationalRecord) -> str:

@@ -4,6 +4,7 @@ Same conventions as the runs API: token first, strict filters, cursor pagination
 Operations belong to no customer, so there is no "own" subset: anyone else gets 403 (401 without
 credentials). Requests and responses are shown redacted.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,8 +28,11 @@ class OperationCursorPagination(RunCursorPagination):
 
 
 @extend_schema_field(
-    {"type": "string", "enum": list(OperationStatus.values),
-     "description": "pending, submitted, succeeded, failed or unknown."},
+    {
+        "type": "string",
+        "enum": list(OperationStatus.values),
+        "description": "pending, submitted, succeeded, failed or unknown.",
+    },
     component_name="OperationStatus",
 )
 class OperationStatusField(serializers.ChoiceField):
@@ -79,8 +83,9 @@ class OperationListApi(ApiBase):
     class FilterSerializer(StrictSerializer):
         status = OperationStatusField(required=False)
         system = StrictCharField(required=False, max_length=100)
-        cursor = StrictCharField(required=False, pattern=CURSOR,
-                                 help_text="From the previous page's next/previous link.")
+        cursor = StrictCharField(
+            required=False, pattern=CURSOR, help_text="From the previous page's next/previous link."
+        )
         page_size = serializers.IntegerField(
             required=False, min_value=1, max_value=OperationCursorPagination.max_page_size
         )
@@ -92,7 +97,9 @@ class OperationListApi(ApiBase):
         results = OperationSerializer(many=True)
 
     @extend_schema(
-        operation_id="operation_list", tags=TAGS, parameters=[FilterSerializer],
+        operation_id="operation_list",
+        tags=TAGS,
+        parameters=[FilterSerializer],
         responses={200: OutputSerializer, **error_responses(400, 401, 403)},
     )
     def get(self, request: Request) -> Response:

@@ -35,9 +35,11 @@ def check_timeouts(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     settings = conf()
     longest_call = settings["CONNECT_TIMEOUT"] + 2 * settings["READ_TIMEOUT"]  # connect, write, read
     if settings["STALE_SUBMITTED_SECONDS"] <= longest_call:
-        return [checks.Error(
-            f"LEDGER_STALE_SUBMITTED_SECONDS ({settings['STALE_SUBMITTED_SECONDS']:g}) must exceed "
-            f"LEDGER_CONNECT_TIMEOUT + 2 * LEDGER_READ_TIMEOUT ({longest_call:g}), the longest a call may last",
-            id="ledger.E001",
-        )]
+        return [
+            checks.Error(
+                f"LEDGER_STALE_SUBMITTED_SECONDS ({settings['STALE_SUBMITTED_SECONDS']:g}) must exceed "
+                f"LEDGER_CONNECT_TIMEOUT + 2 * LEDGER_READ_TIMEOUT ({longest_call:g}), the longest a call may last",
+                id="ledger.E001",
+            )
+        ]
     return []

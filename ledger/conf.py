@@ -1,4 +1,5 @@
 """The ledger's settings (``settings.LEDGER``), typed and read at call time."""
+
 from __future__ import annotations
 
 from datetime import timedelta

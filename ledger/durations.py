@@ -1,4 +1,5 @@
 """Durations as operators type them: ``30s``, ``10m``, ``2h``, ``90d``, ``2w``."""
+
 from __future__ import annotations
 
 import re

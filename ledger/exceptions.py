@@ -5,6 +5,7 @@ How a workflow step sees them: ``OutcomeUnknown`` (and ``OperationInProgress``,
 before it may submit again. ``OperationFailed`` and ``IdempotencyConflict`` are
 ``NonRetryableError``: retrying with the same key could never change the answer.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -9,6 +9,7 @@ write to the database. The usual reader of an outcome is the run that performed 
 hook is for what must happen when that run has ended and will never read it (a refund whose run
 was terminated while its outcome was unknown, then reconciled as paid).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

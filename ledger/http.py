@@ -24,6 +24,7 @@ changes nothing, so any failure of it only means "still unknown": lookups reuse 
 client per thread, which reconciliation of many operations needs. The TLS configuration (loading
 the CA bundle costs tens of milliseconds) is built once per process.
 """
+
 from __future__ import annotations
 
 import functools
@@ -135,17 +136,27 @@ class HttpAdapter:
             return [Unknown(f"the lookup at {self.base_url} failed: {_describe(exc)}")] * len(ops)
         if response.status_code in NO_BATCH_HTTP:
             self.batch_lookup_missing = True  # a plain flag: threads racing here at worst ask once each
-            logger.warning("%s has no batch lookup (POST %s answered HTTP %s): looking keys up one at a time",
-                           self.base_url, url, response.status_code)
+            logger.warning(
+                "%s has no batch lookup (POST %s answered HTTP %s): looking keys up one at a time",
+                self.base_url,
+                url,
+                response.status_code,
+            )
             return [self.lookup(op) for op in ops]
         body = _json(response) if response.status_code == 200 else None
-        if not (isinstance(body, dict) and isinstance(body.get("found"), dict)
-                and isinstance(body.get("missing"), list)):
+        if not (
+            isinstance(body, dict) and isinstance(body.get("found"), dict) and isinstance(body.get("missing"), list)
+        ):
             return [Unknown(f"the batch lookup answered HTTP {response.status_code}")] * len(ops)
         found, missing = body["found"], set(body["missing"])
-        return [self.body_outcome(found[op.key]) if op.key in found else
-                NotFound() if op.key in missing else Unknown("the batch lookup did not mention this key")
-                for op in ops]
+        return [
+            self.body_outcome(found[op.key])
+            if op.key in found
+            else NotFound()
+            if op.key in missing
+            else Unknown("the batch lookup did not mention this key")
+            for op in ops
+        ]
 
     # --- what answers mean ---
     def submit_body(self, op: ExternalOperation) -> Any:
@@ -191,8 +202,15 @@ class HttpAdapter:
         read = self.read_timeout if self.read_timeout is not None else settings["READ_TIMEOUT"]
         return httpx.Timeout(connect=connect, read=read, write=read, pool=connect)
 
-    def _send(self, method: str, url: str, *, json: Any = None, headers: Mapping[str, str] | None = None,
-              reuse_connection: bool = False) -> httpx.Response:
+    def _send(
+        self,
+        method: str,
+        url: str,
+        *,
+        json: Any = None,
+        headers: Mapping[str, str] | None = None,
+        reuse_connection: bool = False,
+    ) -> httpx.Response:
         all_headers = {"Accept": "application/json", **self.headers, **(headers or {})}
         if reuse_connection:  # lookups only: see the module docstring
             response = self._kept_alive().request(method, url, json=json, headers=all_headers)
@@ -203,7 +221,6 @@ class HttpAdapter:
         # Method, URL and status only: bodies may hold personal data (the services log them redacted).
         logger.debug("%s %s → HTTP %s", method, url, response.status_code)
         return response
-
 
     def _kept_alive(self) -> httpx.Client:
         """This thread's lookup client for these timeouts (URLs are absolute, so any adapter

@@ -17,6 +17,7 @@ operational records.
 Transitions change nothing but the row; the services call them inside ``transaction.atomic()``
 with the row locked (``select_for_update``).
 """
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -92,8 +93,7 @@ class ExternalOperation(ConcurrentTransitionMixin, models.Model):
             models.Index(fields=["system", "-created_at"], name="op_system_created"),
             # Reconciliation's question ("unknown, or submitted before T?") stays cheap however
             # many finished operations the table holds.
-            models.Index(fields=["submitted_at"], name="op_reconcilable",
-                         condition=Q(status__in=RECONCILABLE)),
+            models.Index(fields=["submitted_at"], name="op_reconcilable", condition=Q(status__in=RECONCILABLE)),
         ]
         permissions = [("resolve_externaloperation", "Can reconcile and resolve external operations by hand")]
 
@@ -186,9 +186,7 @@ class OperationalRecord(models.Model):
     (settings.LEDGER["REDACT_KEYS"]) is redacted before storage; kept LEDGER["RETENTION_DAYS"]."""
 
     request_id = models.CharField(max_length=255, db_index=True)
-    run = models.ForeignKey(
-        "workflows.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
-    )
+    run = models.ForeignKey("workflows.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     operation = models.ForeignKey(
         ExternalOperation, null=True, blank=True, on_delete=models.SET_NULL, related_name="records"
     )

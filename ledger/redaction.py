@@ -5,6 +5,7 @@ Keys come from ``settings.LEDGER["REDACT_KEYS"]`` and are matched case-insensiti
 any depth of nested objects and lists. Whole keys only: ``email`` does not catch ``email_sent``
 (a flag, not personal data); list ``billing_email`` if that is what a provider sends.
 """
+
 from __future__ import annotations
 
 import re

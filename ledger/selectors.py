@@ -1,4 +1,5 @@
 """Reads: who may see or resolve operations, which need attention, which to reconcile."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -14,8 +15,12 @@ from workflows.models import TERMINAL, WorkflowRun
 
 # Attention ranks, most urgent first; NONE for operations that need nobody.
 UNKNOWN_RANK, STALE_RANK, RUN_ENDED_RANK, FAILED_RANK, NONE_RANK = 0, 1, 2, 3, 9
-ATTENTION_LABELS = {UNKNOWN_RANK: "unknown", STALE_RANK: "stale submit", RUN_ENDED_RANK: "run ended, not final",
-                    FAILED_RANK: "failed"}
+ATTENTION_LABELS = {
+    UNKNOWN_RANK: "unknown",
+    STALE_RANK: "stale submit",
+    RUN_ENDED_RANK: "run ended, not final",
+    FAILED_RANK: "failed",
+}
 
 
 def can_see_operations(user: AbstractUser | AnonymousUser) -> bool:
@@ -32,16 +37,19 @@ def stale_submitted(now: datetime | None = None, age: timedelta | None = None) -
     return Q(status=OperationStatus.SUBMITTED) & (Q(submitted_at__lt=cutoff) | Q(submitted_at__isnull=True))
 
 
-def with_attention(operations: QuerySet[ExternalOperation], *, now: datetime | None = None
-                   ) -> QuerySet[ExternalOperation]:
+def with_attention(
+    operations: QuerySet[ExternalOperation], *, now: datetime | None = None
+) -> QuerySet[ExternalOperation]:
     """Annotated with ``attention_rank``: unknown 0, stale submitted 1, pending or submitted with
     its run ended 2 (nobody but reconcile will settle it), failed 3, others 9."""
     return operations.annotate(
         attention_rank=Case(
             When(status=OperationStatus.UNKNOWN, then=Value(UNKNOWN_RANK)),
             When(stale_submitted(now), then=Value(STALE_RANK)),
-            When(Q(status__in=[OperationStatus.PENDING, OperationStatus.SUBMITTED], run__status__in=TERMINAL),
-                 then=Value(RUN_ENDED_RANK)),
+            When(
+                Q(status__in=[OperationStatus.PENDING, OperationStatus.SUBMITTED], run__status__in=TERMINAL),
+                then=Value(RUN_ENDED_RANK),
+            ),
             When(status=OperationStatus.FAILED, then=Value(FAILED_RANK)),
             default=Value(NONE_RANK),
             output_field=IntegerField(),
@@ -50,7 +58,7 @@ def with_attention(operations: QuerySet[ExternalOperation], *, now: datetime | N
 
 
 def attention_label(rank: int | None) -> str | None:
-    """"unknown", "stale submit", "failed", or None for an operation that needs nobody."""
+    """ "unknown", "stale submit", "failed", or None for an operation that needs nobody."""
     return ATTENTION_LABELS.get(rank) if rank is not None else None
 
 
@@ -64,13 +72,13 @@ def operation_list(*, status: str | None = None, system: str | None = None) -> Q
     return operations
 
 
-def failed_by_hand_to_recheck(*, system: str | None = None, now: datetime | None = None
-                              ) -> QuerySet[ExternalOperation]:
+def failed_by_hand_to_recheck(*, system: str | None = None, now: datetime | None = None) -> QuerySet[ExternalOperation]:
     """Operations a person marked failed after they were sent, within LEDGER RECHECK_RESOLVED_DAYS:
     a provider may act on a request long after our call gave up on it, so reconcile keeps asking."""
     cutoff = (now or timezone.now()) - timedelta(days=conf()["RECHECK_RESOLVED_DAYS"])
-    operations = ExternalOperation.objects.filter(status=OperationStatus.FAILED, error__reason="resolved_by_hand",
-                                                  submit_count__gt=0, finished_at__gte=cutoff)
+    operations = ExternalOperation.objects.filter(
+        status=OperationStatus.FAILED, error__reason="resolved_by_hand", submit_count__gt=0, finished_at__gte=cutoff
+    )
     if system:
         operations = operations.filter(system=system)
     return operations.order_by("finished_at", "pk")
@@ -150,8 +158,10 @@ def run_section(run: WorkflowRun) -> RunSection | None:
     return {
         "title": "External operations needing reconciliation",
         "note": "Their outcome is not known yet: `manage.py reconcile` or the admin (External operations) "
-                "settles them; until then do not tell the customer it happened or did not.",
+        "settles them; until then do not tell the customer it happened or did not.",
         "columns": ["key", "system", "action", "status", "step", "since"],
-        "rows": [[op.key, op.system, op.action, op.status, op.step, op.created_at.isoformat(timespec="seconds")]
-                 for op in operations],
+        "rows": [
+            [op.key, op.system, op.action, op.status, op.step, op.created_at.isoformat(timespec="seconds")]
+            for op in operations
+        ],
     }

@@ -1,4 +1,5 @@
 """/api/...: ledger operations. No trailing slash, as in DESIGN.md section 7."""
+
 from django.urls import URLPattern, path
 
 from ledger.apis import OperationListApi

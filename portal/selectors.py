@@ -1,6 +1,7 @@
 """Reads for the home page: the signed-in person's own refund requests, supplier assessments and
 runs, each in words, newest first and bounded (a customer with thousands of runs still gets a
 page in a few queries per row shown)."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -64,19 +65,33 @@ def home_page(*, user: AbstractUser | AnonymousUser, limit: int = HOME_LIMIT) ->
     refunds = refund_requests_for(user=user)
     assessments = assessments_requested_by(user=user)
     # run_list decides what the user may see at all; the home page narrows it to their own.
-    runs = run_list(user=user).filter(owner_id=user.pk).order_by("-created_at", "-id") \
-        if user.is_authenticated else run_list(user=user).none()
+    runs = (
+        run_list(user=user).filter(owner_id=user.pk).order_by("-created_at", "-id")
+        if user.is_authenticated
+        else run_list(user=user).none()
+    )
     return {
         "limit": limit,
         "refunds": [
-            {"id": r.pk, "order": r.order.number, "amount": money(r.amount, r.order.currency),
-             "status": refund_status(r), "run_id": r.run_id, "created_at": r.created_at}
+            {
+                "id": r.pk,
+                "order": r.order.number,
+                "amount": money(r.amount, r.order.currency),
+                "status": refund_status(r),
+                "run_id": r.run_id,
+                "created_at": r.created_at,
+            }
             for r in refunds[:limit]
         ],
         "refund_count": refunds.count(),
         "assessments": [
-            {"id": a.pk, "supplier_name": a.supplier_name, "status": assessment_status_words(a),
-             "run_id": a.run_id, "created_at": a.created_at}
+            {
+                "id": a.pk,
+                "supplier_name": a.supplier_name,
+                "status": assessment_status_words(a),
+                "run_id": a.run_id,
+                "created_at": a.created_at,
+            }
             for a in assessments[:limit]
         ],
         "assessment_count": assessments.count(),

@@ -1,5 +1,6 @@
 """The signed-in person's pages. Thin: read through a selector, render. Sign in and out are
 Django's own views (``portal.urls``)."""
+
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required

@@ -3,6 +3,7 @@ scripts/test.sh installs. Playwright's own browser download does not work offlin
 
 Missing is a failure, not a skip: a skipped browser test would hide a broken page.
 """
+
 from __future__ import annotations
 
 import shutil

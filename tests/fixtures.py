@@ -1,4 +1,5 @@
 """Fixtures every app's tests use: named users, real workers, a real ASGI server."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -32,8 +33,10 @@ def _flush_that_outlasts_a_deadlock() -> Iterator[None]:
             try:
                 return handle(self, **options)
             except CommandError as exc:
-                if not (isinstance(exc.__cause__, OperationalError) and "deadlock" in str(exc.__cause__)) \
-                        or attempt == 4:
+                if (
+                    not (isinstance(exc.__cause__, OperationalError) and "deadlock" in str(exc.__cause__))
+                    or attempt == 4
+                ):
                     raise
                 time.sleep(0.2 * (attempt + 1))
         return None
@@ -81,8 +84,10 @@ def users(db: None) -> dict[str, object]:
     """The cast: alice the customer, bob her colleague, carol staff, mallory another tenant."""
     from django.contrib.auth.models import Permission, User
 
-    cast = {name: User.objects.create_user(name, f"{name}@example.com", "pw-" + name) for name in
-            ("alice", "bob", "carol", "mallory")}
+    cast = {
+        name: User.objects.create_user(name, f"{name}@example.com", "pw-" + name)
+        for name in ("alice", "bob", "carol", "mallory")
+    }
     carol = cast["carol"]
     carol.is_staff = True
     carol.save()

@@ -1,4 +1,5 @@
 """Real processes for tests: Celery workers and an ASGI server on the test database."""
+
 from __future__ import annotations
 
 import os
@@ -57,20 +58,41 @@ class Worker:
         queue = queue or os.environ["WORKFLOWS_QUEUE"]
         env["WORKFLOWS_QUEUE"] = queue
         cmd = [
-            sys.executable, "-m", "celery", "-A", "config", "worker", "-P", pool, "-c", str(concurrency),
-            "-Q", f"{queue},{queue}-io", "-n", f"{queue}-{time.monotonic_ns()}@%h",
-            "--without-gossip", "--without-mingle",
-            "-l", "INFO",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-Q",
+            f"{queue},{queue}-io",
+            "-n",
+            f"{queue}-{time.monotonic_ns()}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "-l",
+            "INFO",
         ]
         if beat:
             self.schedule = tempfile.mktemp(prefix="beat-")
             cmd += ["-B", "-s", self.schedule]
         self.process = subprocess.Popen(
-            cmd, cwd=ROOT, env=service_env(**env), stdout=self.log, stderr=subprocess.STDOUT,
+            cmd,
+            cwd=ROOT,
+            env=service_env(**env),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        wait_for(lambda: b"ready." in Path(self.log.name).read_bytes() or self.process.poll() is not None,
-                 timeout=60, what="the worker to start")
+        wait_for(
+            lambda: b"ready." in Path(self.log.name).read_bytes() or self.process.poll() is not None,
+            timeout=60,
+            what="the worker to start",
+        )
         if self.process.poll() is not None:
             raise RuntimeError(f"worker exited:\n{self.output()}")
 
@@ -108,7 +130,11 @@ class AsgiServer:
         self.log = tempfile.NamedTemporaryFile(prefix="daphne-", suffix=".log", delete=False)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"],
-            cwd=ROOT, env=service_env(**env), stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=ROOT,
+            env=service_env(**env),
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         wait_for(self._listening, timeout=30, what="daphne to listen")
 

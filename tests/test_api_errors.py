@@ -3,6 +3,7 @@ in the API's error shape, never a 500, and nothing is written.
 
 The bodies are sent as bytes: a lone surrogate cannot be encoded as UTF-8, so it is sent the way a
 client would, as the JSON escape ``\\ud800``."""
+
 from __future__ import annotations
 
 import json
@@ -53,8 +54,19 @@ def error_of(response: Any) -> dict[str, Any]:
 
 def written() -> tuple[int, ...]:
     """Every row a request to one of these APIs could write."""
-    return tuple(model.objects.count() for model in (
-        WorkflowRun, RunEvent, ApprovalRequest, DecisionLog, Order, RefundRequest, SupplierAssessment, SourceRecord))
+    return tuple(
+        model.objects.count()
+        for model in (
+            WorkflowRun,
+            RunEvent,
+            ApprovalRequest,
+            DecisionLog,
+            Order,
+            RefundRequest,
+            SupplierAssessment,
+            SourceRecord,
+        )
+    )
 
 
 @dataclass
@@ -80,40 +92,73 @@ def endpoints(users: Users) -> dict[str, Endpoint]:
     assessment = assessment_create(supplier_name="Acme", requested_by=alice, sources={"credit": {"score": 7}})
     return {
         "run start": Endpoint("/api/workflows/test.echo/runs", {"payload": {"n": 1}}, json=["payload"]),
-        "run event": Endpoint(f"/api/runs/{run.id}/events", {"type": "reply", "payload": {}, "idempotency_key": "k"},
-                              text=["type", "idempotency_key"], json=["payload"]),
-        "approval decision": Endpoint(f"/api/approvals/{approval.pk}/decision",
-                                      {"approve": True, "version": "v1", "note": "ok"},
-                                      text=["version", "note"], user="carol"),
-        "refund": Endpoint("/api/orders/5501/refunds", {"amount": "10.00", "reason": "broken"},
-                           text=["amount", "reason"]),
-        "assessment": Endpoint("/api/assessments", {"supplier_name": "Globex", "sources": {"credit": {"score": 1}}},
-                               text=["supplier_name"], json=["sources"]),
-        "assessment source": Endpoint(f"/api/assessments/{assessment.pk}/sources",
-                                      {"source": "credit", "content": {"score": 2}}, text=["source"], json=["content"]),
-        "assessment submit": Endpoint(f"/api/assessments/{assessment.pk}/submit", {"input": {"scope": "tier 1"}},
-                                      json=["input"]),
-        "assessment review": Endpoint(f"/api/assessments/{assessment.pk}/review",
-                                      {"approve": True, "report_version": 1, "note": "ok"}, text=["note"], user="bob"),
+        "run event": Endpoint(
+            f"/api/runs/{run.id}/events",
+            {"type": "reply", "payload": {}, "idempotency_key": "k"},
+            text=["type", "idempotency_key"],
+            json=["payload"],
+        ),
+        "approval decision": Endpoint(
+            f"/api/approvals/{approval.pk}/decision",
+            {"approve": True, "version": "v1", "note": "ok"},
+            text=["version", "note"],
+            user="carol",
+        ),
+        "refund": Endpoint(
+            "/api/orders/5501/refunds", {"amount": "10.00", "reason": "broken"}, text=["amount", "reason"]
+        ),
+        "assessment": Endpoint(
+            "/api/assessments",
+            {"supplier_name": "Globex", "sources": {"credit": {"score": 1}}},
+            text=["supplier_name"],
+            json=["sources"],
+        ),
+        "assessment source": Endpoint(
+            f"/api/assessments/{assessment.pk}/sources",
+            {"source": "credit", "content": {"score": 2}},
+            text=["source"],
+            json=["content"],
+        ),
+        "assessment submit": Endpoint(
+            f"/api/assessments/{assessment.pk}/submit", {"input": {"scope": "tier 1"}}, json=["input"]
+        ),
+        "assessment review": Endpoint(
+            f"/api/assessments/{assessment.pk}/review",
+            {"approve": True, "report_version": 1, "note": "ok"},
+            text=["note"],
+            user="bob",
+        ),
     }
 
 
-ENDPOINTS = ["run start", "run event", "approval decision", "refund", "assessment", "assessment source",
-             "assessment submit", "assessment review"]
+ENDPOINTS = [
+    "run start",
+    "run event",
+    "approval decision",
+    "refund",
+    "assessment",
+    "assessment source",
+    "assessment submit",
+    "assessment review",
+]
 Case = Callable[[Endpoint], list[tuple[str, Any]]]  # (what, body) pairs
 
 
 # --- 11: deep nesting, NUL and lone surrogates ------------------------------------------------------
 @pytest.mark.django_db
 @pytest.mark.parametrize("name", ENDPOINTS)
-@pytest.mark.parametrize("body", [
-    pytest.param(b"[" * 100_000, id="100 KB of ["),
-    pytest.param(b'{"x": ' + b"[" * 5_000 + b"]" * 5_000 + b"}", id="5,000 levels, well-formed"),
-    # {"payload": {"x": [[...]]}} with the payload one level deeper than MAX_JSON_DEPTH
-    pytest.param(b'{"x": {"x": ' + b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH + b"}}", id="one level too many"),
-])
-def test_json_nested_too_deep_is_a_parse_error(endpoints: dict[str, Endpoint], users: Users, name: str,
-                                               body: bytes) -> None:
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"[" * 100_000, id="100 KB of ["),
+        pytest.param(b'{"x": ' + b"[" * 5_000 + b"]" * 5_000 + b"}", id="5,000 levels, well-formed"),
+        # {"payload": {"x": [[...]]}} with the payload one level deeper than MAX_JSON_DEPTH
+        pytest.param(b'{"x": {"x": ' + b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH + b"}}", id="one level too many"),
+    ],
+)
+def test_json_nested_too_deep_is_a_parse_error(
+    endpoints: dict[str, Endpoint], users: Users, name: str, body: bytes
+) -> None:
     endpoint = endpoints[name]
     before = written()
 
@@ -141,8 +186,9 @@ def test_json_at_the_depth_limit_is_accepted(users: Users) -> None:
 @pytest.mark.django_db
 @pytest.mark.parametrize("name", ENDPOINTS)
 @pytest.mark.parametrize("bad", [NUL, SURROGATE], ids=["NUL", "lone surrogate"])
-def test_text_postgresql_cannot_store_is_a_400_naming_the_field(endpoints: dict[str, Endpoint], users: Users,
-                                                               name: str, bad: str) -> None:
+def test_text_postgresql_cannot_store_is_a_400_naming_the_field(
+    endpoints: dict[str, Endpoint], users: Users, name: str, bad: str
+) -> None:
     endpoint = endpoints[name]
     client = caller(users[endpoint.user])
     before = written()
@@ -158,8 +204,9 @@ def test_text_postgresql_cannot_store_is_a_400_naming_the_field(endpoints: dict[
 @pytest.mark.django_db
 @pytest.mark.parametrize("name", ENDPOINTS)
 @pytest.mark.parametrize("bad", [NUL, SURROGATE], ids=["NUL", "lone surrogate"])
-def test_json_postgresql_cannot_store_is_a_400_anywhere_in_it(endpoints: dict[str, Endpoint], users: Users,
-                                                             name: str, bad: str) -> None:
+def test_json_postgresql_cannot_store_is_a_400_anywhere_in_it(
+    endpoints: dict[str, Endpoint], users: Users, name: str, bad: str
+) -> None:
     endpoint = endpoints[name]
     client = caller(users[endpoint.user])
     before = written()
@@ -177,8 +224,9 @@ def test_json_postgresql_cannot_store_is_a_400_anywhere_in_it(endpoints: dict[st
 @pytest.mark.django_db
 @pytest.mark.parametrize("name", ["run start", "refund"])
 @pytest.mark.parametrize("bad", [NUL, SURROGATE], ids=["NUL", "lone surrogate"])
-def test_an_idempotency_key_postgresql_cannot_store_is_a_400(endpoints: dict[str, Endpoint], users: Users,
-                                                            name: str, bad: str) -> None:
+def test_an_idempotency_key_postgresql_cannot_store_is_a_400(
+    endpoints: dict[str, Endpoint], users: Users, name: str, bad: str
+) -> None:
     endpoint = endpoints[name]
     before = written()
 
@@ -196,9 +244,13 @@ def test_services_refuse_what_postgresql_cannot_store_whoever_calls_them(db: Non
     deep: Any = 1
     for _ in range(5_000):
         deep = [deep]
-    for payload, message in [({"a": SURROGATE}, "unpaired surrogate (\\ud800)"), ({SURROGATE: 1}, "unpaired surrogate"),
-                             ({"a": [NUL]}, "NUL character"), ({"a": deep}, "nested more than"),
-                             ({"a": "\U0001f600 é \\ud800"}, None)]:  # an emoji's pair, text that looks like one
+    for payload, message in [
+        ({"a": SURROGATE}, "unpaired surrogate (\\ud800)"),
+        ({SURROGATE: 1}, "unpaired surrogate"),
+        ({"a": [NUL]}, "NUL character"),
+        ({"a": deep}, "nested more than"),
+        ({"a": "\U0001f600 é \\ud800"}, None),
+    ]:  # an emoji's pair, text that looks like one
         if message is None:
             services.check_payload(payload)
             continue
@@ -212,12 +264,21 @@ BAD_IDS = ["\u00b2", "9" * 3_000, "1" * 19, "-1", "1.0", "0x1", "%00"]
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize(("method", "path"), [
-    ("GET", "/api/approvals/{id}"), ("POST", "/api/approvals/{id}/decision"), ("GET", "/api/refunds/{id}"),
-    ("GET", "/api/assessments/{id}"), ("POST", "/api/assessments/{id}/sources"),
-    ("POST", "/api/assessments/{id}/submit"), ("POST", "/api/assessments/{id}/review"), ("GET", "/api/runs/{id}"),
-    ("POST", "/api/runs/{id}/events"), ("POST", "/api/runs/{id}/pause"),
-])
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/api/approvals/{id}"),
+        ("POST", "/api/approvals/{id}/decision"),
+        ("GET", "/api/refunds/{id}"),
+        ("GET", "/api/assessments/{id}"),
+        ("POST", "/api/assessments/{id}/sources"),
+        ("POST", "/api/assessments/{id}/submit"),
+        ("POST", "/api/assessments/{id}/review"),
+        ("GET", "/api/runs/{id}"),
+        ("POST", "/api/runs/{id}/events"),
+        ("POST", "/api/runs/{id}/pause"),
+    ],
+)
 def test_a_malformed_id_is_the_apis_json_404(users: Users, method: str, path: str) -> None:
     client = caller(users["carol"])
     before = written()
@@ -250,8 +311,17 @@ def test_the_largest_id_the_routes_take_is_looked_up(users: Users) -> None:
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("path", ["/api/nope", "/api/", "/api/runs/", "/api/runs/x/y/z", "/api/approvals/1/nope",
-                                  "/api/workflows/test.echo/runs/extra"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/nope",
+        "/api/",
+        "/api/runs/",
+        "/api/runs/x/y/z",
+        "/api/approvals/1/nope",
+        "/api/workflows/test.echo/runs/extra",
+    ],
+)
 @pytest.mark.parametrize("method", ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"])
 @pytest.mark.parametrize("who", ["alice", None])
 def test_an_unknown_api_path_is_the_json_404_whatever_the_method_and_whoever_asks(
@@ -283,9 +353,11 @@ def test_the_schema_states_the_ids_the_routes_take_and_leaves_out_the_catch_all(
 
     assert "/api/" not in paths and not [path for path in paths if "^" in path or "(" in path]
     ids = {"type": "integer", "minimum": 0, "maximum": 10**18 - 1}
-    for path, method, name in [("/api/approvals/{request_id}", "get", "request_id"),
-                               ("/api/refunds/{refund_id}", "get", "refund_id"),
-                               ("/api/assessments/{assessment_id}/review", "post", "assessment_id")]:
+    for path, method, name in [
+        ("/api/approvals/{request_id}", "get", "request_id"),
+        ("/api/refunds/{refund_id}", "get", "refund_id"),
+        ("/api/assessments/{assessment_id}/review", "post", "assessment_id"),
+    ]:
         [parameter] = [p for p in paths[path][method]["parameters"] if p["name"] == name]
         assert (parameter["in"], parameter["schema"]) == ("path", ids), path
 
@@ -296,13 +368,18 @@ def test_a_report_version_beyond_any_report_is_a_400(users: Users, version: int)
     # given an assessment whose report v1 waits for bob's review
     Group.objects.create(name=REVIEWERS).user_set.add(users["bob"])
     assessment = assessment_create(supplier_name="Acme", requested_by=users["alice"], sources={"credit": {"s": 1}})
-    review = waiting_request(subject_type="suppliers.supplierassessment", subject_id=str(assessment.pk),
-                             version="report-v1", approvers=REVIEWERS)
+    review = waiting_request(
+        subject_type="suppliers.supplierassessment",
+        subject_id=str(assessment.pk),
+        version="report-v1",
+        approvers=REVIEWERS,
+    )
     before = written()
 
     # when bob sends a version no report can have
-    response = post_json(caller(users["bob"]), f"/api/assessments/{assessment.pk}/review",
-                         {"approve": True, "report_version": version})
+    response = post_json(
+        caller(users["bob"]), f"/api/assessments/{assessment.pk}/review", {"approve": True, "report_version": version}
+    )
 
     # then it is refused as invalid input, the review still pending and nothing logged
     assert response.status_code == 400, response.content[:300]
@@ -339,5 +416,10 @@ def test_a_permission_denied_without_a_reason_gets_drfs_message() -> None:
     response = exception_handler(PermissionDenied(), {})
 
     assert response is not None and response.status_code == 403
-    assert response.data == {"error": {"code": "permission_denied", "detail": None,
-                                       "message": "You do not have permission to perform this action."}}
+    assert response.data == {
+        "error": {
+            "code": "permission_denied",
+            "detail": None,
+            "message": "You do not have permission to perform this action.",
+        }
+    }

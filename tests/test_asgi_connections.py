@@ -1,5 +1,6 @@
 """The ASGI server keeps no database connection once its requests are answered: persistent
 connections in its thread pool piled up one per thread until PostgreSQL refused everyone else."""
+
 from __future__ import annotations
 
 import threading

@@ -2,6 +2,7 @@
 
 Paths are sent as raw bytes with http.client: clients such as httpx normalise ``..`` away.
 """
+
 from __future__ import annotations
 
 import http.client

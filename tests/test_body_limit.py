@@ -6,6 +6,7 @@ the number the README gives the proxy equal to the limit the API enforces throug
 a proxy at that number refuses nothing the API would take, and lets through nothing it would not
 refuse anyway.
 """
+
 from __future__ import annotations
 
 import re

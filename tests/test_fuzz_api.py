@@ -17,6 +17,7 @@ Bounded: ``FUZZ_EXAMPLES`` examples an operation (default 15) and as many statef
 derandomised so that a run is repeatable; ``FUZZ_EXAMPLES=200 pytest tests/test_fuzz_api.py``
 explores further.
 """
+
 from __future__ import annotations
 
 import os
@@ -65,10 +66,12 @@ SEEDED = {
     # an operation of its own: POST /api/workflows/demo.onboarding/runs).
     "path.name": ["test.echo", "test.wait"],
 }
-CONFIG = schemathesis.Config.from_dict({
-    "dictionaries": {key: {"values": values} for key, values in SEEDED.items()},
-    "parameters": {key: {"dictionary": key, "probability": 0.5} for key in SEEDED},
-})
+CONFIG = schemathesis.Config.from_dict(
+    {
+        "dictionaries": {key: {"values": values} for key, values in SEEDED.items()},
+        "parameters": {key: {"dictionary": key, "probability": 0.5} for key in SEEDED},
+    }
+)
 
 # Loaded at collection (no database needed to describe the API): one test per operation.
 schema = schemathesis.openapi.from_wsgi("/api/schema/", WSGIHandler(), config=CONFIG)
@@ -90,7 +93,10 @@ class SignedIn:
 
 
 FUZZ_SETTINGS = settings(
-    max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
     suppress_health_check=list(HealthCheck),
 )
 
@@ -117,30 +123,57 @@ def seeded(in_process: None, users: dict[str, User]) -> dict[str, Any]:
     queue = django_settings.WORKFLOWS["QUEUE"]
 
     # alice's run, waiting for a reply
-    run = WorkflowRun.objects.create(id=RUN_ID, workflow="test.wait", owner=alice, status=RunStatus.WAITING,
-                                     queue=queue, wait_event_type="reply", wait_step="wait for reply",
-                                     wake_at=timezone.now() + timedelta(hours=1))
+    run = WorkflowRun.objects.create(
+        id=RUN_ID,
+        workflow="test.wait",
+        owner=alice,
+        status=RunStatus.WAITING,
+        queue=queue,
+        wait_event_type="reply",
+        wait_step="wait for reply",
+        wake_at=timezone.now() + timedelta(hours=1),
+    )
     RunAttempt.objects.create(run=run, number=1)
     # her order and a refund request on it, whose run waits for its approval (the approval below)
     order = order_create(number=ORDER, customer=alice, amount="150.00")
-    refund_run = WorkflowRun.objects.create(id=REFUND_RUN_ID, workflow="test.wait", owner=alice,
-                                            status=RunStatus.WAITING, queue=queue, payload={"order": ORDER})
+    refund_run = WorkflowRun.objects.create(
+        id=REFUND_RUN_ID,
+        workflow="test.wait",
+        owner=alice,
+        status=RunStatus.WAITING,
+        queue=queue,
+        payload={"order": ORDER},
+    )
     RunAttempt.objects.create(run=refund_run, number=1)
-    refund = RefundRequest.objects.create(id=REFUND_ID, order=order, customer=alice, amount="120.00",
-                                          reason="broken", run=refund_run)
+    refund = RefundRequest.objects.create(
+        id=REFUND_ID, order=order, customer=alice, amount="120.00", reason="broken", run=refund_run
+    )
     approval = waiting_request(id=APPROVAL_ID, requested_by=alice, subject_id=ORDER)
     # her assessment, report v1 under review by carol's group
-    assessment = SupplierAssessment.objects.create(id=ASSESSMENT_ID, supplier_name="Acme", requested_by=alice,
-                                                   status=AssessmentStatus.READY_FOR_REVIEW)
-    SourceRecord.objects.create(assessment=assessment, source="credit", revision=1, content={"score": 7},
-                                created_by_id=alice.pk)
-    AssessmentReport.objects.create(assessment=assessment, version=1, body={"credit": {"score": 7}},
-                                    source_revisions={"credit": 1})
-    review = waiting_request(id=REVIEW_ID, requested_by=alice, approvers=REVIEWERS, subject_type=SUBJECT_TYPE,
-                             subject_id=str(ASSESSMENT_ID), version="report-v1")
+    assessment = SupplierAssessment.objects.create(
+        id=ASSESSMENT_ID, supplier_name="Acme", requested_by=alice, status=AssessmentStatus.READY_FOR_REVIEW
+    )
+    SourceRecord.objects.create(
+        assessment=assessment, source="credit", revision=1, content={"score": 7}, created_by_id=alice.pk
+    )
+    AssessmentReport.objects.create(
+        assessment=assessment, version=1, body={"credit": {"score": 7}}, source_revisions={"credit": 1}
+    )
+    review = waiting_request(
+        id=REVIEW_ID,
+        requested_by=alice,
+        approvers=REVIEWERS,
+        subject_type=SUBJECT_TYPE,
+        subject_id=str(ASSESSMENT_ID),
+        version="report-v1",
+    )
     # an operation in the ledger for the staff's list
-    ExternalOperation.objects.create(key=f"refund:{ORDER}:{REFUND_ID}", system="payments", action="refund",
-                                     request={"order": ORDER, "amount": "120.00"})
+    ExternalOperation.objects.create(
+        key=f"refund:{ORDER}:{REFUND_ID}",
+        system="payments",
+        action="refund",
+        request={"order": ORDER, "amount": "120.00"},
+    )
     return {"run": run, "refund": refund, "approval": approval, "assessment": assessment, "review": review}
 
 

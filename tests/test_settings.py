@@ -1,5 +1,6 @@
 """Settings refuse the public development SECRET_KEY outside DEBUG, and the run command brings
 its own key. Each case imports the settings in a fresh interpreter, as a process starting would."""
+
 from __future__ import annotations
 
 import os
@@ -16,18 +17,26 @@ ROOT = Path(__file__).resolve().parent.parent
 def import_settings(**env: str) -> subprocess.CompletedProcess[str]:
     """``import config.settings`` with only ``env`` on top of a bare environment."""
     base = {key: value for key, value in os.environ.items() if key not in ("SECRET_KEY", "DEBUG")}
-    return subprocess.run([sys.executable, "-c", "import config.settings as s; print(s.SECRET_KEY)"],
-                          cwd=ROOT, env={**base, "PYTHONPATH": str(ROOT), **env},
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", "import config.settings as s; print(s.SECRET_KEY)"],
+        cwd=ROOT,
+        env={**base, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
-@pytest.mark.parametrize("env", [
-    pytest.param({}, id="no DEBUG, no key"),
-    pytest.param({"DEBUG": "0"}, id="DEBUG=0, no key"),
-    pytest.param({"DEBUG": "0", "SECRET_KEY": ""}, id="empty key"),
-    pytest.param({"DEBUG": "0", "SECRET_KEY": "insecure-development-key-change-me"}, id="the public default"),
-    pytest.param({"DEBUG": "0", "SECRET_KEY": "django-insecure-abc123"}, id="startproject's insecure key"),
-])
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param({}, id="no DEBUG, no key"),
+        pytest.param({"DEBUG": "0"}, id="DEBUG=0, no key"),
+        pytest.param({"DEBUG": "0", "SECRET_KEY": ""}, id="empty key"),
+        pytest.param({"DEBUG": "0", "SECRET_KEY": "insecure-development-key-change-me"}, id="the public default"),
+        pytest.param({"DEBUG": "0", "SECRET_KEY": "django-insecure-abc123"}, id="startproject's insecure key"),
+    ],
+)
 def test_without_debug_an_unset_or_public_key_refuses_to_start(env: dict[str, str]) -> None:
     result = import_settings(**env)
 
@@ -51,11 +60,19 @@ def test_without_debug_a_short_key_refuses_to_start() -> None:
 
 
 def test_https_turns_on_secure_cookies_the_redirect_and_hsts() -> None:
-    code = ("import config.settings as s; print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, "
-            "s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS, s.SECURE_PROXY_SSL_HEADER)")
+    code = (
+        "import config.settings as s; print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, "
+        "s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS, s.SECURE_PROXY_SSL_HEADER)"
+    )
     base = {key: value for key, value in os.environ.items() if key not in ("SECRET_KEY", "DEBUG")}
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60, capture_output=True, text=True,
-                            env={**base, "PYTHONPATH": str(ROOT), "SECRET_KEY": "k" * 50, "HTTPS": "1"})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        timeout=60,
+        capture_output=True,
+        text=True,
+        env={**base, "PYTHONPATH": str(ROOT), "SECRET_KEY": "k" * 50, "HTTPS": "1"},
+    )
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "True True True 3600 ('HTTP_X_FORWARDED_PROTO', 'https')"
@@ -73,8 +90,9 @@ def ensure_secret_key(cwd: Path, **env: str) -> str:
     """scripts/common.sh's ensure_secret_key, as scripts/run.sh calls it, in ``cwd``."""
     base = {key: value for key, value in os.environ.items() if key != "SECRET_KEY"}
     script = f'source "{ROOT}/scripts/common.sh" && ensure_secret_key && printf %s "$SECRET_KEY"'
-    result = subprocess.run(["bash", "-c", script], cwd=cwd, env={**base, **env}, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        ["bash", "-c", script], cwd=cwd, env={**base, **env}, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout
 

@@ -1,5 +1,6 @@
 """Loaded with ``-p tests.testenv`` before Django reads its settings: the environment the test
 process and the worker and server processes it starts all share."""
+
 import os
 import secrets
 

@@ -3,6 +3,7 @@
 Step bodies append to files named in the payload, so a test in another process can see exactly
 which bodies ran and how often.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,11 +56,11 @@ def flaky(path: str, fail_times: int, non_retryable: bool) -> str:
 class Flaky(Workflow):
     def run(self, event: Event, step: Any) -> Any:
         p = event.payload
-        retries = Retries(limit=p.get("limit", 3), delay=timedelta(seconds=p.get("delay", 0.2)),
-                          backoff=p.get("backoff", "constant"))
+        retries = Retries(
+            limit=p.get("limit", 3), delay=timedelta(seconds=p.get("delay", 0.2)), backoff=p.get("backoff", "constant")
+        )
         try:
-            return step.do("flaky", flaky, p["path"], p["fail_times"], p.get("non_retryable", False),
-                           retries=retries)
+            return step.do("flaky", flaky, p["path"], p["fail_times"], p.get("non_retryable", False), retries=retries)
         except StepError as exc:
             if p.get("catch"):
                 return {"caught": exc.error_type, "message": exc.message}
@@ -74,8 +75,9 @@ def slow(seconds: float) -> str:
 @workflow("test.timeout")
 class Timeout(Workflow):
     def run(self, event: Event, step: Any) -> Any:
-        return step.do("slow", slow, event.payload["seconds"], timeout=event.payload["timeout"],
-                       retries=Retries(limit=0))
+        return step.do(
+            "slow", slow, event.payload["seconds"], timeout=event.payload["timeout"], retries=Retries(limit=0)
+        )
 
 
 @workflow("test.sleep")
@@ -296,9 +298,15 @@ class Stuck(Workflow):
             "blocked": (blocked_in_c, p.get("hold")),
             "query": (query_past_timeout, p.get("marker")),
         }[p["how"]]
-        return step.do("stuck", body, p["path"], arg, timeout=p["timeout"],
-                       retries=Retries(limit=2, delay=timedelta(seconds=0.1), backoff="constant"),
-                       atomic=p.get("atomic", False))
+        return step.do(
+            "stuck",
+            body,
+            p["path"],
+            arg,
+            timeout=p["timeout"],
+            retries=Retries(limit=2, delay=timedelta(seconds=0.1), backoff="constant"),
+            atomic=p.get("atomic", False),
+        )
 
 
 @workflow("test.steady")
@@ -340,5 +348,7 @@ class CutConnection(Workflow):
     def run(self, event: Event, step: Any) -> Any:
         path = event.payload["path"]
         retries = Retries(limit=2, delay=timedelta(seconds=0.2), backoff="constant")
-        return [step.do(f"{then} after the cut", cut_own_connection, path, then, retries=retries)
-                for then in ("raise", "return", "return last")]
+        return [
+            step.do(f"{then} after the cut", cut_own_connection, path, then, retries=retries)
+            for then in ("raise", "return", "return last")
+        ]

@@ -6,6 +6,7 @@
 The services are imported lazily so that importing this package does not need Django's app
 registry to be ready (workflow modules import it at app-loading time).
 """
+
 from typing import Any
 
 from workflows.context import StepContext, current_step
@@ -25,9 +26,20 @@ from workflows.retries import Retries
 _SERVICES = ("start", "send_event", "pause", "resume", "terminate", "restart")
 
 __all__ = [
-    "Event", "StepContext", "current_step", "IdempotencyConflict", "NonDeterminismError", "NonRetryableError",
-    "Retries", "StepError",
-    "StepTimeout", "TransitionNotAllowed", "UnknownWorkflow", "WaitTimeout", "Workflow", "workflow",
+    "Event",
+    "StepContext",
+    "current_step",
+    "IdempotencyConflict",
+    "NonDeterminismError",
+    "NonRetryableError",
+    "Retries",
+    "StepError",
+    "StepTimeout",
+    "TransitionNotAllowed",
+    "UnknownWorkflow",
+    "WaitTimeout",
+    "Workflow",
+    "workflow",
     *_SERVICES,
 ]
 

@@ -4,6 +4,7 @@ Nothing here writes a run directly. The engine owns every field (a save from a f
 ago would overwrite what a worker wrote since), so the change page is view-only and the only way
 to change a run is an action that calls ``workflows.services``.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,8 @@ def pretty_error(error: dict[str, Any] | None, *, limit: int = 50_000) -> str:
         return pretty_json(fields, limit=limit)
     return format_html(
         '{}<pre style="white-space: pre-wrap; margin: 0.5em 0 0">{}</pre>',
-        SafeString(pretty_json(fields, limit=limit)), str(traceback)[:limit],
+        SafeString(pretty_json(fields, limit=limit)),
+        str(traceback)[:limit],
     )
 
 
@@ -128,8 +130,17 @@ class StepResultInline(_ReadOnlyInline):
     verbose_name_plural = "step timeline (every attempt)"
     ordering = ("attempt", "position")
     fields = readonly_fields = (
-        "attempt", "position", "name", "kind", "status", "tries", "started_at", "finished_at", "wake_at",
-        "result_preview", "error_preview",
+        "attempt",
+        "position",
+        "name",
+        "kind",
+        "status",
+        "tries",
+        "started_at",
+        "finished_at",
+        "wake_at",
+        "result_preview",
+        "error_preview",
     )
 
     @admin.display(description="result")
@@ -161,7 +172,12 @@ class RunEventInline(_ReadOnlyInline):
     verbose_name = "event"
     ordering = ("created_at", "id")
     fields = readonly_fields = (
-        "type", "payload_preview", "idempotency_key", "created_at", "consumed_attempt", "consumed_position",
+        "type",
+        "payload_preview",
+        "idempotency_key",
+        "created_at",
+        "consumed_attempt",
+        "consumed_position",
         "consumed_at",
     )
 
@@ -173,7 +189,13 @@ class RunEventInline(_ReadOnlyInline):
 # The change page's groups of fields; all read-only.
 RUN_FIELDS = ("id", "workflow", "workflow_version", "status", "attempt", "owner", "idempotency_key", "failure_reason")
 WHERE_FIELDS = (
-    "waiting_for", "wait_step", "wait_event_type", "wake_at", "current_step", "pause_requested", "attention",
+    "waiting_for",
+    "wait_step",
+    "wait_event_type",
+    "wake_at",
+    "current_step",
+    "pause_requested",
+    "attention",
 )
 DATA_FIELDS = ("payload_pretty", "result_pretty", "error_pretty", "progress_pretty")
 ENGINE_FIELDS = ("lease_owner", "lease_expires_at", "enqueued_at", "recovery_count", "dedupe_key")
@@ -188,7 +210,14 @@ Control = Callable[..., WorkflowRun]
 @admin.register(WorkflowRun)
 class WorkflowRunAdmin(admin.ModelAdmin):
     list_display = (
-        "id", "workflow", "status", "owner", "attempt", "waiting_for", "failure_reason", "created_at",
+        "id",
+        "workflow",
+        "status",
+        "owner",
+        "attempt",
+        "waiting_for",
+        "failure_reason",
+        "created_at",
     )
     list_filter = ("status", "workflow", "failure_reason", WaitingForFilter)
     list_select_related = ("owner",)
@@ -258,9 +287,12 @@ class WorkflowRunAdmin(admin.ModelAdmin):
         if not sections:
             return "-"
         return format_html_join(
-            "", "<p><strong>{}</strong> {}</p><pre style=\"margin: 0\">{}</pre>",
-            ((s["title"], s["note"], "\n".join("  ".join(row) for row in [s["columns"], *s["rows"]]))
-             for s in sections),
+            "",
+            '<p><strong>{}</strong> {}</p><pre style="margin: 0">{}</pre>',
+            (
+                (s["title"], s["note"], "\n".join("  ".join(row) for row in [s["columns"], *s["rows"]]))
+                for s in sections
+            ),
         )
 
     @admin.display(description="error")

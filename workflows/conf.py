@@ -1,4 +1,5 @@
 """The engine's settings (``settings.WORKFLOWS``), typed."""
+
 from __future__ import annotations
 
 from typing import TypedDict, cast

@@ -24,6 +24,7 @@ Protocol of ``/ws/runs/<id>/`` (DESIGN.md section 7):
 Any other ``/ws/`` path (a malformed id, no trailing slash, no such socket) is accepted and closed
 with 4404 by ``NotFoundConsumer``, signed in or not.
 """
+
 from __future__ import annotations
 
 import json
@@ -213,9 +214,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def _stored_between(self, after: int, until: int) -> list[streams.StreamEvent]:
         try:
-            return await sync_to_async(streams.events_after, thread_sensitive=False)(
-                self.run_id, after, until=until
-            )
+            return await sync_to_async(streams.events_after, thread_sensitive=False)(self.run_id, after, until=until)
         except redis.RedisError:
             logger.warning("gap fill for run %s failed", self.run_id, exc_info=True)
             return []

@@ -1,5 +1,6 @@
 """Which run and step the current code runs in, for code called from a step body (the ledger
 records it with each external operation, so a run's in-flight effects can be listed)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -7,6 +7,7 @@ A message may come late (a try the run already gave up on and sent again) or twi
 redelivery): it names its try, and the task first claims that try with a conditional UPDATE, so
 a body runs at most once per try and a stale message runs nothing.
 """
+
 from __future__ import annotations
 
 import importlib

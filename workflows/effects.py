@@ -5,6 +5,7 @@ is then rolled back, or arrive before the row is visible. Everything goes throug
 a crash between commit and send is repaired by the sweeper (lost enqueue) or is harmless
 (progress is best effort).
 """
+
 from __future__ import annotations
 
 import logging

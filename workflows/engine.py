@@ -5,6 +5,7 @@ Completed steps answer from the step-result table; only the first step without a
 Control flow that must not be caught by workflow code (suspension, a lost lease) uses
 BaseException subclasses, so ``except Exception`` in a workflow cannot swallow it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -81,9 +82,9 @@ class Step:
         self._owner = owner
         self._hand_back_at = hand_back_at  # time.monotonic(): past it, the next boundary hands the run back
         # A run claimed for the first time has stored nothing yet: no need to ask.
-        self._stored = {} if first_claim else {
-            s.position: s for s in StepResult.objects.filter(run=run, attempt=run.attempt)
-        }
+        self._stored = (
+            {} if first_claim else {s.position: s for s in StepResult.objects.filter(run=run, attempt=run.attempt)}
+        )
         self._position = 0
         self._names: Counter[str] = Counter()
         self._pending: step_store.StepWrite | None = None
@@ -147,9 +148,7 @@ class Step:
         else:
             self._sleep_stored(key, stored)
 
-    def wait_for_event(
-        self, name: str, *, type: str, timeout: timedelta | float = timedelta(hours=24)
-    ) -> Any:
+    def wait_for_event(self, name: str, *, type: str, timeout: timedelta | float = timedelta(hours=24)) -> Any:
         """Return the payload of the oldest unconsumed event of ``type``, or raise WaitTimeout."""
         key, position, stored = self._enter(name, StepKind.WAIT)
         if stored is not None and stored.status == StepStatus.COMPLETED:
@@ -212,10 +211,15 @@ class Step:
         if time.monotonic() > self._hand_back_at:
             self._hand_back()
         write, self._pending = self._pending, None
-        may_continue, written = _reconnecting(lambda: statements.checkpoint(
-            run_id=self._run.id, owner=self._owner, current_step=key,
-            lease_until=timezone.now() + lease_duration(), write=write,
-        ))
+        may_continue, written = _reconnecting(
+            lambda: statements.checkpoint(
+                run_id=self._run.id,
+                owner=self._owner,
+                current_step=key,
+                lease_until=timezone.now() + lease_duration(),
+                write=write,
+            )
+        )
         if not written:
             raise _LeaseLost  # another worker stored that step first: it owns the run now
         if may_continue:
@@ -296,8 +300,13 @@ class Step:
 
     def _write(self, key: str, position: int, kind: str, status: str, **fields: Any) -> step_store.StepWrite:
         return step_store.StepWrite(
-            run_id=self._run.id, attempt=self._run.attempt, position=position, name=key, kind=kind,
-            status=status, **fields,
+            run_id=self._run.id,
+            attempt=self._run.attempt,
+            position=position,
+            name=key,
+            kind=kind,
+            status=status,
+            **fields,
         )
 
     def _store(self, key: str, position: int, kind: str, status: str, **fields: Any) -> bool:
@@ -326,8 +335,15 @@ class Step:
 
     # --- step bodies ----------------------------------------------------------------------------
     def _try(
-        self, key: str, position: int, tries: int, fn: Callable[..., Any], args: tuple[Any, ...],
-        retries: Retries, limit: float, atomic: bool,
+        self,
+        key: str,
+        position: int,
+        tries: int,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        retries: Retries,
+        limit: float,
+        atomic: bool,
     ) -> Any:
         started = timezone.now()
         message = f"step {key!r} try {tries} ran past its timeout of {limit:g}s"
@@ -344,8 +360,16 @@ class Step:
                         with step_store.time_limit(limit, message), in_step(run_id, self._run.attempt, key):
                             value = fn(*args)
                         value, text = step_store.encode(value, what=f"the result of step {key!r}")
-                        if not self._store(key, position, StepKind.DO, StepStatus.COMPLETED, result_json=text,
-                                           tries=tries, started_at=started, finished_at=timezone.now()):
+                        if not self._store(
+                            key,
+                            position,
+                            StepKind.DO,
+                            StepStatus.COMPLETED,
+                            result_json=text,
+                            tries=tries,
+                            started_at=started,
+                            finished_at=timezone.now(),
+                        ):
                             raise _LostRace
                     return value
                 with step_store.time_limit(limit, message), in_step(run_id, self._run.attempt, key):
@@ -361,8 +385,16 @@ class Step:
             # reconnect and record the try.
             _reconnecting(lambda: self._after_failure(key, position, tries, retries, error, cause))
         # Held back until the next boundary (or the run's end), which writes it in its statement.
-        self._pending = self._write(key, position, StepKind.DO, StepStatus.COMPLETED, result_json=text,
-                                    tries=tries, started_at=started, finished_at=timezone.now())
+        self._pending = self._write(
+            key,
+            position,
+            StepKind.DO,
+            StepStatus.COMPLETED,
+            result_json=text,
+            tries=tries,
+            started_at=started,
+            finished_at=timezone.now(),
+        )
         return value
 
     def _adopt(self, key: str, position: int) -> Any:
@@ -373,7 +405,12 @@ class Step:
         return winner.result
 
     def _after_failure(
-        self, key: str, position: int, tries: int, retries: Retries, error: dict[str, Any],
+        self,
+        key: str,
+        position: int,
+        tries: int,
+        retries: Retries,
+        error: dict[str, Any],
         exc: BaseException | None,
     ) -> None:
         """Record a failed try; fail the step for good (raise StepError) or suspend for a retry."""
@@ -391,16 +428,26 @@ class Step:
         raise _Suspended
 
     def _dispatched(
-        self, key: str, position: int, stored: StepResult | None, fn: Callable[..., Any],
-        args: tuple[Any, ...], queue: str, limit: float, retries: Retries,
+        self,
+        key: str,
+        position: int,
+        stored: StepResult | None,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        queue: str,
+        limit: float,
+        retries: Retries,
     ) -> Any:
         """Send the step to ``queue`` as its own task; the run waits for it."""
         now = timezone.now()
         if stored is not None and stored.status == StepStatus.RUNNING:
             assert stored.wake_at is not None
             if stored.wake_at <= now:  # the task never reported back in time: a failed try
-                error = {"type": "StepTimeout", "message": f"step {key!r} try {stored.tries} sent to "
-                         f"queue {queue!r} did not finish within {limit:g}s"}
+                error = {
+                    "type": "StepTimeout",
+                    "message": f"step {key!r} try {stored.tries} sent to "
+                    f"queue {queue!r} did not finish within {limit:g}s",
+                }
                 self._after_failure(key, position, stored.tries, retries, error, None)
             self._suspend(RunStatus.WAITING, wake_at=stored.wake_at, wait_step=key)
         self._boundary(key)
@@ -410,8 +457,9 @@ class Step:
         deadline = now + timedelta(seconds=limit + conf()["LEASE_SECONDS"])
         call = {"fn": reference, "args": args_value, "timeout": limit}
         with self._owned() as run:
-            self._store(key, position, StepKind.DO, StepStatus.RUNNING, call=call,
-                        tries=tries, wake_at=deadline, started_at=now)
+            self._store(
+                key, position, StepKind.DO, StepStatus.RUNNING, call=call, tries=tries, wake_at=deadline, started_at=now
+            )
             self._set_suspended(run, RunStatus.WAITING, wake_at=deadline, wait_step=key)
             run_id, attempt = run.id, run.attempt
 
@@ -476,8 +524,11 @@ def advance(run_id: UUID | str) -> str:
 
 def _execute(run: WorkflowRun, owner: str, *, first_claim: bool = False, hand_back_at: float = float("inf")) -> str:
     if run.recovery_count > conf()["MAX_RECOVERY_ATTEMPTS"]:
-        error = {"type": "MaxRecoveryAttempts", "message": f"the run's worker was lost {run.recovery_count} times"
-                 f" (limit {conf()['MAX_RECOVERY_ATTEMPTS']}); it is not retried again"}
+        error = {
+            "type": "MaxRecoveryAttempts",
+            "message": f"the run's worker was lost {run.recovery_count} times"
+            f" (limit {conf()['MAX_RECOVERY_ATTEMPTS']}); it is not retried again",
+        }
         return _finish(run, owner, failed=error, reason=FailureReason.MAX_RECOVERY_ATTEMPTS)
     try:
         cls = get_workflow(run.workflow)
@@ -485,8 +536,9 @@ def _execute(run: WorkflowRun, owner: str, *, first_claim: bool = False, hand_ba
         return _finish(run, owner, failed=step_store.error_record(exc), reason=FailureReason.UNKNOWN_WORKFLOW)
     instance = cls()
     instance.run_id = run.id
-    event = Event(payload=run.payload, run_id=run.id, created_at=run.created_at, attempt=run.attempt,
-                  owner_id=run.owner_id)
+    event = Event(
+        payload=run.payload, run_id=run.id, created_at=run.created_at, attempt=run.attempt, owner_id=run.owner_id
+    )
     step = Step(run, owner, first_claim=first_claim, hand_back_at=hand_back_at)
     try:
         value = instance.run(event, step)
@@ -499,8 +551,7 @@ def _execute(run: WorkflowRun, owner: str, *, first_claim: bool = False, hand_ba
         _store_held_back(step)
         return "lease_lost"
     except NonDeterminismError as exc:
-        return _finish(run, owner, failed=step_store.error_record(exc), reason=FailureReason.NON_DETERMINISM,
-                       step=step)
+        return _finish(run, owner, failed=step_store.error_record(exc), reason=FailureReason.NON_DETERMINISM, step=step)
     except (OperationalError, InterfaceError):
         # The database, not the workflow: the engine's statement failed even after reconnecting.
         # The run is left to recovery (its lease expires, the sweeper enqueues it again); failing
@@ -526,7 +577,12 @@ def _store_held_back(step: Step) -> None:
 
 
 def _finish(
-    run: WorkflowRun, owner: str, *, result: Any = None, failed: dict[str, Any] | None = None, reason: str = "",
+    run: WorkflowRun,
+    owner: str,
+    *,
+    result: Any = None,
+    failed: dict[str, Any] | None = None,
+    reason: str = "",
     step: Step | None = None,
 ) -> str:
     """End the run, with the last step's held-back result, in one conditional statement.
@@ -564,13 +620,17 @@ def _store_last_step(write: step_store.StepWrite, error: dict[str, Any]) -> None
     except DatabaseError as exc:
         if isinstance(exc, (OperationalError, InterfaceError)):
             raise
-        failed = replace(write, status=StepStatus.FAILED, result_json=None,
-                         error={**error, "non_retryable": True})
+        failed = replace(write, status=StepStatus.FAILED, result_json=None, error={**error, "non_retryable": True})
         _reconnecting(lambda: step_store.store(failed))
 
 
 def _end(
-    run: WorkflowRun, owner: str, *, result: Any = None, failed: dict[str, Any] | None = None, reason: str = "",
+    run: WorkflowRun,
+    owner: str,
+    *,
+    result: Any = None,
+    failed: dict[str, Any] | None = None,
+    reason: str = "",
     write: step_store.StepWrite | None,
 ) -> WorkflowRun | None:
     """Write the run's end; the ended run, or None if it was no longer this worker's to end."""

@@ -1,4 +1,5 @@
 """Errors the engine raises to callers and to workflow code."""
+
 from __future__ import annotations
 
 from typing import Any

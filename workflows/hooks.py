@@ -5,6 +5,7 @@ when a run changes registers a function here from its ``AppConfig.ready``. The h
 inside the engine's transaction, with the run row locked, and must only write to the database
 (anything that leaves it goes through ``workflows.effects.on_commit``).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -37,6 +38,7 @@ def register_run_section(provider: RunSectionProvider) -> RunSectionProvider:
 
 def run_sections(run: WorkflowRun) -> list[RunSection]:
     return [section for provider in _run_sections if (section := provider(run)) is not None]
+
 
 _reserved_events: dict[str, str] = {}
 

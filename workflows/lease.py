@@ -9,6 +9,7 @@ a run whose step body is past its timeout by WORKFLOWS_STEP_TIMEOUT_GRACE: that 
 StepTimeout or is stuck where the signal cannot reach it, and the run is better recovered by
 another worker process than held for ever by this one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -87,8 +88,11 @@ class Heartbeat:
                 continue
             for run_id, owner in leases.items():
                 if self.overdue(run_id):
-                    logger.warning("run %s: its step is past its timeout and grace; its lease is left to expire so "
-                                   "another worker recovers the run", run_id)
+                    logger.warning(
+                        "run %s: its step is past its timeout and grace; its lease is left to expire so "
+                        "another worker recovers the run",
+                        run_id,
+                    )
                     continue
                 try:
                     close_old_connections()

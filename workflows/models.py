@@ -2,6 +2,7 @@
 
 Timers live here too: a run that sleeps, retries or waits has ``wake_at``; the sweeper fires it.
 """
+
 from __future__ import annotations
 
 import uuid

@@ -1,4 +1,5 @@
 """The engine's public functions, as DESIGN.md names them; thin over the services."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -16,8 +17,12 @@ def _id(run: WorkflowRun | UUID | str) -> UUID:
 
 
 def start(
-    name: str, payload: dict[str, Any], *, idempotency_key: str | None = None,
-    owner: User | None = None, queue: str | None = None,
+    name: str,
+    payload: dict[str, Any],
+    *,
+    idempotency_key: str | None = None,
+    owner: User | None = None,
+    queue: str | None = None,
 ) -> WorkflowRun:
     run, _ = services.run_start(
         workflow=name, payload=payload, idempotency_key=idempotency_key, owner=owner, queue=queue

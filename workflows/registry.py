@@ -1,4 +1,5 @@
 """``@workflow(name)`` and the ``Workflow`` base class."""
+
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,5 @@
 """Reads: what a caller may see of runs, and the shapes the interfaces show."""
+
 from __future__ import annotations
 
 from typing import Any, TypedDict
@@ -40,8 +41,9 @@ def is_public(workflow: str) -> bool:
         return False
 
 
-def run_list(*, user: AbstractUser | AnonymousUser, status: str | None = None,
-             workflow: str | None = None) -> QuerySet[WorkflowRun]:
+def run_list(
+    *, user: AbstractUser | AnonymousUser, status: str | None = None, workflow: str | None = None
+) -> QuerySet[WorkflowRun]:
     """Runs the user may see: their own, or all for staff with the view permission."""
     runs = WorkflowRun.objects.all()
     if not can_see_all_runs(user):
@@ -187,8 +189,13 @@ def run_snapshot(*, run: WorkflowRun, user: AbstractUser | AnonymousUser) -> Run
         "started_at": _iso(run.started_at),
         "finished_at": _iso(run.finished_at),
         "attempts": [
-            {"number": a.number, "status": _attempt_status(run, a), "error": public_error(a.error, user=user),
-             "started_at": _iso(a.started_at), "finished_at": _iso(a.finished_at)}
+            {
+                "number": a.number,
+                "status": _attempt_status(run, a),
+                "error": public_error(a.error, user=user),
+                "started_at": _iso(a.started_at),
+                "finished_at": _iso(a.finished_at),
+            }
             for a in run.attempts.order_by("number")
         ],
         "timeline": timeline,

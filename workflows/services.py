@@ -1,4 +1,5 @@
 """Writes: starting runs and controlling them. Each runs in one transaction and emits on commit."""
+
 from __future__ import annotations
 
 import json
@@ -69,8 +70,10 @@ def check_startable(*, workflow: str) -> None:
     through its own service, which decides who may start it and with what payload)."""
     cls = get_workflow(workflow)
     if not cls.public:
-        raise NotStartable(f"workflow {workflow!r} cannot be started directly: it is started by its own "
-                           "service (for example a refund request or an assessment's submission)")
+        raise NotStartable(
+            f"workflow {workflow!r} cannot be started directly: it is started by its own "
+            "service (for example a refund request or an assessment's submission)"
+        )
 
 
 def check_run_quota(*, owner: User) -> None:
@@ -86,8 +89,9 @@ def check_run_quota(*, owner: User) -> None:
     public = [name for name in workflow_names() if get_workflow(name).public]
     active = WorkflowRun.objects.filter(owner=owner, workflow__in=public).exclude(status__in=TERMINAL).count()
     if active >= limit:
-        raise TooManyRuns(f"you have {active} runs that have not finished yet (the limit is {limit}); "
-                          "start more once some have")
+        raise TooManyRuns(
+            f"you have {active} runs that have not finished yet (the limit is {limit}); start more once some have"
+        )
 
 
 def run_start(
@@ -152,7 +156,12 @@ def _same_start(existing: WorkflowRun, payload: dict[str, Any]) -> WorkflowRun:
 
 
 def run_send_event(
-    *, run_id: UUID, type: str, payload: Any = None, idempotency_key: str | None = None, system: bool = False,
+    *,
+    run_id: UUID,
+    type: str,
+    payload: Any = None,
+    idempotency_key: str | None = None,
+    system: bool = False,
 ) -> tuple[RunEvent, bool]:
     """Record an event for the run and wake it if it waits for this type. Returns (event, created).
 

@@ -9,6 +9,7 @@ The status they set follows the transitions declared on ``WorkflowRun``: ``claim
 or ``wake``+``begin``, ``finish`` is ``complete`` or ``fail``, and the engine checks those
 transitions on its in-memory run before calling ``finish``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -109,8 +110,10 @@ def _sql(vendor: str) -> dict[str, str]:
         WHERE id = %s AND lease_owner = %s AND status = '{RunStatus.RUNNING}'
         RETURNING attempt
     """
-    attempt = f"UPDATE {ATTEMPTS} SET status = %s, result = {j}, error = {j}, finished_at = %s " \
-              f"WHERE run_id = %s AND number = %s"
+    attempt = (
+        f"UPDATE {ATTEMPTS} SET status = %s, result = {j}, error = {j}, finished_at = %s "
+        f"WHERE run_id = %s AND number = %s"
+    )
     return {
         "claim": f"""
             UPDATE {RUNS} SET
@@ -202,9 +205,7 @@ def checkpoint(
         return cursor.fetchone() is not None, stored
 
 
-def finish(
-    *, run: WorkflowRun, owner: str, now: datetime, write: StepWrite | None
-) -> tuple[bool, bool]:
+def finish(*, run: WorkflowRun, owner: str, now: datetime, write: StepWrite | None) -> tuple[bool, bool]:
     """Write the run's end (status, result or error, attempt) and the last step's pending result.
 
     ``run`` carries the new status, result, error and failure_reason. Returns (finished, written);

@@ -1,4 +1,5 @@
 """Storage of step results: the memo that makes a completed step never run again."""
+
 from __future__ import annotations
 
 import json
@@ -52,9 +53,7 @@ def encode(value: Any, *, what: str) -> tuple[Any, str]:
     # either needs no walk (the hot path). A match may be an escaped backslash, Korean text or a
     # valid pair: the walk of the decoded value decides (decoding joins valid pairs). Depth is not
     # bounded here beyond what json.dumps allows: a step result is not a request body.
-    if "\\u" in text and _SUSPECT.search(text) is not None and (
-        problem := json_problem(stored, max_depth=sys.maxsize)
-    ):
+    if "\\u" in text and _SUSPECT.search(text) is not None and (problem := json_problem(stored, max_depth=sys.maxsize)):
         raise NotSerializable(f"{what} {problem}")
     return stored, text
 

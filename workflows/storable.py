@@ -8,6 +8,7 @@ renderer, the jsonb adapter, a step's result).
 
 The walks here are iterative, so that checking a deep value cannot itself hit the recursion limit.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

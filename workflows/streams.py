@@ -4,6 +4,7 @@ Each event gets the next number of the run's counter (Redis INCR), is kept in a 
 scored by that number (so a client can ask for everything after N), and is pushed live to the
 run's Channels group. The database stays the authority: a client's snapshot comes from there.
 """
+
 from __future__ import annotations
 
 import asyncio

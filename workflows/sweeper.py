@@ -3,6 +3,7 @@
 Runs from Celery beat every WORKFLOWS_SWEEP_INTERVAL seconds and from ``manage.py workflows sweep``.
 Both questions it asks are answered from partial indexes, so finished runs cost it nothing.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

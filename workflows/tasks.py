@@ -1,4 +1,5 @@
 """Celery tasks: take ids, call the engine. Retries live in the engine, not here."""
+
 from __future__ import annotations
 
 from celery import shared_task

@@ -1,4 +1,5 @@
 """Pages. Thin: authorise, read through a selector, render."""
+
 from __future__ import annotations
 
 import json
@@ -16,14 +17,18 @@ from workflows.selectors import RunSnapshot, can_see_all_runs, run_get, run_snap
 
 def attempts_with_steps(snapshot: RunSnapshot) -> list[dict[str, Any]]:
     """The timeline grouped by attempt, newest attempt first (the page's JS groups the same way)."""
-    by_number: dict[int, dict[str, Any]] = {
-        a["number"]: {**a, "steps": []} for a in snapshot["attempts"]
-    }
+    by_number: dict[int, dict[str, Any]] = {a["number"]: {**a, "steps": []} for a in snapshot["attempts"]}
     for step in snapshot["timeline"]:
         attempt = by_number.setdefault(
             step["attempt"],
-            {"number": step["attempt"], "status": "", "error": None, "started_at": None, "finished_at": None,
-             "steps": []},
+            {
+                "number": step["attempt"],
+                "status": "",
+                "error": None,
+                "started_at": None,
+                "finished_at": None,
+                "steps": [],
+            },
         )
         attempt["steps"].append(step)
     return [by_number[n] for n in sorted(by_number, reverse=True)]

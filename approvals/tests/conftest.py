@@ -6,6 +6,7 @@
 - dave: staff who may view every request but decides none
 - erin: staff with approvals.decide_any, in no group
 """
+
 from __future__ import annotations
 
 import pytest

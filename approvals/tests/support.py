@@ -1,4 +1,5 @@
 """Helpers of the approvals tests: runs waiting for a request, and what a refusal must not change."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -15,9 +16,16 @@ GROUP = "refund-approvers"
 
 
 def waiting_request(
-    *, requested_by: User | None = None, version: str = "v1", status: str = ApprovalStatus.PENDING,
-    approvers: str = GROUP, expires_in: timedelta = timedelta(hours=1), content: Any = None,
-    run_status: str = RunStatus.WAITING, subject_type: str = "shop.order", subject_id: str = "1042",
+    *,
+    requested_by: User | None = None,
+    version: str = "v1",
+    status: str = ApprovalStatus.PENDING,
+    approvers: str = GROUP,
+    expires_in: timedelta = timedelta(hours=1),
+    content: Any = None,
+    run_status: str = RunStatus.WAITING,
+    subject_type: str = "shop.order",
+    subject_id: str = "1042",
     **fields: Any,
 ) -> ApprovalRequest:
     """A run waiting for a new request, as wait_for_approval leaves them (rows created directly;
@@ -29,15 +37,24 @@ def waiting_request(
     run = WorkflowRun.objects.create(workflow="test.wait", status=run_status, queue=conf()["QUEUE"])
     RunAttempt.objects.create(run=run, number=1)
     request = ApprovalRequest.objects.create(
-        run=run, attempt=1, step_name="refund approval", subject_type=subject_type, subject_id=subject_id,
-        version=version, summary="Refund £120 on order 1042",
+        run=run,
+        attempt=1,
+        step_name="refund approval",
+        subject_type=subject_type,
+        subject_id=subject_id,
+        version=version,
+        summary="Refund £120 on order 1042",
         content=content if content is not None else {"order": 1042, "amount": "120.00", "version": version},
-        requested_by=requested_by, approvers=approvers, status=status,
-        expires_at=timezone.now() + expires_in, **fields,
+        requested_by=requested_by,
+        approvers=approvers,
+        status=status,
+        expires_at=timezone.now() + expires_in,
+        **fields,
     )
     if run_status == RunStatus.WAITING:
         WorkflowRun.objects.filter(pk=run.pk).update(
-            wait_event_type=request.event_type, wait_step="refund approval: decision",
+            wait_event_type=request.event_type,
+            wait_step="refund approval: decision",
             wake_at=request.expires_at,
         )
     return request
@@ -48,8 +65,13 @@ def state(request: ApprovalRequest) -> tuple[Any, ...]:
     request = ApprovalRequest.objects.get(pk=request.pk)
     run = WorkflowRun.objects.get(pk=request.run_id)
     return (
-        request.status, request.decided_by_id, request.decided_at, request.note,
-        run.status, run.wait_event_type, RunEvent.objects.filter(run=run).count(),
+        request.status,
+        request.decided_by_id,
+        request.decided_at,
+        request.note,
+        run.status,
+        run.wait_event_type,
+        RunEvent.objects.filter(run=run).count(),
     )
 
 

@@ -3,6 +3,7 @@
 Most tests run in one transaction each (no worker: the decision's enqueue is never sent); the
 last one approves in the admin and watches a real worker resume the run.
 """
+
 from __future__ import annotations
 
 import re
@@ -81,8 +82,10 @@ class TestQueue:
         assert login(outsider).get(CHANGELIST).status_code == 403
         assert login(outsider).get(change_url(ours)).status_code == 403
         # another group's request answers as a missing one does (Django: "does not exist", to the index)
-        hidden, missing = login(cast["carol"]).get(change_url(theirs)), login(cast["carol"]).get(
-            reverse("admin:approvals_approvalrequest_change", args=[999999]))
+        hidden, missing = (
+            login(cast["carol"]).get(change_url(theirs)),
+            login(cast["carol"]).get(reverse("admin:approvals_approvalrequest_change", args=[999999])),
+        )
         assert (hidden.status_code, hidden["Location"]) == (missing.status_code, missing["Location"])
         assert (hidden.status_code, hidden["Location"]) == (302, "/admin/")
 
@@ -94,8 +97,9 @@ class TestQueue:
 @pytest.mark.django_db
 class TestChangePage:
     def test_a_reviewer_sees_the_content_and_buttons_that_carry_the_version(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"], version="v3",
-                                  content={"order": 1042, "amount": "120.00", "reason": "damaged"})
+        request = waiting_request(
+            requested_by=cast["bob"], version="v3", content={"order": 1042, "amount": "120.00", "reason": "damaged"}
+        )
 
         html = login(cast["carol"]).get(change_url(request)).content.decode()
 
@@ -109,8 +113,11 @@ class TestChangePage:
         request = waiting_request(requested_by=cast["carol"])
         closed = waiting_request(status=ApprovalStatus.REJECTED)
 
-        for client, obj in [(login(cast["dave"]), request), (login(cast["carol"]), request),
-                            (login(cast["carol"]), closed)]:
+        for client, obj in [
+            (login(cast["dave"]), request),
+            (login(cast["carol"]), request),
+            (login(cast["carol"]), closed),
+        ]:
             response = client.get(change_url(obj))
             assert response.status_code == 200
             assert 'name="decision"' not in response.content.decode()
@@ -122,8 +129,9 @@ class TestDecisions:
     def test_an_approval_in_the_admin_decides_and_is_logged(self, cast: Cast) -> None:
         request = waiting_request(requested_by=cast["bob"])
 
-        response = login(cast["carol"]).post(decide_url(request), {"version": "v1", "decision": "approve",
-                                                                   "note": "fine"}, follow=True)
+        response = login(cast["carol"]).post(
+            decide_url(request), {"version": "v1", "decision": "approve", "note": "fine"}, follow=True
+        )
 
         assert response.redirect_chain[-1][0] == CHANGELIST
         assert any("approved (version v1)" in m for m in messages_of(response))
@@ -179,8 +187,9 @@ class TestDecisions:
         page = carol.get(change_url(request)).content.decode()
         token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
         assert token is not None
-        response = carol.post(decide_url(request), {"version": "v1", "decision": "approve",
-                                                    "csrfmiddlewaretoken": token.group(1)})
+        response = carol.post(
+            decide_url(request), {"version": "v1", "decision": "approve", "csrfmiddlewaretoken": token.group(1)}
+        )
         assert response.status_code == 302
         assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.APPROVED
 
@@ -189,8 +198,7 @@ class TestDecisions:
         request = waiting_request(requested_by=cast["bob"], version="v2")
         before = state(request)
 
-        response = login(cast["carol"]).post(decide_url(request), {"version": "v1", "decision": "approve"},
-                                             follow=True)
+        response = login(cast["carol"]).post(decide_url(request), {"version": "v1", "decision": "approve"}, follow=True)
 
         assert response.redirect_chain[-1][0] == change_url(request)
         assert any("review the current version" in m for m in messages_of(response))
@@ -200,20 +208,31 @@ class TestDecisions:
     def test_a_form_for_a_superseded_request_points_at_the_new_one(self, cast: Cast) -> None:
         old = waiting_request(requested_by=cast["bob"], status=ApprovalStatus.SUPERSEDED)
         new = ApprovalRequest.objects.create(
-            run=old.run, attempt=1, step_name="refund approval", subject_type="shop.order", subject_id="1042",
-            version="v2", summary="Refund £90", approvers=GROUP, replaces=old,
+            run=old.run,
+            attempt=1,
+            step_name="refund approval",
+            subject_type="shop.order",
+            subject_id="1042",
+            version="v2",
+            summary="Refund £90",
+            approvers=GROUP,
+            replaces=old,
             expires_at=timezone.now() + timedelta(hours=1),
         )
 
         carol = login(cast["carol"])
         response = carol.post(decide_url(old), {"version": "v1", "decision": "approve"}, follow=True)
 
-        assert any(f"superseded; it takes no more decisions: review the current version (v2, request {new.pk})" in m
-                   for m in messages_of(response))
+        assert any(
+            f"superseded; it takes no more decisions: review the current version (v2, request {new.pk})" in m
+            for m in messages_of(response)
+        )
         assert response.redirect_chain[-1][0] == change_url(new)  # on the page of the version to review
         assert ApprovalRequest.objects.get(pk=old.pk).status == ApprovalStatus.SUPERSEDED
-        assert f'href="{change_url(new)}">request {new.pk} (version v2, pending)' in \
-            carol.get(change_url(old)).content.decode()
+        assert (
+            f'href="{change_url(new)}">request {new.pk} (version v2, pending)'
+            in carol.get(change_url(old)).content.decode()
+        )
 
     def test_bad_forms_get_and_unknown_requests(self, cast: Cast) -> None:
         request = waiting_request(requested_by=cast["bob"])
@@ -223,8 +242,13 @@ class TestDecisions:
         assert carol.get(decide_url(request)).status_code == 405
         response = carol.post(decide_url(request), {"version": "v1", "decision": "maybe"}, follow=True)
         assert any("not understood" in m for m in messages_of(response))
-        assert carol.post(reverse("admin:approvals_approvalrequest_decide", args=[999999]),
-                          {"version": "v1", "decision": "approve"}).status_code == 404
+        assert (
+            carol.post(
+                reverse("admin:approvals_approvalrequest_decide", args=[999999]),
+                {"version": "v1", "decision": "approve"},
+            ).status_code
+            == 404
+        )
         other = waiting_request(approvers="finance-approvers")
         assert carol.post(decide_url(other), {"version": "v1", "decision": "approve"}).status_code == 404
         assert_still_waiting(request, before)
@@ -243,8 +267,10 @@ def test_an_approval_in_the_admin_resumes_the_run(worker: Worker, cast: Cast) ->
     page = carol.get(change_url(request)).content.decode()
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
     assert token is not None
-    response = carol.post(decide_url(request), {"version": "v1", "decision": "approve", "note": "from the admin",
-                                                "csrfmiddlewaretoken": token.group(1)})
+    response = carol.post(
+        decide_url(request),
+        {"version": "v1", "decision": "approve", "note": "from the admin", "csrfmiddlewaretoken": token.group(1)},
+    )
     assert response.status_code == 302
 
     # then the worker resumes the run with her decision

@@ -1,5 +1,6 @@
 """The approvals HTTP API: list, detail, decision and its refusals (in-process, PostgreSQL), the
 OpenAPI schema, and one decision end to end with a real worker resuming the run."""
+
 from __future__ import annotations
 
 import json
@@ -68,7 +69,11 @@ class TestList:
         item = response.json()["results"][0]
         assert item["subject"] == {"type": "shop.order", "id": "1042"}
         assert (item["version"], item["status"], item["requested_by"], item["can_decide"]) == (
-            "v1", "pending", "bob", True)
+            "v1",
+            "pending",
+            "bob",
+            True,
+        )
         assert item["run"] == str(first.run_id)
         assert response.json()["results"][1]["can_decide"] is False  # carol asked for it herself
         assert ids(client_for(cast["carol"]).get(LIST)) == [first.pk, second.pk, decided.pk]
@@ -97,8 +102,11 @@ class TestList:
         assert response.status_code == 200
         assert response.json()["content"] == {"amount": "120.00"}
         assert response.json()["superseded_by"] is None
-        for who, url in [("mallory", f"/api/approvals/{request.pk}"), ("carol", "/api/approvals/999999"),
-                         ("carol", "/api/approvals/abc")]:
+        for who, url in [
+            ("mallory", f"/api/approvals/{request.pk}"),
+            ("carol", "/api/approvals/999999"),
+            ("carol", "/api/approvals/abc"),
+        ]:
             response = client_for(cast[who]).get(url)
             assert response.status_code == 404 and error_of(response)["code"] == "not_found"
 
@@ -108,13 +116,18 @@ class TestDecision:
     def test_approve_returns_the_request_and_wakes_the_run(self, cast: Cast) -> None:
         request = waiting_request(requested_by=cast["bob"])
 
-        response = post(client_for(cast["carol"]), decision_url(request),
-                        {"approve": True, "version": "v1", "note": "ok"})
+        response = post(
+            client_for(cast["carol"]), decision_url(request), {"approve": True, "version": "v1", "note": "ok"}
+        )
 
         assert response.status_code == 200, response.content
         body = response.json()
         assert (body["status"], body["decided_by"], body["note"], body["can_decide"]) == (
-            "approved", "carol", "ok", False)
+            "approved",
+            "carol",
+            "ok",
+            False,
+        )
         assert RunEvent.objects.get(run=request.run).type == f"approval:{request.pk}"
         assert DecisionLog.objects.get(request=request).channel == "api"
 
@@ -129,13 +142,17 @@ class TestDecision:
         assert again.json() == first.json()
         assert RunEvent.objects.filter(run=request.run).count() == 1
 
-    @pytest.mark.parametrize("who, body, code, http_status", [
-        ("dave", {"approve": True, "version": "v1"}, "not_authorised", 403),  # sees it, may not decide
-        ("bob", {"approve": True, "version": "v1"}, "four_eyes", 403),  # asked for it
-        ("carol", {"approve": True, "version": "v0"}, "stale_version", 409),
-    ])
-    def test_refusals_change_nothing(self, cast: Cast, who: str, body: dict[str, Any], code: str,
-                                     http_status: int) -> None:
+    @pytest.mark.parametrize(
+        "who, body, code, http_status",
+        [
+            ("dave", {"approve": True, "version": "v1"}, "not_authorised", 403),  # sees it, may not decide
+            ("bob", {"approve": True, "version": "v1"}, "four_eyes", 403),  # asked for it
+            ("carol", {"approve": True, "version": "v0"}, "stale_version", 409),
+        ],
+    )
+    def test_refusals_change_nothing(
+        self, cast: Cast, who: str, body: dict[str, Any], code: str, http_status: int
+    ) -> None:
         request = waiting_request(requested_by=cast["bob"])
         before = state(request)
 
@@ -148,8 +165,9 @@ class TestDecision:
         assert_still_waiting(request, before)
         assert DecisionLog.objects.get(request=request).result == DecisionResult.REFUSED
 
-    @pytest.mark.parametrize("status", [ApprovalStatus.EXPIRED, ApprovalStatus.REJECTED,
-                                        ApprovalStatus.SUPERSEDED, ApprovalStatus.CANCELLED])
+    @pytest.mark.parametrize(
+        "status", [ApprovalStatus.EXPIRED, ApprovalStatus.REJECTED, ApprovalStatus.SUPERSEDED, ApprovalStatus.CANCELLED]
+    )
     def test_a_closed_request_is_a_409_naming_its_state(self, cast: Cast, status: str) -> None:
         request = waiting_request(requested_by=cast["bob"], status=status)
         before = state(request)
@@ -179,19 +197,31 @@ class TestDecision:
         request = waiting_request(requested_by=cast["bob"])
         before = state(request)
 
-        for who, url in [("mallory", decision_url(request)), ("alice", decision_url(request)),
-                         ("carol", decision_url(999999)), ("carol", "/api/approvals/x/decision")]:
+        for who, url in [
+            ("mallory", decision_url(request)),
+            ("alice", decision_url(request)),
+            ("carol", decision_url(999999)),
+            ("carol", "/api/approvals/x/decision"),
+        ]:
             response = post(client_for(cast[who]), url, {"nonsense": 1})
             assert response.status_code == 404 and error_of(response)["code"] == "not_found", who
         assert post(client_for(None), decision_url(request), {}).status_code == 401
         assert_still_waiting(request, before)
         assert not DecisionLog.objects.exists()
 
-    @pytest.mark.parametrize("body", [
-        {"approve": "yes", "version": "v1"}, {"approve": 1, "version": "v1"}, {"version": "v1"},
-        {"approve": True}, {"approve": True, "version": 1}, {"approve": True, "version": "v1", "extra": 1},
-        {"approve": True, "version": "v1", "note": "x" * 3000}, [True, "v1"],
-    ])
+    @pytest.mark.parametrize(
+        "body",
+        [
+            {"approve": "yes", "version": "v1"},
+            {"approve": 1, "version": "v1"},
+            {"version": "v1"},
+            {"approve": True},
+            {"approve": True, "version": 1},
+            {"approve": True, "version": "v1", "extra": 1},
+            {"approve": True, "version": "v1", "note": "x" * 3000},
+            [True, "v1"],
+        ],
+    )
     def test_bad_bodies_are_400s_and_change_nothing(self, cast: Cast, body: Any) -> None:
         request = waiting_request(requested_by=cast["bob"])
         before = state(request)
@@ -220,10 +250,13 @@ class TestDecision:
 
 @pytest.mark.django_db
 @pytest.mark.django_db
-@pytest.mark.parametrize("event", [
-    {"type": "approval:{id}", "payload": {"request_id": "{id}", "approved": True, "version": "v1"}},
-    {"type": "noise", "idempotency_key": "approval:{id}:decision"},  # would block the real decision's event
-])
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"type": "approval:{id}", "payload": {"request_id": "{id}", "approved": True, "version": "v1"}},
+        {"type": "noise", "idempotency_key": "approval:{id}:decision"},  # would block the real decision's event
+    ],
+)
 def test_the_owner_of_a_waiting_run_cannot_post_the_event_of_a_decision(cast: Cast, event: dict[str, Any]) -> None:
     # given alice's run, waiting for a request only a reviewer may decide
     request = waiting_request(requested_by=cast["alice"])
@@ -266,4 +299,3 @@ def test_a_decision_over_the_api_resumes_the_run(worker: Worker, cast: Cast) -> 
     assert response.status_code == 200
     run = wait_for_terminal(run.id, timeout=WAIT)
     assert run.status == RunStatus.COMPLETED and run.result["by"] == "carol"
-

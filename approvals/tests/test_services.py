@@ -4,6 +4,7 @@ decisions on one request (real threads on PostgreSQL).
 Most tests run in one transaction each, so the decision's on-commit enqueue is never sent: the
 run stays as decide() left it (woken: queued) and no worker is involved.
 """
+
 from __future__ import annotations
 
 import threading
@@ -34,8 +35,9 @@ from workflows.exceptions import InvalidPayload, NonRetryableError
 from workflows.models import RunEvent, RunStatus, WorkflowRun
 
 
-def refused(request: ApprovalRequest, user: User, *, approve: bool = True, version: str | None = None,
-            code: RefusalCode) -> ApprovalRefused:
+def refused(
+    request: ApprovalRequest, user: User, *, approve: bool = True, version: str | None = None, code: RefusalCode
+) -> ApprovalRefused:
     """decide() is refused with ``code``; nothing changes but a 'refused' line in the log."""
     before = state(request)
     logged = DecisionLog.objects.filter(request=request).count()
@@ -61,8 +63,11 @@ class TestDecisionTable:
         # then the transition
         request.refresh_from_db()
         assert decided.created and decided.request.pk == request.pk
-        assert (request.status, request.decided_by, request.note) == (ApprovalStatus.APPROVED, cast["carol"],
-                                                                      "within policy")
+        assert (request.status, request.decided_by, request.note) == (
+            ApprovalStatus.APPROVED,
+            cast["carol"],
+            "within policy",
+        )
         assert request.decided_at is not None
         # and, in the same transaction, the one event that wakes the run
         event = RunEvent.objects.get(run=request.run)
@@ -70,14 +75,21 @@ class TestDecisionTable:
         assert (event.type, event.idempotency_key) == (f"approval:{request.pk}", f"approval:{request.pk}:decision")
         # (what was decided, not by whom or why: the run's owner reads the wait step's result)
         assert event.payload == {
-            "request_id": request.pk, "approved": True, "version": "v1",
+            "request_id": request.pk,
+            "approved": True,
+            "version": "v1",
             "decided_at": request.decided_at.isoformat(),
         }
         run = WorkflowRun.objects.get(pk=request.run_id)
         assert run.status == RunStatus.QUEUED and run.wait_event_type == ""
         log = DecisionLog.objects.get(request=request)
         assert (log.actor, log.action, log.version, log.result, log.channel) == (
-            cast["carol"], DecisionAction.APPROVE, "v1", DecisionResult.ACCEPTED, "python")
+            cast["carol"],
+            DecisionAction.APPROVE,
+            "v1",
+            DecisionResult.ACCEPTED,
+            "python",
+        )
 
     def test_a_rejection_is_a_transition_too(self, cast: Cast) -> None:
         request = waiting_request(requested_by=cast["bob"])
@@ -118,7 +130,9 @@ class TestDecisionTable:
         assert state(request) == before  # no second transition, no second event
         assert RunEvent.objects.filter(run=request.run).count() == 1
         assert list(DecisionLog.objects.filter(request=request).values_list("result", flat=True)) == [
-            DecisionResult.ACCEPTED, DecisionResult.REPEATED]
+            DecisionResult.ACCEPTED,
+            DecisionResult.REPEATED,
+        ]
 
     def test_a_reviewer_outside_the_group_without_the_permission_is_refused(self, cast: Cast) -> None:
         request = waiting_request(requested_by=cast["bob"])
@@ -149,8 +163,9 @@ class TestDecisionTable:
 
         refused(request, boss, code=RefusalCode.FOUR_EYES)
 
-    @pytest.mark.parametrize("status", [ApprovalStatus.EXPIRED, ApprovalStatus.REJECTED,
-                                        ApprovalStatus.SUPERSEDED, ApprovalStatus.CANCELLED])
+    @pytest.mark.parametrize(
+        "status", [ApprovalStatus.EXPIRED, ApprovalStatus.REJECTED, ApprovalStatus.SUPERSEDED, ApprovalStatus.CANCELLED]
+    )
     def test_a_closed_request_is_refused_naming_its_state(self, cast: Cast, status: str) -> None:
         request = waiting_request(requested_by=cast["bob"], status=status)
 
@@ -171,8 +186,15 @@ class TestDecisionTable:
     def test_a_superseded_request_points_at_its_replacement(self, cast: Cast) -> None:
         old = waiting_request(requested_by=cast["bob"], status=ApprovalStatus.SUPERSEDED)
         new = ApprovalRequest.objects.create(
-            run=old.run, attempt=1, step_name="refund approval", subject_type="shop.order", subject_id="1042",
-            version="v2", summary="Refund £90", approvers=GROUP, replaces=old,
+            run=old.run,
+            attempt=1,
+            step_name="refund approval",
+            subject_type="shop.order",
+            subject_id="1042",
+            version="v2",
+            summary="Refund £90",
+            approvers=GROUP,
+            replaces=old,
             expires_at=timezone.now() + timedelta(hours=1),
         )
 
@@ -222,26 +244,45 @@ class TestWorkflowSide:
     def test_a_request_names_the_version_and_its_consequence(self, cast: Cast) -> None:
         run = waiting_request().run
         request = approval_request_create(
-            run_id=run.id, attempt=1, step_name="refund approval", subject=("shop.order", "7"),
+            run_id=run.id,
+            attempt=1,
+            step_name="refund approval",
+            subject=("shop.order", "7"),
             proposal=Proposal(version="3", content={"amount": "120.00"}, summary="Refund £120"),
-            approvers=GROUP, timeout=timedelta(hours=48), requested_by_id=cast["bob"].pk,
+            approvers=GROUP,
+            timeout=timedelta(hours=48),
+            requested_by_id=cast["bob"].pk,
         )
         assert (request.status, request.version, request.summary, request.content, request.requested_by) == (
-            ApprovalStatus.PENDING, "3", "Refund £120", {"amount": "120.00"}, cast["bob"])
+            ApprovalStatus.PENDING,
+            "3",
+            "Refund £120",
+            {"amount": "120.00"},
+            cast["bob"],
+        )
         assert timedelta(hours=47) < request.expires_at - timezone.now() <= timedelta(hours=48)
         with pytest.raises(InvalidPayload, match="approval content"):
             approval_request_create(
-                run_id=run.id, attempt=1, step_name="x", subject=("shop.order", "7"),
-                proposal=Proposal(version="3", content={1, 2}), approvers=GROUP, timeout=timedelta(hours=1),
+                run_id=run.id,
+                attempt=1,
+                step_name="x",
+                subject=("shop.order", "7"),
+                proposal=Proposal(version="3", content={1, 2}),
+                approvers=GROUP,
+                timeout=timedelta(hours=1),
             )
 
     def test_personal_data_in_the_content_is_redacted_before_it_is_stored(self, cast: Cast) -> None:
         run = waiting_request().run
         content = {"order": "7", "customer": {"email": "alice@example.com", "shipping_address": {"street": "x"}}}
         request = approval_request_create(
-            run_id=run.id, attempt=1, step_name="refund approval", subject=("shop.order", "7"),
+            run_id=run.id,
+            attempt=1,
+            step_name="refund approval",
+            subject=("shop.order", "7"),
             proposal=Proposal(version="3", content=content, summary="Refund £120"),
-            approvers=GROUP, timeout=timedelta(hours=48),
+            approvers=GROUP,
+            timeout=timedelta(hours=48),
         )
         stored = ApprovalRequest.objects.get(pk=request.pk).content
         assert stored == {"order": "7", "customer": {"email": "[redacted]", "shipping_address": "[redacted]"}}
@@ -251,8 +292,13 @@ class TestWorkflowSide:
 
         with pytest.raises(NonRetryableError, match="the run is terminated"):
             approval_request_create(
-                run_id=run.id, attempt=1, step_name="late", subject=("shop.order", "7"),
-                proposal=Proposal(version="1"), approvers=GROUP, timeout=timedelta(hours=1),
+                run_id=run.id,
+                attempt=1,
+                step_name="late",
+                subject=("shop.order", "7"),
+                proposal=Proposal(version="1"),
+                approvers=GROUP,
+                timeout=timedelta(hours=1),
             )
 
         assert ApprovalRequest.objects.filter(run=run).count() == 1  # only the fixture's
@@ -304,8 +350,15 @@ class TestCancellation:
         # given a pending request and an approved one on the same run
         pending = waiting_request(requested_by=cast["bob"])
         decided = ApprovalRequest.objects.create(
-            run=pending.run, attempt=1, step_name="earlier", subject_type="shop.order", subject_id="1",
-            version="v0", summary="s", approvers=GROUP, status=ApprovalStatus.APPROVED,
+            run=pending.run,
+            attempt=1,
+            step_name="earlier",
+            subject_type="shop.order",
+            subject_id="1",
+            version="v0",
+            summary="s",
+            approvers=GROUP,
+            status=ApprovalStatus.APPROVED,
             expires_at=timezone.now() + timedelta(hours=1),
         )
 
@@ -423,13 +476,22 @@ class TestSupersedePending:
         assert pending.status == ApprovalStatus.SUPERSEDED and pending.decided_by is None
         event = RunEvent.objects.get(run=pending.run)
         assert (event.type, event.idempotency_key) == (pending.event_type, pending.event_key)
-        assert event.payload == {"request_id": pending.pk, "superseded": True, "version": "v1",
-                                 "current_version": "v2", "reason": "the amount changed"}
+        assert event.payload == {
+            "request_id": pending.pk,
+            "superseded": True,
+            "version": "v1",
+            "current_version": "v2",
+            "reason": "the amount changed",
+        }
         run = WorkflowRun.objects.get(pk=pending.run_id)
         assert run.status == RunStatus.QUEUED and run.wait_event_type == ""
         log = DecisionLog.objects.get(request=pending)
         assert (log.action, log.result, log.version, log.actor) == (
-            DecisionAction.SUPERSEDE, DecisionResult.ACCEPTED, "v2", None)
+            DecisionAction.SUPERSEDE,
+            DecisionResult.ACCEPTED,
+            "v2",
+            None,
+        )
         assert "the amount changed" in log.message
         assert (state(approved), state(other)) == (before_approved, before_other)
 
@@ -450,7 +512,8 @@ class TestSupersedePending:
 
         assert supersede_pending(("shop.order", 1042), reason="changed") == []
         assert {r.status for r in ApprovalRequest.objects.filter(pk__in=[ended.pk, restarted.pk, overdue.pk])} == {
-            ApprovalStatus.PENDING}
+            ApprovalStatus.PENDING
+        }
         assert_still_waiting(overdue, before)
 
     def test_bad_input_changes_nothing(self, cast: Cast) -> None:

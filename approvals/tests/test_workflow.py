@@ -1,5 +1,6 @@
 """wait_for_approval and approve_current end to end: runs advanced by a real Celery worker (with
 beat, the sweeper that fires the expiry timers) on PostgreSQL; decisions made here."""
+
 from __future__ import annotations
 
 import json
@@ -24,6 +25,7 @@ WAIT = 90.0
 
 def waiting_for_approval(run: WorkflowRun, *, pending: int = 1) -> ApprovalRequest:
     """Once the run waits for its ``pending``-th request: that request."""
+
     def ready() -> ApprovalRequest | None:
         current = WorkflowRun.objects.get(pk=run.pk)
         requests = list(ApprovalRequest.objects.filter(run=run).order_by("id"))
@@ -37,11 +39,17 @@ def waiting_for_approval(run: WorkflowRun, *, pending: int = 1) -> ApprovalReque
 
 def test_an_approval_resumes_the_run(worker: Worker, cast: Cast) -> None:
     # given a run waiting for an approval bob asked for
-    run = wf.start("approvals.test.simple", {"approvers": GROUP, "requested_by": cast["bob"].pk,
-                                             "content": {"order": 1042, "amount": "120.00"}})
+    run = wf.start(
+        "approvals.test.simple",
+        {"approvers": GROUP, "requested_by": cast["bob"].pk, "content": {"order": 1042, "amount": "120.00"}},
+    )
     request = waiting_for_approval(run)
     assert (request.version, request.summary, request.requested_by, request.content) == (
-        "v1", "Refund £120 on order 1042", cast["bob"], {"order": 1042, "amount": "120.00"})
+        "v1",
+        "Refund £120 on order 1042",
+        cast["bob"],
+        {"order": 1042, "amount": "120.00"},
+    )
     assert (request.subject_type, request.subject_id, request.step_name) == ("shop.order", "1042", "refund approval")
     # the run says what it waits for, and until when: the request's expiry (never before it)
     waiting = WorkflowRun.objects.get(pk=run.pk)
@@ -55,8 +63,14 @@ def test_an_approval_resumes_the_run(worker: Worker, cast: Cast) -> None:
     # then the run resumes and acts on the approval
     run = wait_for_terminal(run.id, timeout=WAIT)
     assert run.status == RunStatus.COMPLETED, run.error
-    assert run.result == {"outcome": "approved", "by": "carol", "version": "v1", "request": request.pk,
-                          "note": "ok", "done": f"acted on approval {request.pk}"}
+    assert run.result == {
+        "outcome": "approved",
+        "by": "carol",
+        "version": "v1",
+        "request": request.pk,
+        "note": "ok",
+        "done": f"acted on approval {request.pk}",
+    }
     assert list(StepResult.objects.filter(run=run).order_by("position").values_list("name", "status")) == [
         ("refund approval: request", StepStatus.COMPLETED),
         ("refund approval: decision", StepStatus.COMPLETED),
@@ -90,9 +104,11 @@ def test_without_a_decision_in_time_the_request_expires(worker: Worker, cast: Ca
     assert request.status == ApprovalStatus.EXPIRED
     assert DecisionLog.objects.filter(request=request, action=DecisionAction.EXPIRE).count() == 1
     steps = dict(StepResult.objects.filter(run=run).values_list("name", "status"))
-    assert steps == {"refund approval: request": StepStatus.COMPLETED,
-                     "refund approval: decision": StepStatus.FAILED,  # the wait timed out
-                     "refund approval: expire": StepStatus.COMPLETED}
+    assert steps == {
+        "refund approval: request": StepStatus.COMPLETED,
+        "refund approval: decision": StepStatus.FAILED,  # the wait timed out
+        "refund approval: expire": StepStatus.COMPLETED,
+    }
     # and a decision now is refused naming the state
     with pytest.raises(ApprovalRefused) as info:
         decide(request, by=cast["carol"], approve=True, version="v1")
@@ -118,7 +134,11 @@ def test_a_version_changed_after_approval_is_superseded_and_asked_again(
     first.refresh_from_db()
     assert first.status == ApprovalStatus.SUPERSEDED
     assert (second.status, second.version, second.content["body"], second.replaces_id) == (
-        ApprovalStatus.PENDING, "2", "final", first.pk)
+        ApprovalStatus.PENDING,
+        "2",
+        "final",
+        first.pk,
+    )
     # a decision on the old request is refused and points at the new one
     with pytest.raises(ApprovalRefused) as info:
         decide(first, by=cast["erin"], approve=True, version="1")
@@ -130,8 +150,15 @@ def test_a_version_changed_after_approval_is_superseded_and_asked_again(
     assert run.status == RunStatus.COMPLETED, run.error
     assert run.result == {"version": "2", "request": second.pk, "by": "carol"}
     names = list(StepResult.objects.filter(run=run).order_by("position").values_list("name", flat=True))
-    assert names == ["review: request", "review: decision", "review: re-check",
-                     "review: request#2", "review: decision#2", "review: re-check#2", "who decided"]
+    assert names == [
+        "review: request",
+        "review: decision",
+        "review: re-check",
+        "review: request#2",
+        "review: decision#2",
+        "review: re-check#2",
+        "who decided",
+    ]
 
 
 def test_a_version_changed_while_pending_is_superseded_at_once_and_asked_again(
@@ -164,8 +191,14 @@ def test_a_version_changed_while_pending_is_superseded_at_once_and_asked_again(
     assert run.status == RunStatus.COMPLETED, run.error
     assert run.result == {"version": "2", "request": second.pk, "by": "carol"}
     names = list(StepResult.objects.filter(run=run).order_by("position").values_list("name", flat=True))
-    assert names == ["review: request", "review: decision", "review: request#2", "review: decision#2",
-                     "review: re-check", "who decided"]
+    assert names == [
+        "review: request",
+        "review: decision",
+        "review: request#2",
+        "review: decision#2",
+        "review: re-check",
+        "who decided",
+    ]
 
 
 def test_wait_for_approval_raises_approval_superseded_into_the_workflow(worker: Worker, cast: Cast) -> None:
@@ -176,8 +209,13 @@ def test_wait_for_approval_raises_approval_superseded_into_the_workflow(worker: 
 
     run = wait_for_terminal(run.id, timeout=WAIT)
     assert run.status == RunStatus.COMPLETED, run.error
-    assert run.result == {"outcome": "superseded", "request": request.pk, "version": "v1",
-                          "current_version": "v2", "reason": "order cancelled"}
+    assert run.result == {
+        "outcome": "superseded",
+        "request": request.pk,
+        "version": "v1",
+        "current_version": "v2",
+        "reason": "order cancelled",
+    }
     assert not StepResult.objects.filter(run=run, name="act").exists()
 
 

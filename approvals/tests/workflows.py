@@ -3,6 +3,7 @@
 The subject of ``approvals.test.current`` is a JSON file named in the payload, so a test in
 another process can change it while the run waits.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,9 +41,14 @@ class Simple(Workflow):
         p = event.payload
         try:
             decision = wait_for_approval(
-                step, name="refund approval", subject=("shop.order", p.get("order", 1042)),
-                version=p.get("version", "v1"), summary=p.get("summary", "Refund £120 on order 1042"),
-                approvers=p["approvers"], timeout=p.get("timeout", 120), content=p.get("content"),
+                step,
+                name="refund approval",
+                subject=("shop.order", p.get("order", 1042)),
+                version=p.get("version", "v1"),
+                summary=p.get("summary", "Refund £120 on order 1042"),
+                approvers=p["approvers"],
+                timeout=p.get("timeout", 120),
+                content=p.get("content"),
                 requested_by=p.get("requested_by"),
             )
         except ApprovalRejected as exc:
@@ -52,12 +58,23 @@ class Simple(Workflow):
         except ApprovalExpired as exc:
             return {"outcome": "expired", "request": exc.request_id}
         except ApprovalSuperseded as exc:
-            return {"outcome": "superseded", "request": exc.request_id, "version": exc.version,
-                    "current_version": exc.current_version, "reason": exc.reason}
+            return {
+                "outcome": "superseded",
+                "request": exc.request_id,
+                "version": exc.version,
+                "current_version": exc.current_version,
+                "reason": exc.reason,
+            }
         done = step.do("act", acted, decision.request_id)
         who = step.do("who decided", who_decided, decision.request_id)
-        return {"outcome": "approved", "by": who["decided_by"], "version": decision.version,
-                "request": decision.request_id, "note": who["note"], "done": done}
+        return {
+            "outcome": "approved",
+            "by": who["decided_by"],
+            "version": decision.version,
+            "request": decision.request_id,
+            "note": who["note"],
+            "done": done,
+        }
 
 
 def read_document(path: str) -> Proposal:
@@ -71,8 +88,13 @@ class Current(Workflow):
 
     def run(self, event: Event, step: Any) -> Any:
         p = event.payload
-        decision = approve_current(step, name="review", subject=("test.document", "doc-1"),
-                                   load=partial(read_document, p["path"]), approvers=p["approvers"],
-                                   timeout=p.get("timeout", 120))
+        decision = approve_current(
+            step,
+            name="review",
+            subject=("test.document", "doc-1"),
+            load=partial(read_document, p["path"]),
+            approvers=p["approvers"],
+            timeout=p.get("timeout", 120),
+        )
         who = step.do("who decided", who_decided, decision.request_id)
         return {"version": decision.version, "request": decision.request_id, "by": who["decided_by"]}

@@ -15,6 +15,7 @@ request, decided in the admin or with ``POST /api/approvals/<id>/decision``; who
 run may not decide it). Without a decision before the timeout it carries on unapproved; a
 rejection ends it without a welcome. The result says which happened.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,11 @@ WORK = [
 ]
 TOTAL = len(WORK) + 3  # the working steps, the settle sleep, the approval, the welcome
 # key: (default, lowest, highest) for numbers; the strings are checked apart.
-NUMBERS = {"work_seconds": (0.7, 0.0, 10.0), "settle_seconds": (3.0, 0.0, 600.0),
-           "approval_timeout_seconds": (600.0, 1.0, 7 * 24 * 3600.0)}
+NUMBERS = {
+    "work_seconds": (0.7, 0.0, 10.0),
+    "settle_seconds": (3.0, 0.0, 600.0),
+    "approval_timeout_seconds": (600.0, 1.0, 7 * 24 * 3600.0),
+}
 TEXTS = {"customer": "alice", "plan": "starter"}  # (customer: the run's owner when not given)
 
 
@@ -77,12 +81,17 @@ class Onboarding(Workflow):
     version = "2"
     # What validate_payload checks, for the API's schema (tests/test_fuzz_api.py holds them to agreeing).
     payload_schema = {
-        "type": "object", "additionalProperties": False,
+        "type": "object",
+        "additionalProperties": False,
         "properties": {
-            **{key: {"type": "string", "minLength": 1, "maxLength": 100, "pattern": "^[^\\x00]*$", "default": default}
-               for key, default in TEXTS.items()},
-            **{key: {"type": "number", "minimum": low, "maximum": high, "default": default}
-               for key, (default, low, high) in NUMBERS.items()},
+            **{
+                key: {"type": "string", "minLength": 1, "maxLength": 100, "pattern": "^[^\\x00]*$", "default": default}
+                for key, default in TEXTS.items()
+            },
+            **{
+                key: {"type": "number", "minimum": low, "maximum": high, "default": default}
+                for key, (default, low, high) in NUMBERS.items()
+            },
         },
     }
 
@@ -120,24 +129,38 @@ class Onboarding(Workflow):
         approval: int | None = None  # the request approved; who decided is staff data, not the run's
         try:
             decision = wait_for_approval(
-                step, name="onboarding approval", subject=("demo.onboarding", str(event.run_id)), version="1",
-                summary=f"Onboard {customer} on the {plan} plan", approvers=APPROVERS,
-                timeout=_number(p, "approval_timeout_seconds"), content={"customer": customer, "plan": plan},
+                step,
+                name="onboarding approval",
+                subject=("demo.onboarding", str(event.run_id)),
+                version="1",
+                summary=f"Onboard {customer} on the {plan} plan",
+                approvers=APPROVERS,
+                timeout=_number(p, "approval_timeout_seconds"),
+                content={"customer": customer, "plan": plan},
                 requested_by=event.owner_id,  # whoever started it may not approve it
             )
             approval = decision.request_id
         except ApprovalRejected as rejected:
             self.report_progress({"done": TOTAL, "total": TOTAL, "stage": "rejected"})
-            return {"customer": customer, "plan": plan, "approved": False, "rejected": True,
-                    "approval_request": rejected.decision.request_id}
+            return {
+                "customer": customer,
+                "plan": plan,
+                "approved": False,
+                "rejected": True,
+                "approval_request": rejected.decision.request_id,
+            }
         except ApprovalExpired:
             pass  # no decision in time: carry on, flagged for review
         done += 1
-        self.report_progress({"done": done, "total": TOTAL,
-                              "stage": "approved" if approval else "approval timed out"})
+        self.report_progress({"done": done, "total": TOTAL, "stage": "approved" if approval else "approval timed out"})
 
         welcome = step.do("send welcome", send_welcome, customer, approval is not None)
         done += 1
         self.report_progress({"done": done, "total": TOTAL, "stage": "done"})
-        return {"customer": customer, "plan": plan, "approved": approval is not None,
-                "approval_request": approval, "welcome": welcome}
+        return {
+            "customer": customer,
+            "plan": plan,
+            "approved": approval is not None,
+            "approval_request": approval,
+            "welcome": welcome,
+        }

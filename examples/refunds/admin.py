@@ -1,5 +1,6 @@
 """Admin for orders and refund requests: read-only, with the customer's status in words and the
 refund operations a run left in flight (what to reconcile after a terminate or a crash)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -42,7 +43,9 @@ class OrderForm(forms.ModelForm):
         if self.instance.pk is not None and data.get("seen_version") != current:
             raise forms.ValidationError(
                 f"This order changed since the page was opened (it is now version {current}); "
-                "reload it and make your change again.", code="stale")
+                "reload it and make your change again.",
+                code="stale",
+            )
         return data
 
 
@@ -70,8 +73,13 @@ class OrderAdmin(admin.ModelAdmin):
             return self.readonly_fields
         return [*self.readonly_fields, "number", "customer"]  # who and which order: fixed once placed
 
-    def changeform_view(self, request: HttpRequest, object_id: str | None = None, form_url: str = "",
-                        extra_context: dict[str, Any] | None = None) -> HttpResponse:
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
         try:
             return super().changeform_view(request, object_id, form_url, extra_context)
         except _Refused as refusal:
@@ -82,8 +90,9 @@ class OrderAdmin(admin.ModelAdmin):
             setattr(request, _REFUSAL, str(refusal))
             return super().changeform_view(request, object_id, form_url, extra_context)
 
-    def get_form(self, request: HttpRequest, obj: Order | None = None, change: bool = False,
-                 **kwargs: Any) -> type[forms.ModelForm[Order]]:
+    def get_form(
+        self, request: HttpRequest, obj: Order | None = None, change: bool = False, **kwargs: Any
+    ) -> type[forms.ModelForm[Order]]:
         form: type[OrderForm] = super().get_form(request, obj, change, **kwargs)  # type: ignore[assignment]
         refusal = getattr(request, _REFUSAL, None)
         return form if refusal is None else type(form.__name__, (form,), {"refusal": refusal})
@@ -95,8 +104,11 @@ class OrderAdmin(admin.ModelAdmin):
         seen = form.cleaned_data["seen_version"]  # the form checked it is still the current one
         # Compared with the row as loaded (form.initial), not form.changed_data (which counts every
         # JSON field as changed).
-        changes = {name: form.cleaned_data[name] for name in CHANGEABLE
-                   if name in form.cleaned_data and form.cleaned_data[name] != form.initial.get(name)}
+        changes = {
+            name: form.cleaned_data[name]
+            for name in CHANGEABLE
+            if name in form.cleaned_data and form.cleaned_data[name] != form.initial.get(name)
+        }
         if not changes:
             return
         try:
@@ -108,8 +120,17 @@ class OrderAdmin(admin.ModelAdmin):
 @admin.register(RefundRequest)
 class RefundRequestAdmin(admin.ModelAdmin):
     list_display = ["id", "order", "customer", "amount", "status_in_words", "run", "created_at"]
-    readonly_fields = ["order", "customer", "amount", "reason", "idempotency_key", "run", "created_at",
-                       "status_in_words", "pending_operations"]
+    readonly_fields = [
+        "order",
+        "customer",
+        "amount",
+        "reason",
+        "idempotency_key",
+        "run",
+        "created_at",
+        "status_in_words",
+        "pending_operations",
+    ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # requests come from customers through the service, which starts the run
@@ -131,5 +152,8 @@ class RefundRequestAdmin(admin.ModelAdmin):
         ops = run_pending_operations(obj.run)
         if not ops:
             return "none"
-        return format_html_join(", ", '<a href="/admin/ledger/externaloperation/{}/change/">{} ({})</a>',
-                                ((op.pk, op.key, op.status) for op in ops))
+        return format_html_join(
+            ", ",
+            '<a href="/admin/ledger/externaloperation/{}/change/">{} ({})</a>',
+            ((op.pk, op.key, op.status) for op in ops),
+        )

@@ -2,6 +2,7 @@
 words). Customers see only their own: anything else is a 404, never a 403. An amount the order's
 balance does not allow is a 409 ``balance_exceeded`` (the same request may succeed once another
 request is rejected); a malformed one a 400."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -46,15 +47,26 @@ class RefundCreateApi(ApiBase):
         amount = StrictCharField(pattern=AMOUNT, help_text='The amount to refund in pounds, e.g. "120.00".')
         reason = StrictCharField(required=False, allow_blank=True, default="", max_length=500)
 
-    @extend_schema(operation_id="refund_create", tags=TAGS, request=InputSerializer,
-                   parameters=[ORDER_NUMBER, idempotency_key_parameter(
-                       "Scoped to the customer. Same key, order, amount and reason again: 200 with the existing "
-                       "request. Same key, anything else: 409.")],
-                   description="201 a new request; 200 the same Idempotency-Key with the same order, amount and "
-                   "reason (the existing request); 409 idempotency_conflict for the same key with another "
-                   "request, balance_exceeded for more than the order still has to refund.",
-                   responses={201: RefundSerializer, 200: RefundSerializer,
-                              **error_responses(400, 401, 403, 404, 409, 413, 415, 429)})
+    @extend_schema(
+        operation_id="refund_create",
+        tags=TAGS,
+        request=InputSerializer,
+        parameters=[
+            ORDER_NUMBER,
+            idempotency_key_parameter(
+                "Scoped to the customer. Same key, order, amount and reason again: 200 with the existing "
+                "request. Same key, anything else: 409."
+            ),
+        ],
+        description="201 a new request; 200 the same Idempotency-Key with the same order, amount and "
+        "reason (the existing request); 409 idempotency_conflict for the same key with another "
+        "request, balance_exceeded for more than the order still has to refund.",
+        responses={
+            201: RefundSerializer,
+            200: RefundSerializer,
+            **error_responses(400, 401, 403, 404, 409, 413, 415, 429),
+        },
+    )
     def post(self, request: Request, number: str) -> Response:
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -64,26 +76,35 @@ class RefundCreateApi(ApiBase):
             raise exceptions.NotFound()
         try:
             refund, created = refund_request_create(
-                order=order, customer=request.user,  # type: ignore[arg-type]  # authenticated
-                amount=data["amount"], reason=data["reason"], idempotency_key=idempotency_key_header(request),
+                order=order,
+                customer=request.user,  # type: ignore[arg-type]  # authenticated
+                amount=data["amount"],
+                reason=data["reason"],
+                idempotency_key=idempotency_key_header(request),
             )
         except BalanceExceeded as exc:
-            return error_response("balance_exceeded", "; ".join(exc.messages), status.HTTP_409_CONFLICT,
-                                  exc.message_dict)
+            return error_response(
+                "balance_exceeded", "; ".join(exc.messages), status.HTTP_409_CONFLICT, exc.message_dict
+            )
         except TooManyOpenRequests as exc:
             return error_response("too_many_requests", str(exc), status.HTTP_429_TOO_MANY_REQUESTS)
         except DjangoValidationError as exc:
-            raise exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages) \
-                from None
-        return Response(RefundSerializer(refund).data,
-                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
-                        headers={"Location": f"/api/refunds/{refund.pk}"})
+            raise exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages) from None
+        return Response(
+            RefundSerializer(refund).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+            headers={"Location": f"/api/refunds/{refund.pk}"},
+        )
 
 
 class RefundDetailApi(ApiBase):
-    @extend_schema(operation_id="refund_get", tags=TAGS, parameters=[REFUND_ID],
-                   description="The refund request and, in words, where it is (its owner only).",
-                   responses={200: RefundSerializer, **error_responses(401, 404)})
+    @extend_schema(
+        operation_id="refund_get",
+        tags=TAGS,
+        parameters=[REFUND_ID],
+        description="The refund request and, in words, where it is (its owner only).",
+        responses={200: RefundSerializer, **error_responses(401, 404)},
+    )
     def get(self, request: Request, refund_id: int) -> Response:
         refund = refund_request_get(user=request.user, request_id=refund_id)
         if refund is None:

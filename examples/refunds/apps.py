@@ -14,10 +14,13 @@ class RefundsConfig(AppConfig):
         from ledger import HttpAdapter, register_adapter
         from ledger.hooks import on_operation_settled
 
-        register_adapter("payments", HttpAdapter(
-            base_url=settings.SANDBOX_PAYMENTS_URL,
-            submit_path="/v1/{action}s",  # POST /v1/refunds with Idempotency-Key
-            lookup_path="/v1/{action}s?key={key}",  # GET /v1/refunds?key=K: 200 found, 404 never seen
-            batch_lookup_path="/v1/{action}s/lookup",  # POST {"keys": [...]}: reconcile asks 200 at a time
-        ))
+        register_adapter(
+            "payments",
+            HttpAdapter(
+                base_url=settings.SANDBOX_PAYMENTS_URL,
+                submit_path="/v1/{action}s",  # POST /v1/refunds with Idempotency-Key
+                lookup_path="/v1/{action}s?key={key}",  # GET /v1/refunds?key=K: 200 found, 404 never seen
+                batch_lookup_path="/v1/{action}s/lookup",  # POST {"keys": [...]}: reconcile asks 200 at a time
+            ),
+        )
         on_operation_settled(refund_settled)  # a refund reconciled as paid after its run ended

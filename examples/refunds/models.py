@@ -1,5 +1,6 @@
 """Orders and the refunds customers ask for. Changes go through ``services`` (which bump
 ``Order.version``), so an approval names exactly the version a reviewer saw."""
+
 from __future__ import annotations
 
 from django.conf import settings
@@ -38,14 +39,16 @@ class RefundRequest(models.Model):
     reason = models.TextField(blank=True)
     # The customer's Idempotency-Key ("" when none was given): a replayed POST finds its request.
     idempotency_key = models.CharField(max_length=255, blank=True)
-    run = models.ForeignKey("workflows.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL,
-                            related_name="+")
+    run = models.ForeignKey("workflows.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["customer", "idempotency_key"], condition=~Q(idempotency_key=""),
-                                    name="refund_request_customer_key"),
+            models.UniqueConstraint(
+                fields=["customer", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="refund_request_customer_key",
+            ),
         ]
 
     def __str__(self) -> str:

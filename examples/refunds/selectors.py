@@ -1,5 +1,6 @@
 """Reads: what a customer is told about a refund request, what a run left in flight, and how much
 of an order is refunded or may still be."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -142,5 +143,6 @@ def refund_requests_for(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[R
     """The customer's own requests, newest first (their home page); none for anyone signed out."""
     if not user.is_authenticated:
         return RefundRequest.objects.none()
-    return (RefundRequest.objects.select_related("order", "run").filter(customer_id=user.pk)
-            .order_by("-created_at", "-pk"))
+    return (
+        RefundRequest.objects.select_related("order", "run").filter(customer_id=user.pk).order_by("-created_at", "-pk")
+    )

@@ -6,6 +6,7 @@ the order row locked: ``refund_request_create`` (a new request holds its amount)
 ``refund_reserve`` (the refund step records its ledger operation just before sending it). Lock
 order: the order row, then the run row (as ``order_change`` and the approval's proposal take them).
 """
+
 from __future__ import annotations
 
 from decimal import Decimal, InvalidOperation
@@ -35,10 +36,23 @@ CHANGEABLE = frozenset({"amount", "currency", "items", "shipping_address", "stat
 OPTIONS = frozenset({"approval_timeout_seconds", "retry_delay_seconds", "check_interval_seconds"})
 
 
-def order_create(*, number: str, customer: User, amount: Decimal | str, currency: str = "GBP",
-                 items: list[Any] | None = None, shipping_address: dict[str, Any] | None = None) -> Order:
-    return Order.objects.create(number=number, customer=customer, amount=Decimal(amount), currency=currency,
-                                items=items or [], shipping_address=shipping_address or {})
+def order_create(
+    *,
+    number: str,
+    customer: User,
+    amount: Decimal | str,
+    currency: str = "GBP",
+    items: list[Any] | None = None,
+    shipping_address: dict[str, Any] | None = None,
+) -> Order:
+    return Order.objects.create(
+        number=number,
+        customer=customer,
+        amount=Decimal(amount),
+        currency=currency,
+        items=items or [],
+        shipping_address=shipping_address or {},
+    )
 
 
 class StaleOrder(ValueError):
@@ -59,14 +73,17 @@ def order_change(*, order_id: int, expected_version: int | None = None, **change
     with transaction.atomic():
         order = Order.objects.select_for_update().get(pk=order_id)
         if expected_version is not None and order.version != expected_version:
-            raise StaleOrder(f"order {order.number} changed since (it is now version {order.version}); "
-                             "reload it and make the change again")
+            raise StaleOrder(
+                f"order {order.number} changed since (it is now version {order.version}); "
+                "reload it and make the change again"
+            )
         for field, value in changes.items():
             setattr(order, field, Decimal(value) if field == "amount" else value)
         order.version += 1
         order.save()
-        supersede_pending(order, reason=f"the order's {', '.join(sorted(changes))} changed",
-                          current_version=str(order.version))
+        supersede_pending(
+            order, reason=f"the order's {', '.join(sorted(changes))} changed", current_version=str(order.version)
+        )
     return order
 
 
@@ -91,7 +108,12 @@ def parse_amount(value: Any) -> Decimal:
 
 
 def refund_request_create(
-    *, order: Order, customer: User, amount: Decimal | str, reason: str = "", idempotency_key: str | None = None,
+    *,
+    order: Order,
+    customer: User,
+    amount: Decimal | str,
+    reason: str = "",
+    idempotency_key: str | None = None,
     options: dict[str, Any] | None = None,
 ) -> tuple[RefundRequest, bool]:
     """Ask for a refund of ``amount`` on ``order`` (the customer's own) and start its workflow.
@@ -123,12 +145,15 @@ def refund_request_create(
                 if existing is not None:
                     return _same(existing, order=order, amount=value, reason=reason), False
             check_refundable(locked, value, order_balance(order=locked))
-            request = RefundRequest.objects.create(order=locked, customer=customer, amount=value, reason=reason,
-                                                   idempotency_key=key)
+            request = RefundRequest.objects.create(
+                order=locked, customer=customer, amount=value, reason=reason, idempotency_key=key
+            )
             # The run and its request commit together: no request without its run.
             run, _ = workflow_services.run_start(
-                workflow=WORKFLOW, payload={"request_id": request.pk, "order": locked.number, **extra},
-                idempotency_key=f"refund-request:{request.pk}", owner=customer,
+                workflow=WORKFLOW,
+                payload={"request_id": request.pk, "order": locked.number, **extra},
+                idempotency_key=f"refund-request:{request.pk}",
+                owner=customer,
             )
             request.run = run
             request.save(update_fields=["run"])
@@ -151,10 +176,14 @@ def check_refundable(order: Order, amount: Decimal, balance: OrderBalance) -> No
     if balance.refundable <= 0 and balance.refunded >= order.amount:
         raise BalanceExceeded({"order": "this order is already refunded"})
     if amount > balance.refundable:
-        raise BalanceExceeded({"amount": (
-            f"at most {balance.refundable} of this order's {order.amount} can still be refunded "
-            f"({balance.refunded} refunded, {balance.in_flight} in requests still being handled)"
-        )})
+        raise BalanceExceeded(
+            {
+                "amount": (
+                    f"at most {balance.refundable} of this order's {order.amount} can still be refunded "
+                    f"({balance.refunded} refunded, {balance.in_flight} in requests still being handled)"
+                )
+            }
+        )
 
 
 class TooManyOpenRequests(Exception):
@@ -171,8 +200,10 @@ def check_open_requests(*, customer: User) -> None:
     get_user_model().objects.select_for_update().filter(pk=customer.pk).first()
     open_requests = RefundRequest.objects.filter(customer=customer).exclude(run__status__in=TERMINAL).count()
     if open_requests >= limit:
-        raise TooManyOpenRequests(f"you have {open_requests} refund requests in progress (the limit is {limit}); "
-                                  "ask for more once some have been handled")
+        raise TooManyOpenRequests(
+            f"you have {open_requests} refund requests in progress (the limit is {limit}); "
+            "ask for more once some have been handled"
+        )
 
 
 class RefundRefused(NonRetryableError):
@@ -195,8 +226,11 @@ def refund_reserve(*, request_id: int, key: str, request: dict[str, Any]) -> Non
         order = Order.objects.select_for_update().get(pk=refund.order_id)
         if ExternalOperation.objects.filter(key=key).exists():
             return  # reserved by an earlier try of this step: it holds the amount already
-        run = (WorkflowRun.objects.select_for_update().filter(pk=refund.run_id).first()
-               if refund.run_id is not None else None)
+        run = (
+            WorkflowRun.objects.select_for_update().filter(pk=refund.run_id).first()
+            if refund.run_id is not None
+            else None
+        )
         if run is None or run.is_terminal:
             raise RefundRefused("the refund was stopped before it was sent")
         try:
@@ -227,14 +261,28 @@ def refund_settled(op: ExternalOperation) -> None:
     if (op.system, op.action, op.status) != ("payments", "refund", OperationStatus.SUCCEEDED):
         return
     request_id = request_id_of(op.key)
-    refund = RefundRequest.objects.select_related("order", "run").filter(pk=request_id).first() \
-        if request_id is not None else None
+    refund = (
+        RefundRequest.objects.select_related("order", "run").filter(pk=request_id).first()
+        if request_id is not None
+        else None
+    )
     if refund is None or refund.operation_key != op.key or (refund.run is not None and not refund.run.is_terminal):
         return
     record_create(
-        request_id=f"refund-request:{refund.pk}", run=refund.run_id, step="reconcile", tool="payments.refund",
-        observed_at=op.finished_at, approval_pending=False, operation=op,
-        response={"provider": op.response, "order": {"order": refund.order.number, "refund_amount": str(refund.amount),
-                                                     "settled_after_the_run_ended": True}},
+        request_id=f"refund-request:{refund.pk}",
+        run=refund.run_id,
+        step="reconcile",
+        tool="payments.refund",
+        observed_at=op.finished_at,
+        approval_pending=False,
+        operation=op,
+        response={
+            "provider": op.response,
+            "order": {
+                "order": refund.order.number,
+                "refund_amount": str(refund.amount),
+                "settled_after_the_run_ended": True,
+            },
+        },
     )
     order_mark_refunded(order_id=refund.order_id)

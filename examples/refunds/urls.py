@@ -1,4 +1,5 @@
 """/api/...: the refund example. No trailing slash, as in DESIGN.md section 7."""
+
 from django.urls import URLPattern, path
 
 from examples.refunds.apis import RefundCreateApi, RefundDetailApi

@@ -14,6 +14,7 @@ it up itself), at most MAX_CHECKS times.
 Personal data stays out of the run: step results and the approval hold ids, amounts and what a
 reviewer decides on, never the shipping address.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -86,8 +87,12 @@ class Refund(Workflow):
             self.report_progress({"stage": "awaiting approval"})
             try:
                 approve_current(
-                    step, name="refund approval", subject=("refunds.order", snapshot["order_id"]),
-                    load=partial(order_proposal, request_id), approvers=APPROVERS, timeout=timeout,
+                    step,
+                    name="refund approval",
+                    subject=("refunds.order", snapshot["order_id"]),
+                    load=partial(order_proposal, request_id),
+                    approvers=APPROVERS,
+                    timeout=timeout,
                     requested_by=snapshot["customer_id"],  # four eyes: never approved by who asked
                 )
             except ApprovalRejected:
@@ -100,16 +105,23 @@ class Refund(Workflow):
                 return refused
         return self.pay(step, event, snapshot, key, refund_body(snapshot))
 
-    def pay(self, step: Step, event: Event, snapshot: dict[str, Any], key: str,
-            request: dict[str, Any]) -> dict[str, Any]:
+    def pay(
+        self, step: Step, event: Event, snapshot: dict[str, Any], key: str, request: dict[str, Any]
+    ) -> dict[str, Any]:
         """Reserve and send the refund once, wait for an unknown outcome, then record it."""
         payload, request_id = event.payload, int(event.payload["request_id"])
         self.report_progress({"stage": "submitting"})
         delay = float(payload.get("retry_delay_seconds") or 2)
         try:
-            response = step.do("refund", submit_refund, request_id, key, request,
-                               retries=Retries(limit=5, delay=timedelta(seconds=delay), backoff="exponential"),
-                               timeout=timedelta(minutes=2))
+            response = step.do(
+                "refund",
+                submit_refund,
+                request_id,
+                key,
+                request,
+                retries=Retries(limit=5, delay=timedelta(seconds=delay), backoff="exponential"),
+                timeout=timedelta(minutes=2),
+            )
         except StepError as exc:
             if exc.error_type in (OperationFailed.__name__, RefundRefused.__name__):
                 return {"outcome": "failed", "request_id": request_id, "reason": exc.message}
@@ -121,8 +133,16 @@ class Refund(Workflow):
             if response is None:
                 return {"outcome": "failed", "request_id": request_id, "reason": "the provider rejected it"}
 
-        step.do("record and mark refunded", record_refund, request_id, str(event.run_id), snapshot, key, response,
-                atomic=True)
+        step.do(
+            "record and mark refunded",
+            record_refund,
+            request_id,
+            str(event.run_id),
+            snapshot,
+            key,
+            response,
+            atomic=True,
+        )
         self.report_progress({"stage": "confirmed"})
         return {"outcome": "refunded", "request_id": request_id, "refund": response}
 
@@ -146,8 +166,10 @@ class Refund(Workflow):
                 return check["response"]
             if check["state"] == "failed":
                 return None
-        raise NonRetryableError(f"the outcome of refund {key!r} is still unknown after {MAX_CHECKS} checks; "
-                                "resolve it in the admin (External operations)")
+        raise NonRetryableError(
+            f"the outcome of refund {key!r} is still unknown after {MAX_CHECKS} checks; "
+            "resolve it in the admin (External operations)"
+        )
 
 
 # --- the steps ----------------------------------------------------------------------------------
@@ -168,11 +190,20 @@ def load_snapshot(request_id: int, *, lock: bool = False) -> dict[str, Any]:
     balance = order_balance(order=order, exclude_request_id=request.pk)
     limit = Decimal(str(settings.REFUND_APPROVAL_LIMIT))
     return {
-        "request_id": request.pk, "order_id": order.pk, "order": order.number, "version": str(order.version),
-        "customer_id": request.customer_id, "order_amount": str(order.amount),
-        "refund_amount": str(request.amount), "refundable": str(balance.refundable),
-        "already_refunded": str(balance.refunded), "currency": order.currency, "status": order.status,
-        "items": order.items, "reason": request.reason, "observed_at": timezone.now().isoformat(),
+        "request_id": request.pk,
+        "order_id": order.pk,
+        "order": order.number,
+        "version": str(order.version),
+        "customer_id": request.customer_id,
+        "order_amount": str(order.amount),
+        "refund_amount": str(request.amount),
+        "refundable": str(balance.refundable),
+        "already_refunded": str(balance.refunded),
+        "currency": order.currency,
+        "status": order.status,
+        "items": order.items,
+        "reason": request.reason,
+        "observed_at": timezone.now().isoformat(),
         # Per order, not per request: what the order's other requests refunded or may still refund
         # counts too, so splitting a refund into pieces below the limit does not avoid a reviewer.
         # Decided once and stored: a limit changed later does not change a run in flight.
@@ -183,8 +214,10 @@ def load_snapshot(request_id: int, *, lock: bool = False) -> dict[str, Any]:
 def check_policy(snapshot: dict[str, Any]) -> bool:
     """An early, cheap answer from the snapshot; ``refund_reserve`` decides again under the lock."""
     if Decimal(snapshot["refund_amount"]) > Decimal(snapshot["refundable"]):
-        raise RefundRefused(f"the refund ({snapshot['refund_amount']}) exceeds what order {snapshot['order']} "
-                            f"can still refund ({snapshot['refundable']} of {snapshot['order_amount']})")
+        raise RefundRefused(
+            f"the refund ({snapshot['refund_amount']}) exceeds what order {snapshot['order']} "
+            f"can still refund ({snapshot['refundable']} of {snapshot['order_amount']})"
+        )
     return True
 
 
@@ -199,8 +232,11 @@ def order_proposal(request_id: int) -> Proposal:
     snapshot = load_snapshot(request_id, lock=True)
     sign = CURRENCY_SIGNS.get(snapshot["currency"], snapshot["currency"] + " ")
     content = {k: v for k, v in snapshot.items() if k not in ("observed_at", "needs_approval")}
-    return Proposal(version=snapshot["version"], content=content,
-                    summary=f"Refund {sign}{snapshot['refund_amount']} on order {snapshot['order']}")
+    return Proposal(
+        version=snapshot["version"],
+        content=content,
+        summary=f"Refund {sign}{snapshot['refund_amount']} on order {snapshot['order']}",
+    )
 
 
 def earlier_refund(key: str) -> dict[str, Any] | None:
@@ -238,8 +274,13 @@ def record_refund(request_id: int, run_id: str, snapshot: dict[str, Any], key: s
     assert transaction.get_connection().in_atomic_block, "run as an atomic step"
     observed_at = parse_datetime(snapshot["observed_at"])
     record = record_create(
-        request_id=f"refund-request:{request_id}", run=run_id, step="refund", tool="payments.refund",
-        observed_at=observed_at, approval_pending=False, operation=ExternalOperation.objects.filter(key=key).first(),
+        request_id=f"refund-request:{request_id}",
+        run=run_id,
+        step="refund",
+        tool="payments.refund",
+        observed_at=observed_at,
+        approval_pending=False,
+        operation=ExternalOperation.objects.filter(key=key).first(),
         # The order as it was relied on; its address is redacted by record_create.
         response={"provider": response, "order": snapshot},
     )

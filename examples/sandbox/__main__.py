@@ -1,5 +1,6 @@
 """``python -m examples.sandbox [--host 127.0.0.1] [--port 8765] [--data FILE]``: the sandbox
 payment provider as a standalone HTTP service (standard library only, no Django)."""
+
 from __future__ import annotations
 
 import argparse
@@ -42,10 +43,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
     parser.add_argument("--data", default=DEFAULT_DATA, help=f"SQLite file holding the state (default {DEFAULT_DATA})")
-    parser.add_argument("--timeout-seconds", type=_seconds, default=30.0,
-                        help="how long the 'timeout' fault holds the answer back unless told (default 30)")
-    parser.add_argument("--decline-above", type=_decimal, default=Decimal("10000"),
-                        help="refunds of a larger amount are declined with 402 (default 10000)")
+    parser.add_argument(
+        "--timeout-seconds",
+        type=_seconds,
+        default=30.0,
+        help="how long the 'timeout' fault holds the answer back unless told (default 30)",
+    )
+    parser.add_argument(
+        "--decline-above",
+        type=_decimal,
+        default=Decimal("10000"),
+        help="refunds of a larger amount are declined with 402 (default 10000)",
+    )
     return parser.parse_args(argv)
 
 
@@ -56,8 +65,9 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     store = Store(args.data)
-    server = SandboxServer((args.host, args.port), store,
-                           Config(timeout_seconds=args.timeout_seconds, decline_above=args.decline_above))
+    server = SandboxServer(
+        (args.host, args.port), store, Config(timeout_seconds=args.timeout_seconds, decline_above=args.decline_above)
+    )
     signal.signal(signal.SIGTERM, _stop)
     host, port = args.host, server.server_port
     print(f"sandbox provider listening on http://{host}:{port} (data {store.path})", flush=True)

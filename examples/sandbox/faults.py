@@ -13,6 +13,7 @@ A fault is written as in the ``X-Sandbox-Fault`` header or the ``fault`` field o
 
 On a lookup (``GET /v1/refunds?key=``) only ``delay``, ``timeout`` and ``error`` make sense.
 """
+
 from __future__ import annotations
 
 import math

@@ -9,6 +9,7 @@ and any other app's, e.g. the ledger's adapter or the refund workflow end to end
 
 Standard library only, like the provider.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -27,8 +28,15 @@ LISTENING = re.compile(r"listening on http://([^\s:]+):(\d+)")
 
 
 class SandboxProcess:
-    def __init__(self, data: str | Path, *, host: str = "127.0.0.1", port: int = 0,
-                 log: str | Path | None = None, args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        data: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log: str | Path | None = None,
+        args: tuple[str, ...] = (),
+    ) -> None:
         self.data = Path(data)
         self.host = host
         self.requested_port = port
@@ -47,10 +55,23 @@ class SandboxProcess:
         """Start the process (on a free port unless told one) and wait until it listens."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
         offset = self.log.stat().st_size if self.log.exists() else 0  # the log is appended to
-        env = {**os.environ, "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        command = [sys.executable, "-m", "examples.sandbox", "--host", self.host,
-                   "--port", str(self.requested_port), "--data", str(self.data), *self.args]
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        command = [
+            sys.executable,
+            "-m",
+            "examples.sandbox",
+            "--host",
+            self.host,
+            "--port",
+            str(self.requested_port),
+            "--data",
+            str(self.data),
+            *self.args,
+        ]
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         deadline = time.monotonic() + timeout
@@ -94,14 +115,16 @@ class SandboxProcess:
     def __enter__(self) -> SandboxProcess:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     # -- a small client ---------------------------------------------------------------------
 
-    def request(self, method: str, path: str, body: Any = None, *, headers: dict[str, str] | None = None,
-                timeout: float = 10.0) -> tuple[int, Any]:
+    def request(
+        self, method: str, path: str, body: Any = None, *, headers: dict[str, str] | None = None, timeout: float = 10.0
+    ) -> tuple[int, Any]:
         """One request on a fresh connection; returns (status, decoded JSON body). ``body`` is
         sent as JSON, or as it is when it is bytes. Raises TimeoutError when no answer comes
         within ``timeout`` seconds."""

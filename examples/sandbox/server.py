@@ -14,6 +14,7 @@ Faults: see ``faults.py``. A request's ``X-Sandbox-Fault`` header takes preceden
 armed for its key; an armed fault is used up only by a request that carries no header. Faults
 act only on well-formed requests: a request answered 400/422 consumes no armed fault.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,7 @@ class Reply:
 class BadRequest(Exception):
     def __init__(self, status: int, error: str, message: str) -> None:
         super().__init__(message)
-        self.reply = Reply(status, {"error": error, "message": message},
-                           "bad_request" if status == 400 else "invalid")
+        self.reply = Reply(status, {"error": error, "message": message}, "bad_request" if status == 400 else "invalid")
 
 
 def validate_refund(data: Any, default_currency: str = "GBP") -> dict[str, Any]:
@@ -81,28 +81,40 @@ def validate_refund(data: Any, default_currency: str = "GBP") -> dict[str, Any]:
         raise invalid("order must be a non-empty string of at most 200 characters")
     amount = data.get("amount")
     if not isinstance(amount, str) or not AMOUNT_RE.fullmatch(amount) or Decimal(amount) <= 0:
-        raise invalid("amount must be a positive decimal string with at most 2 decimal places, e.g. \"120.00\"")
+        raise invalid('amount must be a positive decimal string with at most 2 decimal places, e.g. "120.00"')
     currency = data.get("currency", default_currency)
     if not isinstance(currency, str) or not CURRENCY_RE.fullmatch(currency):
-        raise invalid("currency must be a three-letter upper-case code, e.g. \"GBP\"")
+        raise invalid('currency must be a three-letter upper-case code, e.g. "GBP"')
     reason = data.get("reason")
     if reason is not None and (not isinstance(reason, str) or len(reason) > 500):
         raise invalid("reason must be a string of at most 500 characters")
     metadata = data.get("metadata", {})
-    if (not isinstance(metadata, dict) or len(metadata) > 20
-            or not all(isinstance(k, str) and isinstance(v, str) and len(k) <= 40 and len(v) <= 500
-                       for k, v in metadata.items())):
+    if (
+        not isinstance(metadata, dict)
+        or len(metadata) > 20
+        or not all(
+            isinstance(k, str) and isinstance(v, str) and len(k) <= 40 and len(v) <= 500 for k, v in metadata.items()
+        )
+    ):
         raise invalid("metadata must be an object of at most 20 string values")
-    return {"order": order, "amount": f"{Decimal(amount):.2f}", "currency": currency,
-            "reason": reason, "metadata": metadata}
+    return {
+        "order": order,
+        "amount": f"{Decimal(amount):.2f}",
+        "currency": currency,
+        "reason": reason,
+        "metadata": metadata,
+    }
 
 
 def check_key(key: str | None, where: str) -> str:
     if key is None or key == "":
         raise BadRequest(400, "missing_idempotency_key", f"{where} is required")
     if not KEY_RE.fullmatch(key):
-        raise BadRequest(400, "invalid_idempotency_key",
-                         f"{where} must be 1 to {MAX_KEY_LENGTH} printable ASCII characters without spaces")
+        raise BadRequest(
+            400,
+            "invalid_idempotency_key",
+            f"{where} must be 1 to {MAX_KEY_LENGTH} printable ASCII characters without spaces",
+        )
     return key
 
 
@@ -202,8 +214,10 @@ class Handler(BaseHTTPRequestHandler):
         # No bodies: order, amount and anything else the client sent stay out of the log.
         elapsed_ms = (time.monotonic() - started) * 1000
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-        line = (f"{now} {method} {path} key={self._key or '-'} fault={self._fault or '-'} "
-                f"status={reply.status} outcome={reply.outcome} {elapsed_ms:.0f}ms\n")
+        line = (
+            f"{now} {method} {path} key={self._key or '-'} fault={self._fault or '-'} "
+            f"status={reply.status} outcome={reply.outcome} {elapsed_ms:.0f}ms\n"
+        )
         with _log_lock:
             sys.stdout.write(line)
             sys.stdout.flush()
@@ -249,8 +263,9 @@ class Handler(BaseHTTPRequestHandler):
         action = by_method.get(method)
         if action is None:
             allowed = ", ".join(sorted(by_method))
-            return Reply(405, {"error": "method_not_allowed", "message": f"use {allowed}"}, "bad_method",
-                         {"Allow": allowed})
+            return Reply(
+                405, {"error": "method_not_allowed", "message": f"use {allowed}"}, "bad_method", {"Allow": allowed}
+            )
         return action()
 
     def _create(self, body: bytes) -> Reply:
@@ -279,19 +294,26 @@ class Handler(BaseHTTPRequestHandler):
         elif outcome == "replayed":
             reply = Reply(200, refund, outcome, {"Idempotent-Replayed": "true"})
         elif outcome == "conflict":
-            reply = Reply(409, {"error": "idempotency_conflict",
-                                "message": "this Idempotency-Key was used with a different request"}, outcome)
+            reply = Reply(
+                409,
+                {"error": "idempotency_conflict", "message": "this Idempotency-Key was used with a different request"},
+                outcome,
+            )
         else:
-            reply = Reply(402, {"error": "declined",
-                                "message": f"refunds above {config.decline_above} are declined"}, outcome)
+            reply = Reply(
+                402, {"error": "declined", "message": f"refunds above {config.decline_above} are declined"}, outcome
+            )
         store.count(reply.outcome, fault.kind if fault is not None else None)
 
         # Faults after the effect is stored.
         if fault is not None and fault.kind == "timeout":
             self._sleep(fault)
         elif fault is not None and fault.kind == "error-after-commit":
-            reply = Reply(503, {"error": "service_unavailable",
-                                "message": "sandbox fault: the request may have been processed"}, reply.outcome)
+            reply = Reply(
+                503,
+                {"error": "service_unavailable", "message": "sandbox fault: the request may have been processed"},
+                reply.outcome,
+            )
         return reply
 
     def _refunds(self, query: dict[str, list[str]]) -> Reply:
@@ -354,7 +376,7 @@ class Handler(BaseHTTPRequestHandler):
             raise invalid(f"times must be an integer from 1 to {MAX_TIMES}")
         fault_text = data.get("fault")
         if not isinstance(fault_text, str):
-            raise invalid("fault must be a string such as \"timeout=5\"")
+            raise invalid('fault must be a string such as "timeout=5"')
         try:
             fault = parse_fault(fault_text)
         except FaultError as exc:

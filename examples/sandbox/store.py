@@ -7,6 +7,7 @@ file, and nothing rewrites the whole state on every request. Every operation ope
 connection (the server runs a thread per request) and writes under ``BEGIN IMMEDIATE``, so the
 check "does this key exist?" and the insert that follows cannot interleave with another writer.
 """
+
 from __future__ import annotations
 
 import json
@@ -166,13 +167,16 @@ class Store:
     def take_armed(self, key: str, target: Target) -> str | None:
         """The oldest fault armed for the next ``target`` request on ``key``, used up once."""
         with self._read() as conn:  # most requests have none: answer that without a write lock
-            if conn.execute("SELECT 1 FROM armed_faults WHERE key = ? AND target = ? LIMIT 1",
-                            (key, target)).fetchone() is None:
+            if (
+                conn.execute(
+                    "SELECT 1 FROM armed_faults WHERE key = ? AND target = ? LIMIT 1", (key, target)
+                ).fetchone()
+                is None
+            ):
                 return None
         with self._tx() as conn:
             row = conn.execute(
-                "SELECT seq, fault, remaining FROM armed_faults WHERE key = ? AND target = ? "
-                "ORDER BY seq LIMIT 1",
+                "SELECT seq, fault, remaining FROM armed_faults WHERE key = ? AND target = ? ORDER BY seq LIMIT 1",
                 (key, target),
             ).fetchone()
             if row is None:
@@ -193,8 +197,9 @@ class Store:
 
     def count(self, outcome: str, fault: str | None = None) -> None:
         with self._tx() as conn:
-            sql = ("INSERT INTO counters (kind, name, n) VALUES (?, ?, 1) "
-                   "ON CONFLICT (kind, name) DO UPDATE SET n = n + 1")
+            sql = (
+                "INSERT INTO counters (kind, name, n) VALUES (?, ?, 1) ON CONFLICT (kind, name) DO UPDATE SET n = n + 1"
+            )
             conn.execute(sql, ("request", outcome))
             if fault is not None:
                 conn.execute(sql, ("fault", fault))

@@ -3,6 +3,7 @@
 Read-only: the status moves only through the services (the FSM field is protected) and the
 evidence and reports are history, so the admin shows them and links to the run that drives them.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,8 +39,18 @@ class SupplierAssessmentAdmin(admin.ModelAdmin):
     list_select_related = ("requested_by",)
     search_fields = ("supplier_name",)
     inlines = (SourceRecordInline, AssessmentReportInline)
-    fields = ("supplier_name", "status", "requested_by", "input", "run_link", "decided_by", "decided_version",
-              "failure_reason", "created_at", "updated_at")
+    fields = (
+        "supplier_name",
+        "status",
+        "requested_by",
+        "input",
+        "run_link",
+        "decided_by",
+        "decided_version",
+        "failure_reason",
+        "created_at",
+        "updated_at",
+    )
     readonly_fields = fields
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -11,6 +11,7 @@ The requester sees their own assessments, reviewers (``supplier-reviewers``) all
 is a 404. Refusals: 403 for who (not the requester, not a reviewer, four eyes), 409 for when (the
 assessment's state, a stale report version: "review the current version"), with nothing changed.
 """
+
 from __future__ import annotations
 
 import re
@@ -78,8 +79,9 @@ class SourceSerializer(serializers.Serializer):
 @extend_schema_serializer(component_name="AssessmentReport")
 class ReportSerializer(serializers.Serializer):
     version = serializers.IntegerField()
-    source_revisions = serializers.DictField(child=serializers.IntegerField(),
-                                             help_text="{source: revision} the report was built from.")
+    source_revisions = serializers.DictField(
+        child=serializers.IntegerField(), help_text="{source: revision} the report was built from."
+    )
     body = serializers.JSONField()
     created_at = serializers.DateTimeField()
 
@@ -123,16 +125,21 @@ class AssessmentListCreateApi(ApiBase):
     @extend_schema_serializer(component_name="AssessmentCreateInput")
     class InputSerializer(StrictSerializer):
         supplier_name = StrictCharField(max_length=200, pattern=NOT_BLANK, help_text="Not only whitespace.")
-        sources = JsonObjectField(allow_empty=False, key_pattern=NOT_BLANK, key_max_length=SOURCE_NAME_MAX,
-                                  child=JsonValueField(),  # each is a source record's content: not null
-                                  help_text="{source name: content}: revision 1 of each. A name is 1 to 100 "
-                                  "characters, not only whitespace; a content any JSON but null.")
+        sources = JsonObjectField(
+            allow_empty=False,
+            key_pattern=NOT_BLANK,
+            key_max_length=SOURCE_NAME_MAX,
+            child=JsonValueField(),  # each is a source record's content: not null
+            help_text="{source name: content}: revision 1 of each. A name is 1 to 100 "
+            "characters, not only whitespace; a content any JSON but null.",
+        )
 
     @extend_schema_serializer(component_name="AssessmentListFilter")
     class FilterSerializer(StrictSerializer):
         status = serializers.ChoiceField(choices=AssessmentStatus.choices, required=False)
-        cursor = StrictCharField(required=False, pattern=CURSOR,
-                                 help_text="From the previous page's next/previous link.")
+        cursor = StrictCharField(
+            required=False, pattern=CURSOR, help_text="From the previous page's next/previous link."
+        )
         page_size = serializers.IntegerField(required=False, min_value=1, max_value=RunCursorPagination.max_page_size)
 
     @extend_schema_serializer(component_name="AssessmentPage")
@@ -141,9 +148,13 @@ class AssessmentListCreateApi(ApiBase):
         previous = serializers.URLField(allow_null=True)
         results = AssessmentSummarySerializer(many=True)
 
-    @extend_schema(operation_id="assessment_list", tags=TAGS, parameters=[FilterSerializer],
-                   description="The caller's assessments (a reviewer's: all), newest first, cursor-paginated.",
-                   responses={200: PageSerializer, **error_responses(400, 401)})
+    @extend_schema(
+        operation_id="assessment_list",
+        tags=TAGS,
+        parameters=[FilterSerializer],
+        description="The caller's assessments (a reviewer's: all), newest first, cursor-paginated.",
+        responses={200: PageSerializer, **error_responses(400, 401)},
+    )
     def get(self, request: Request) -> Response:
         filters = self.FilterSerializer(data=request.query_params.dict())
         filters.is_valid(raise_exception=True)
@@ -153,9 +164,13 @@ class AssessmentListCreateApi(ApiBase):
         data = [assessment_data(assessment=a, user=request.user) for a in page or []]
         return paginator.get_paginated_response(AssessmentSummarySerializer(data, many=True).data)
 
-    @extend_schema(operation_id="assessment_create", tags=TAGS, request=InputSerializer,
-                   description="A new assessment awaiting input, with revision 1 of each source.",
-                   responses={201: AssessmentDetailSerializer, **error_responses(400, 401, 403, 413, 415)})
+    @extend_schema(
+        operation_id="assessment_create",
+        tags=TAGS,
+        request=InputSerializer,
+        description="A new assessment awaiting input, with revision 1 of each source.",
+        responses={201: AssessmentDetailSerializer, **error_responses(400, 401, 403, 413, 415)},
+    )
     def post(self, request: Request) -> Response:
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -164,10 +179,12 @@ class AssessmentListCreateApi(ApiBase):
         names = [name for name in data["sources"] if len(name) > SOURCE_NAME_MAX or not re.fullmatch(NOT_BLANK, name)]
         if names:
             raise exceptions.ValidationError(
-                {"sources": ["Source names are 1 to 100 characters, not only whitespace."]})
+                {"sources": ["Source names are 1 to 100 characters, not only whitespace."]}
+            )
         try:
-            assessment = services.assessment_create(supplier_name=data["supplier_name"],
-                                                    requested_by=authenticated_user(request), sources=data["sources"])
+            assessment = services.assessment_create(
+                supplier_name=data["supplier_name"], requested_by=authenticated_user(request), sources=data["sources"]
+            )
         except ValueError as exc:
             raise exceptions.ValidationError({"supplier_name": [str(exc)]}) from None
         response = detail_response(request, assessment.pk, http_status=status.HTTP_201_CREATED)
@@ -176,10 +193,14 @@ class AssessmentListCreateApi(ApiBase):
 
 
 class AssessmentDetailApi(ApiBase):
-    @extend_schema(operation_id="assessment_retrieve", tags=TAGS, parameters=[ASSESSMENT_ID],
-                   description="Status, the latest revision of each source, the current report and the review "
-                   "pending now (with the report_version to send back).",
-                   responses={200: AssessmentDetailSerializer, **error_responses(401, 404)})
+    @extend_schema(
+        operation_id="assessment_retrieve",
+        tags=TAGS,
+        parameters=[ASSESSMENT_ID],
+        description="Status, the latest revision of each source, the current report and the review "
+        "pending now (with the report_version to send back).",
+        responses={200: AssessmentDetailSerializer, **error_responses(401, 404)},
+    )
     def get(self, request: Request, assessment_id: int) -> Response:
         return detail_response(request, assessment_id)
 
@@ -188,15 +209,21 @@ class AssessmentSourceApi(ApiBase):
     @extend_schema_serializer(component_name="AssessmentSourceInput")
     class InputSerializer(StrictSerializer):
         source = StrictCharField(  # type: ignore[assignment]  # a field, not Field.source
-            max_length=SOURCE_NAME_MAX, pattern=NOT_BLANK,
-            help_text="e.g. companies-house, sanctions, credit; not only whitespace")
+            max_length=SOURCE_NAME_MAX,
+            pattern=NOT_BLANK,
+            help_text="e.g. companies-house, sanctions, credit; not only whitespace",
+        )
         content = JsonValueField(help_text="The evidence, as JSON.")
 
-    @extend_schema(operation_id="assessment_source_add", tags=TAGS, parameters=[ASSESSMENT_ID],
-                   request=InputSerializer,
-                   description="A new source, or the next revision of one. During a review this supersedes "
-                   "the pending request: the workflow builds the next report version and asks again.",
-                   responses={201: SourceSerializer, **error_responses(400, 401, 403, 404, 409, 413, 415)})
+    @extend_schema(
+        operation_id="assessment_source_add",
+        tags=TAGS,
+        parameters=[ASSESSMENT_ID],
+        request=InputSerializer,
+        description="A new source, or the next revision of one. During a review this supersedes "
+        "the pending request: the workflow builds the next report version and asks again.",
+        responses={201: SourceSerializer, **error_responses(400, 401, 403, 404, 409, 413, 415)},
+    )
     def post(self, request: Request, assessment_id: int) -> Response:
         visible_assessment(request, assessment_id)
         serializer = self.InputSerializer(data=request.data)
@@ -204,12 +231,18 @@ class AssessmentSourceApi(ApiBase):
         data = serializer.validated_data
         check_json_size(data["content"], what="source content")
         try:
-            record = services.source_record_add(assessment_id=assessment_id, source=data["source"],
-                                                content=data["content"], by=request.user)
+            record = services.source_record_add(
+                assessment_id=assessment_id, source=data["source"], content=data["content"], by=request.user
+            )
         except services.AssessmentStateError as exc:
             return state_error(exc, assessment_id)
-        body = {"source": record.source, "revision": record.revision, "content": record.content,
-                "created_by": request.user.get_username(), "created_at": record.created_at}
+        body = {
+            "source": record.source,
+            "revision": record.revision,
+            "content": record.content,
+            "created_by": request.user.get_username(),
+            "created_at": record.created_at,
+        }
         return Response(SourceSerializer(body).data, status=status.HTTP_201_CREATED)
 
 
@@ -218,12 +251,20 @@ class AssessmentSubmitApi(ApiBase):
     class InputSerializer(StrictSerializer):
         input = JsonObjectField(required=False, default=dict, help_text="Scope, questions: part of every report.")
         review_timeout_seconds = StrictFloatField(
-            required=False, min_value=1, max_value=services.MAX_REVIEW_TIMEOUT_SECONDS,
-            help_text="How long reviewers have (default 7 days, at most 90).")
+            required=False,
+            min_value=1,
+            max_value=services.MAX_REVIEW_TIMEOUT_SECONDS,
+            help_text="How long reviewers have (default 7 days, at most 90).",
+        )
 
-    @extend_schema(operation_id="assessment_submit", tags=TAGS, parameters=[ASSESSMENT_ID], request=InputSerializer,
-                   description="The requester submits the input, once: the workflow run starts.",
-                   responses={200: AssessmentDetailSerializer, **error_responses(400, 401, 403, 404, 409, 413, 415)})
+    @extend_schema(
+        operation_id="assessment_submit",
+        tags=TAGS,
+        parameters=[ASSESSMENT_ID],
+        request=InputSerializer,
+        description="The requester submits the input, once: the workflow run starts.",
+        responses={200: AssessmentDetailSerializer, **error_responses(400, 401, 403, 404, 409, 413, 415)},
+    )
     def post(self, request: Request, assessment_id: int) -> Response:
         visible_assessment(request, assessment_id)
         serializer = self.InputSerializer(data=request.data)
@@ -231,8 +272,12 @@ class AssessmentSubmitApi(ApiBase):
         data = serializer.validated_data
         check_json_size(data["input"], what="input")
         try:
-            services.assessment_submit_input(assessment_id=assessment_id, by=request.user, data=data["input"],
-                                             review_timeout_seconds=data.get("review_timeout_seconds"))
+            services.assessment_submit_input(
+                assessment_id=assessment_id,
+                by=request.user,
+                data=data["input"],
+                review_timeout_seconds=data.get("review_timeout_seconds"),
+            )
         except services.AssessmentStateError as exc:
             return state_error(exc, assessment_id)
         return detail_response(request, assessment_id)
@@ -242,28 +287,38 @@ class AssessmentReviewApi(ApiBase):
     @extend_schema_serializer(component_name="AssessmentReviewInput")
     class InputSerializer(StrictSerializer):
         approve = StrictBooleanField(help_text="true approves, false rejects.")
-        report_version = StrictIntegerField(min_value=1, max_value=REPORT_VERSION_MAX,
-                                                  help_text="The report version the page showed.")
+        report_version = StrictIntegerField(
+            min_value=1, max_value=REPORT_VERSION_MAX, help_text="The report version the page showed."
+        )
         note = StrictCharField(required=False, default="", allow_blank=True, max_length=NOTE_MAX)
 
-    @extend_schema(operation_id="assessment_review", tags=TAGS, parameters=[ASSESSMENT_ID], request=InputSerializer,
-                   description="A reviewer's decision on the report version their page showed. 403 not_authorised "
-                   "/ four_eyes; 409 stale_version (review the current version), invalid_state (no review "
-                   "pending), not_pending or expired. The assessment moves once the workflow applies it.",
-                   responses={200: AssessmentDetailSerializer, **error_responses(400, 401, 403, 404, 409, 413, 415)})
+    @extend_schema(
+        operation_id="assessment_review",
+        tags=TAGS,
+        parameters=[ASSESSMENT_ID],
+        request=InputSerializer,
+        description="A reviewer's decision on the report version their page showed. 403 not_authorised "
+        "/ four_eyes; 409 stale_version (review the current version), invalid_state (no review "
+        "pending), not_pending or expired. The assessment moves once the workflow applies it.",
+        responses={200: AssessmentDetailSerializer, **error_responses(400, 401, 403, 404, 409, 413, 415)},
+    )
     def post(self, request: Request, assessment_id: int) -> Response:
         visible_assessment(request, assessment_id)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         try:
-            services.assessment_review(assessment_id=assessment_id, by=request.user, approve=data["approve"],
-                                       report_version=data["report_version"], note=data["note"],
-                                       channel=DecisionChannel.API)
+            services.assessment_review(
+                assessment_id=assessment_id,
+                by=request.user,
+                approve=data["approve"],
+                report_version=data["report_version"],
+                note=data["note"],
+                channel=DecisionChannel.API,
+            )
         except services.AssessmentStateError as exc:
             return state_error(exc, assessment_id)
         except ApprovalRefused as refusal:
             http_status = status.HTTP_403_FORBIDDEN if refusal.code in FORBIDDEN else status.HTTP_409_CONFLICT
             return error_response(str(refusal.code), str(refusal), http_status, refusal.detail)
         return detail_response(request, assessment_id)
-

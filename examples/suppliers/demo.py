@@ -2,6 +2,7 @@
 
 ``seed(stdout)`` is safe to repeat: it finds what an earlier call created instead of adding more.
 """
+
 from __future__ import annotations
 
 from typing import TextIO

@@ -6,6 +6,7 @@ moves the assessment on to gathering, ready and failed, and only a reviewer of t
 ``supplier-reviewers`` group, never the requester, approves or rejects it. ``services`` call the
 transitions inside ``transaction.atomic()`` with the row locked.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -64,10 +65,12 @@ class SupplierAssessment(FSMModelMixin, models.Model):
     # What the requester submitted (scope, questions): part of every report.
     input = models.JSONField(default=dict, blank=True)
     status = FSMField(default=AssessmentStatus.AWAITING_INPUT, choices=AssessmentStatus.choices, protected=True)
-    run = models.OneToOneField(WorkflowRun, null=True, blank=True, on_delete=models.PROTECT,
-                               related_name="supplier_assessment")
-    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-                                   related_name="+")
+    run = models.OneToOneField(
+        WorkflowRun, null=True, blank=True, on_delete=models.PROTECT, related_name="supplier_assessment"
+    )
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     # The report version the decision applied to, and why the assessment failed (if it did).
     decided_version = models.PositiveIntegerField(null=True, blank=True)
     failure_reason = models.TextField(blank=True)
@@ -87,35 +90,57 @@ class SupplierAssessment(FSMModelMixin, models.Model):
     # --- transitions: database fields only; services call them inside atomic() with the row locked.
     # Submitting keeps the state (the run is queued; its first step moves it on): the condition
     # makes a second submit impossible, so one assessment never gets two runs.
-    @transition(field=status, source=AssessmentStatus.AWAITING_INPUT, target=AssessmentStatus.AWAITING_INPUT,
-                conditions=[has_no_run], permission=is_requester)
+    @transition(
+        field=status,
+        source=AssessmentStatus.AWAITING_INPUT,
+        target=AssessmentStatus.AWAITING_INPUT,
+        conditions=[has_no_run],
+        permission=is_requester,
+    )
     def submit_input(self, *, data: dict[str, Any]) -> None:
         self.input = data
 
     # From ready_for_review too: a restarted run gathers the evidence again and builds a new report.
-    @transition(field=status, source=[AssessmentStatus.AWAITING_INPUT, AssessmentStatus.READY_FOR_REVIEW],
-                target=AssessmentStatus.GATHERING_EVIDENCE, permission=engine_only)
+    @transition(
+        field=status,
+        source=[AssessmentStatus.AWAITING_INPUT, AssessmentStatus.READY_FOR_REVIEW],
+        target=AssessmentStatus.GATHERING_EVIDENCE,
+        permission=engine_only,
+    )
     def start_gathering(self) -> None:
         pass
 
-    @transition(field=status, source=AssessmentStatus.GATHERING_EVIDENCE, target=AssessmentStatus.READY_FOR_REVIEW,
-                permission=engine_only)
+    @transition(
+        field=status,
+        source=AssessmentStatus.GATHERING_EVIDENCE,
+        target=AssessmentStatus.READY_FOR_REVIEW,
+        permission=engine_only,
+    )
     def mark_ready(self) -> None:
         pass
 
-    @transition(field=status, source=AssessmentStatus.READY_FOR_REVIEW, target=AssessmentStatus.APPROVED,
-                permission=is_reviewer)
+    @transition(
+        field=status, source=AssessmentStatus.READY_FOR_REVIEW, target=AssessmentStatus.APPROVED, permission=is_reviewer
+    )
     def approve(self, *, by_id: int, version: int) -> None:
         self.decided_by_id, self.decided_version = by_id, version
 
-    @transition(field=status, source=AssessmentStatus.READY_FOR_REVIEW, target=AssessmentStatus.REJECTED,
-                permission=is_reviewer)
+    @transition(
+        field=status, source=AssessmentStatus.READY_FOR_REVIEW, target=AssessmentStatus.REJECTED, permission=is_reviewer
+    )
     def reject(self, *, by_id: int, version: int) -> None:
         self.decided_by_id, self.decided_version = by_id, version
 
-    @transition(field=status, source=[AssessmentStatus.AWAITING_INPUT, AssessmentStatus.GATHERING_EVIDENCE,
-                                      AssessmentStatus.READY_FOR_REVIEW],
-                target=AssessmentStatus.FAILED, permission=engine_only)
+    @transition(
+        field=status,
+        source=[
+            AssessmentStatus.AWAITING_INPUT,
+            AssessmentStatus.GATHERING_EVIDENCE,
+            AssessmentStatus.READY_FOR_REVIEW,
+        ],
+        target=AssessmentStatus.FAILED,
+        permission=engine_only,
+    )
     def fail(self, *, reason: str) -> None:
         self.failure_reason = reason
 
@@ -128,8 +153,9 @@ class SourceRecord(models.Model):
     source = models.CharField(max_length=100, help_text="e.g. companies-house, sanctions, credit")
     revision = models.PositiveIntegerField()
     content = models.JSONField()
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
-                                   related_name="+")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -1,4 +1,5 @@
 """Reads of supplier assessments: who sees which, and what a page or the API shows of one."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -51,8 +52,13 @@ def latest_sources(assessment: SupplierAssessment) -> list[dict[str, Any]]:
     for record in assessment.source_records.select_related("created_by").order_by("source", "revision"):
         latest[record.source] = record
     return [
-        {"source": r.source, "revision": r.revision, "content": r.content,
-         "created_by": r.created_by.get_username() if r.created_by else None, "created_at": r.created_at}
+        {
+            "source": r.source,
+            "revision": r.revision,
+            "content": r.content,
+            "created_by": r.created_by.get_username() if r.created_by else None,
+            "created_at": r.created_at,
+        }
         for r in latest.values()
     ]
 
@@ -63,8 +69,13 @@ def current_report(assessment: SupplierAssessment) -> AssessmentReport | None:
 
 def pending_review(assessment_id: int) -> ApprovalRequest | None:
     """The approval request now waiting for a reviewer, if any."""
-    return (ApprovalRequest.objects.filter(subject_type=SUBJECT_TYPE, subject_id=str(assessment_id),
-                                           status=ApprovalStatus.PENDING).order_by("-id").first())
+    return (
+        ApprovalRequest.objects.filter(
+            subject_type=SUBJECT_TYPE, subject_id=str(assessment_id), status=ApprovalStatus.PENDING
+        )
+        .order_by("-id")
+        .first()
+    )
 
 
 def decided_review(assessment: SupplierAssessment) -> ApprovalRequest | None:
@@ -73,9 +84,13 @@ def decided_review(assessment: SupplierAssessment) -> ApprovalRequest | None:
     run = assessment.run
     if run is None:
         return None
-    latest = (ApprovalRequest.objects.filter(subject_type=SUBJECT_TYPE, subject_id=str(assessment.pk),
-                                             run_id=run.pk, attempt=run.attempt)
-              .order_by("-id").first())
+    latest = (
+        ApprovalRequest.objects.filter(
+            subject_type=SUBJECT_TYPE, subject_id=str(assessment.pk), run_id=run.pk, attempt=run.attempt
+        )
+        .order_by("-id")
+        .first()
+    )
     decided = (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED)
     return latest if latest is not None and latest.status in decided else None
 
@@ -83,11 +98,16 @@ def decided_review(assessment: SupplierAssessment) -> ApprovalRequest | None:
 def assessment_data(*, assessment: SupplierAssessment, user: User, detail: bool = False) -> dict[str, Any]:
     """What the API answers for one assessment; ``detail`` adds sources, the report and the review."""
     data: dict[str, Any] = {
-        "id": assessment.pk, "supplier_name": assessment.supplier_name, "status": assessment.status,
-        "requested_by": assessment.requested_by.get_username(), "run": assessment.run_id,
+        "id": assessment.pk,
+        "supplier_name": assessment.supplier_name,
+        "status": assessment.status,
+        "requested_by": assessment.requested_by.get_username(),
+        "run": assessment.run_id,
         "decided_by": assessment.decided_by.get_username() if assessment.decided_by else None,
-        "decided_version": assessment.decided_version, "failure_reason": assessment.failure_reason,
-        "created_at": assessment.created_at, "updated_at": assessment.updated_at,
+        "decided_version": assessment.decided_version,
+        "failure_reason": assessment.failure_reason,
+        "created_at": assessment.created_at,
+        "updated_at": assessment.updated_at,
     }
     if not detail:
         return data
@@ -96,13 +116,21 @@ def assessment_data(*, assessment: SupplierAssessment, user: User, detail: bool 
     data.update(
         input=assessment.input,
         sources=latest_sources(assessment),
-        report=None if report is None else {
-            "version": report.version, "source_revisions": report.source_revisions, "body": report.body,
+        report=None
+        if report is None
+        else {
+            "version": report.version,
+            "source_revisions": report.source_revisions,
+            "body": report.body,
             "created_at": report.created_at,
         },
-        review=None if request is None else {
-            "request": request.pk, "report_version": report_number(request.version),
-            "expires_at": request.expires_at, "can_decide": may_decide_now(user, request),
+        review=None
+        if request is None
+        else {
+            "request": request.pk,
+            "report_version": report_number(request.version),
+            "expires_at": request.expires_at,
+            "can_decide": may_decide_now(user, request),
         },
     )
     return data

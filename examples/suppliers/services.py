@@ -6,6 +6,7 @@ People call ``assessment_create``, ``source_record_add``, ``assessment_submit_in
 A refusal raises before anything is written: ``PermissionDenied`` (who), ``AssessmentStateError``
 (when).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -65,7 +66,10 @@ def _check(assessment: SupplierAssessment, name: str, by: User | None) -> None:
 
 # --- what people do --------------------------------------------------------------------------------
 def assessment_create(
-    *, supplier_name: str, requested_by: DjangoUser, sources: dict[str, Any] | None = None,
+    *,
+    supplier_name: str,
+    requested_by: DjangoUser,
+    sources: dict[str, Any] | None = None,
 ) -> SupplierAssessment:
     """A new assessment awaiting input, with revision 1 of each of ``sources`` ({source: content})."""
     if not supplier_name.strip():
@@ -73,8 +77,9 @@ def assessment_create(
     with transaction.atomic():
         assessment = SupplierAssessment.objects.create(supplier_name=supplier_name.strip(), requested_by=requested_by)
         for source, content in (sources or {}).items():
-            SourceRecord.objects.create(assessment=assessment, source=source, revision=1, content=content,
-                                        created_by_id=requested_by.pk)
+            SourceRecord.objects.create(
+                assessment=assessment, source=source, revision=1, content=content, created_by_id=requested_by.pk
+            )
     return assessment
 
 
@@ -98,18 +103,23 @@ def source_record_add(*, assessment_id: int, source: str, content: Any, by: User
         decided = decided_review(assessment)
         if decided is not None:
             # The decision is being applied: a revision now would be neither reviewed nor refused.
-            raise AssessmentStateError(f"assessment {assessment.pk}'s {decided.version} was {decided.status}: "
-                                       "its evidence is final")
+            raise AssessmentStateError(
+                f"assessment {assessment.pk}'s {decided.version} was {decided.status}: its evidence is final"
+            )
         latest = assessment.source_records.filter(source=source).aggregate(n=Max("revision"))["n"] or 0
-        record = SourceRecord.objects.create(assessment=assessment, source=source, revision=latest + 1,
-                                             content=content, created_by_id=by.pk)
-        supersede_pending((SUBJECT_TYPE, assessment.pk),
-                          reason=f"source {source} revised (revision {record.revision})")
+        record = SourceRecord.objects.create(
+            assessment=assessment, source=source, revision=latest + 1, content=content, created_by_id=by.pk
+        )
+        supersede_pending((SUBJECT_TYPE, assessment.pk), reason=f"source {source} revised (revision {record.revision})")
         return record
 
 
 def assessment_submit_input(
-    *, assessment_id: int, by: User, data: dict[str, Any], review_timeout_seconds: float | None = None,
+    *,
+    assessment_id: int,
+    by: User,
+    data: dict[str, Any],
+    review_timeout_seconds: float | None = None,
 ) -> SupplierAssessment:
     """The requester submits the input: the workflow run starts (owned by the requester) in the same
     commit as the assessment records it. Only once: the transition requires that there is no run.
@@ -127,15 +137,21 @@ def assessment_submit_input(
         payload: dict[str, Any] = {"assessment_id": assessment.pk, "requested_by_id": owner.pk}
         if review_timeout_seconds is not None:
             payload["review_timeout_seconds"] = review_timeout_seconds
-        run, _ = run_start(workflow=WORKFLOW, owner=owner, payload=payload,
-                           idempotency_key=f"supplier-assessment:{assessment.pk}")
+        run, _ = run_start(
+            workflow=WORKFLOW, owner=owner, payload=payload, idempotency_key=f"supplier-assessment:{assessment.pk}"
+        )
         assessment.run = run
         assessment.save()
     return assessment
 
 
 def assessment_review(
-    *, assessment_id: int, by: User, approve: bool, report_version: int, note: str = "",
+    *,
+    assessment_id: int,
+    by: User,
+    approve: bool,
+    report_version: int,
+    note: str = "",
     channel: str = DecisionChannel.PYTHON,
 ) -> Decided:
     """A reviewer's decision on the report version their page showed. Goes through approvals'
@@ -144,8 +160,9 @@ def assessment_review(
     request = pending_review(assessment_id)
     if request is None:
         raise AssessmentStateError(f"assessment {assessment_id} has no review pending")
-    return decide(request, by=by, approve=approve, version=report_version_label(report_version), note=note,
-                  channel=channel)
+    return decide(
+        request, by=by, approve=approve, version=report_version_label(report_version), note=note, channel=channel
+    )
 
 
 # --- what the workflow does (each inside an atomic step) --------------------------------------------
@@ -189,8 +206,9 @@ def _build(assessment: SupplierAssessment, revisions: dict[str, int]) -> Assessm
             for source, revision in sorted(revisions.items())
         ],
     }
-    return AssessmentReport.objects.create(assessment=assessment, version=version, body=body,
-                                           source_revisions=revisions)
+    return AssessmentReport.objects.create(
+        assessment=assessment, version=version, body=body, source_revisions=revisions
+    )
 
 
 def report_generate(*, assessment_id: int, revisions: dict[str, int]) -> int:
@@ -209,8 +227,11 @@ def report_current(*, assessment_id: int) -> Proposal:
         revisions = current_revisions(assessment)
         if report is None or report.source_revisions != revisions:
             report = _build(assessment, revisions)
-        return Proposal(version=report.approval_version, content=report.body,
-                        summary=f"Approve the assessment of {assessment.supplier_name} (report v{report.version})")
+        return Proposal(
+            version=report.approval_version,
+            content=report.body,
+            summary=f"Approve the assessment of {assessment.supplier_name} (report v{report.version})",
+        )
 
 
 def assessment_mark_ready(*, assessment_id: int) -> str:

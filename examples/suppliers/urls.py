@@ -1,4 +1,5 @@
 """/api/assessments...: the supplier-assessment example. No trailing slash, as in DESIGN.md section 7."""
+
 from django.urls import URLPattern, path
 
 from examples.suppliers.apis import (

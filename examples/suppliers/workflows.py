@@ -21,6 +21,7 @@ Payload: ``{"assessment_id": int, "requested_by_id": int, "review_timeout_second
    the assessment fails ("review expired") -- a failed assessment says plainly that nobody
    signed it off, where one left "ready for review" would look as if someone still might.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -100,8 +101,7 @@ def apply_decision(assessment_id: int, approve: bool, request_id: int, version: 
     if by_id is None or not get_user_model().objects.filter(pk=by_id).exists():
         raise NonRetryableError("the decision names no reviewer who still exists")
     try:
-        return services.assessment_decide(assessment_id=assessment_id, approve=approve, by_id=by_id,
-                                          version=version)
+        return services.assessment_decide(assessment_id=assessment_id, approve=approve, by_id=by_id, version=version)
     except (PermissionDenied, services.AssessmentStateError) as exc:
         raise NonRetryableError(str(exc)) from exc
 
@@ -122,8 +122,9 @@ class SupplierAssessmentWorkflow(Workflow):
     def validate_payload(cls, payload: dict[str, Any]) -> dict[str, Any]:
         check_ids(payload, "assessment_id", "requested_by_id")
         timeout = payload.get("review_timeout_seconds")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
-                                    or not 0 < timeout <= 90 * 24 * 3600):
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 90 * 24 * 3600
+        ):
             raise InvalidPayload("review_timeout_seconds must be a number of seconds up to 90 days")
         return payload
 
@@ -131,8 +132,9 @@ class SupplierAssessmentWorkflow(Workflow):
         payload = event.payload
         assessment_id = int(payload["assessment_id"])
         requester = payload.get("requested_by_id")
-        timeout = timedelta(seconds=float(payload.get("review_timeout_seconds",
-                                                      DEFAULT_REVIEW_TIMEOUT.total_seconds())))
+        timeout = timedelta(
+            seconds=float(payload.get("review_timeout_seconds", DEFAULT_REVIEW_TIMEOUT.total_seconds()))
+        )
 
         step.do("start gathering", start_gathering, assessment_id, atomic=True)
         revisions: dict[str, int] = step.do("gather source records", gather, assessment_id)
@@ -142,21 +144,28 @@ class SupplierAssessmentWorkflow(Workflow):
 
         try:
             decision = approve_current(
-                step, name="report review", subject=(SUBJECT_TYPE, assessment_id),
-                load=partial(current_report, assessment_id), approvers=REVIEWERS, timeout=timeout,
+                step,
+                name="report review",
+                subject=(SUBJECT_TYPE, assessment_id),
+                load=partial(current_report, assessment_id),
+                approvers=REVIEWERS,
+                timeout=timeout,
                 requested_by=int(requester) if requester is not None else None,
             )
         except ApprovalRejected as rejected:
-            return self._apply(step, assessment_id, approve=False, request_id=rejected.decision.request_id,
-                               version=rejected.decision.version)
+            return self._apply(
+                step,
+                assessment_id,
+                approve=False,
+                request_id=rejected.decision.request_id,
+                version=rejected.decision.version,
+            )
         except ApprovalExpired:
             step.do("review expired", fail, assessment_id, "no reviewer decided in time", atomic=True)
             return {"outcome": "failed", "reason": "review expired"}
-        return self._apply(step, assessment_id, approve=True, request_id=decision.request_id,
-                           version=decision.version)
+        return self._apply(step, assessment_id, approve=True, request_id=decision.request_id, version=decision.version)
 
-    def _apply(self, step: Step, assessment_id: int, *, approve: bool, request_id: int,
-               version: str) -> dict[str, Any]:
+    def _apply(self, step: Step, assessment_id: int, *, approve: bool, request_id: int, version: str) -> dict[str, Any]:
         number = report_number(version)
         outcome = "approved" if approve else "rejected"
         try:
@@ -164,7 +173,12 @@ class SupplierAssessmentWorkflow(Workflow):
         except StepError as exc:
             # The reviewer lost the right between deciding and now (removed from the group, or the
             # user deleted): nobody authorised may be said to have decided, so the assessment fails.
-            step.do("decision not applicable", fail, assessment_id, f"the decision could not be applied: "
-                    f"{exc.message}", atomic=True)
+            step.do(
+                "decision not applicable",
+                fail,
+                assessment_id,
+                f"the decision could not be applied: {exc.message}",
+                atomic=True,
+            )
             return {"outcome": "failed", "reason": exc.message}
         return {"outcome": outcome, "report_version": number}

@@ -1,4 +1,5 @@
 """Plain-text tables for the ledger's commands."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

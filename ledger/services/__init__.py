@@ -1,4 +1,5 @@
 """Writes of the ledger: perform, reconcile, resolve by hand, records and their retention."""
+
 from ledger.services.operations import check_operation, operation_perform, operation_prepare, request_fingerprint
 from ledger.services.reconciliation import (
     ReconcileResult,
@@ -10,7 +11,16 @@ from ledger.services.reconciliation import (
 from ledger.services.records import PurgeResult, record_create, record_purge
 
 __all__ = [
-    "PurgeResult", "ReconcileResult", "check_operation", "operation_perform", "operation_prepare",
-    "operations_abandon_for_run", "operation_reconcile",
-    "operation_resolve", "operations_reconcile", "record_create", "record_purge", "request_fingerprint",
+    "PurgeResult",
+    "ReconcileResult",
+    "check_operation",
+    "operation_perform",
+    "operation_prepare",
+    "operations_abandon_for_run",
+    "operation_reconcile",
+    "operation_resolve",
+    "operations_reconcile",
+    "record_create",
+    "record_purge",
+    "request_fingerprint",
 ]

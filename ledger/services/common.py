@@ -1,4 +1,5 @@
 """What the ledger's services share: the row lock, staleness, the audit trail and redacted logging."""
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,11 @@ def lock(operation_id: int) -> ExternalOperation:
 
 def outcome_code(outcome: SubmitOutcome | LookupOutcome) -> str:
     return {
-        Succeeded: EventOutcome.SUCCEEDED, Failed: EventOutcome.FAILED, Unknown: EventOutcome.UNKNOWN,
-        NoEffect: EventOutcome.NO_EFFECT, NotFound: EventOutcome.NOT_FOUND,
+        Succeeded: EventOutcome.SUCCEEDED,
+        Failed: EventOutcome.FAILED,
+        Unknown: EventOutcome.UNKNOWN,
+        NoEffect: EventOutcome.NO_EFFECT,
+        NotFound: EventOutcome.NOT_FOUND,
     }[type(outcome)]
 
 
@@ -68,7 +72,13 @@ def safe_lookup_many(adapter: Adapter, ops: list[ExternalOperation]) -> list[Loo
 
 
 def record_event(
-    op: ExternalOperation, *, kind: str, outcome: str, before: str, detail: Any = None, note: str = "",
+    op: ExternalOperation,
+    *,
+    kind: str,
+    outcome: str,
+    before: str,
+    detail: Any = None,
+    note: str = "",
     log_note: bool = True,
 ) -> OperationEvent:
     """Append to the operation's audit trail (detail redacted) and log the same, redacted."""
@@ -78,19 +88,38 @@ def record_event(
 
 
 def build_event(
-    op: ExternalOperation, *, kind: str, outcome: str, before: str, detail: Any = None, note: str = "",
+    op: ExternalOperation,
+    *,
+    kind: str,
+    outcome: str,
+    before: str,
+    detail: Any = None,
+    note: str = "",
     log_note: bool = True,
 ) -> OperationEvent:
     """``record_event`` without the INSERT (the caller saves it, e.g. in a bulk_create)."""
     detail = redact(detail)
     event = OperationEvent(
-        operation=op, kind=kind, outcome=outcome, status_before=before, status_after=op.status,
-        detail=detail, note=note,
+        operation=op,
+        kind=kind,
+        outcome=outcome,
+        status_before=before,
+        status_after=op.status,
+        detail=detail,
+        note=note,
     )
     level = logging.WARNING if op.status == OperationStatus.UNKNOWN or outcome == EventOutcome.UNKNOWN else logging.INFO
     logger.log(
-        level, "%s %s %s: %s answered %s; %s → %s%s%s", op.system, op.action, op.key, kind, outcome, before,
-        op.status, f" ({note})" if note and log_note else "",
+        level,
+        "%s %s %s: %s answered %s; %s → %s%s%s",
+        op.system,
+        op.action,
+        op.key,
+        kind,
+        outcome,
+        before,
+        op.status,
+        f" ({note})" if note and log_note else "",
         f" {json.dumps(detail, default=str)}" if detail is not None else "",
     )
     return event
@@ -115,7 +144,11 @@ def apply_lookup(op: ExternalOperation, outcome: LookupOutcome, *, now: datetime
 
 
 def prepare_lookup(
-    op: ExternalOperation, outcome: LookupOutcome, *, now: datetime, run_ended: bool = False,
+    op: ExternalOperation,
+    outcome: LookupOutcome,
+    *,
+    now: datetime,
+    run_ended: bool = False,
 ) -> tuple[str, OperationEvent]:
     """Record what a lookup found and return a note for people. Call inside atomic() with the row
     locked (``lock``), the operation unknown, stale submitted, or pending after a send with its run
@@ -146,13 +179,17 @@ def prepare_lookup(
             op.lose_track()
         assert op.submitted_at is not None  # may_still_arrive says so
         sent, trusted = op.submitted_at, op.submitted_at + in_flight_window()
-        note = (f"not found yet, but it may still reach the provider (sent {sent.isoformat(timespec='seconds')}; "
-                f"\"not found\" is believed from {trusted.isoformat(timespec='seconds')})")
+        note = (
+            f"not found yet, but it may still reach the provider (sent {sent.isoformat(timespec='seconds')}; "
+            f'"not found" is believed from {trusted.isoformat(timespec="seconds")})'
+        )
     elif isinstance(outcome, NotFound) and run_ended:
         if op.status == OperationStatus.SUBMITTED:
             op.lose_track()
-        note = ("the provider has no record of it, but it was sent and its run has ended, so nobody will send "
-                "it again: a person decides (mark it failed once sure it can never arrive)")
+        note = (
+            "the provider has no record of it, but it was sent and its run has ended, so nobody will send "
+            "it again: a person decides (mark it failed once sure it can never arrive)"
+        )
     elif isinstance(outcome, NotFound):
         op.reconcile_not_found()
         note = "the provider never received it, so it never took effect: safe to send again"
@@ -163,8 +200,14 @@ def prepare_lookup(
     # (A pending operation whose lookup finds nothing stays pending: sent before, its run ended.)
     op.note = note
     op.updated_at = now  # set here too for bulk_update, which skips auto_now
-    event = build_event(op, kind=EventKind.LOOKUP, outcome=outcome_code(outcome), before=before,
-                        detail=outcome_detail(outcome), note=note)
+    event = build_event(
+        op,
+        kind=EventKind.LOOKUP,
+        outcome=outcome_code(outcome),
+        before=before,
+        detail=outcome_detail(outcome),
+        note=note,
+    )
     return note, event
 
 
@@ -178,8 +221,7 @@ def abandon(op: ExternalOperation, *, now: datetime, why: str) -> str:
     op.error, op.finished_at = {"reason": "abandoned", "detail": why}, now
     op.note = f"abandoned: {why}"
     op.save()
-    record_event(op, kind=EventKind.ABANDON, outcome=EventOutcome.FAILED, before=OperationStatus.PENDING,
-                 note=op.note)
+    record_event(op, kind=EventKind.ABANDON, outcome=EventOutcome.FAILED, before=OperationStatus.PENDING, note=op.note)
     hooks.operation_settled(op)
     return op.note
 

@@ -17,6 +17,7 @@ The shape of every perform, and why:
 Exceptions are raised only after the transaction that recorded the reason has committed: each
 step returns a plan (answer, send, look up, or refuse with an error) and the caller acts on it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -152,9 +153,17 @@ def _insert_and_lock(*, key: str, system: str, action: str, request: dict[str, A
     # committed yet, PostgreSQL makes this insert wait for it, then do nothing; the locking read
     # below then sees that row (already claimed), never a second one.
     ExternalOperation.objects.bulk_create(
-        [ExternalOperation(key=key, system=system, action=action, request=request,
-                           request_hash=request_fingerprint(system=system, action=action, request=request),
-                           run_id=context.run_id if context else None, step=context.step if context else "")],
+        [
+            ExternalOperation(
+                key=key,
+                system=system,
+                action=action,
+                request=request,
+                request_hash=request_fingerprint(system=system, action=action, request=request),
+                run_id=context.run_id if context else None,
+                step=context.step if context else "",
+            )
+        ],
         ignore_conflicts=True,
     )
     return ExternalOperation.objects.select_for_update().get(key=key)
@@ -195,11 +204,14 @@ def _decide(op: ExternalOperation, *, can_lookup: bool) -> Plan:
         op.note = "its worker stopped before recording an answer, and the system cannot look it up"
         op.save()
         record_event(op, kind=EventKind.LOOKUP, outcome=EventOutcome.UNKNOWN, before=before, note=op.note)
-    return Refuse(OutcomeUnknown(
-        f"the outcome of {op.action} {op.key!r} at {op.system} is unknown and {op.system} cannot look "
-        "operations up: a person must resolve it (admin, External operations)",
-        key=op.key, reason=op.note,
-    ))
+    return Refuse(
+        OutcomeUnknown(
+            f"the outcome of {op.action} {op.key!r} at {op.system} is unknown and {op.system} cannot look "
+            "operations up: a person must resolve it (admin, External operations)",
+            key=op.key,
+            reason=op.note,
+        )
+    )
 
 
 def _claim(op: ExternalOperation, *, now: datetime) -> ExternalOperation:
@@ -242,10 +254,13 @@ def _settled(op: ExternalOperation) -> Plan:
         # Only after a late answer: a lookup said "never received" while our submit was in
         # flight. No call out from here; the caller retries, and the next perform sends with the
         # same idempotency key, which the provider answers from its own record.
-        return Refuse(OutcomeUnknown(
-            f"{op.system}'s answers about {op.key!r} disagree (see its events); try again",
-            key=op.key, reason="answers disagree",
-        ))
+        return Refuse(
+            OutcomeUnknown(
+                f"{op.system}'s answers about {op.key!r} disagree (see its events); try again",
+                key=op.key,
+                reason="answers disagree",
+            )
+        )
     return Refuse(_unknown(op))
 
 
@@ -273,13 +288,25 @@ def _record_submit(op: ExternalOperation, outcome: SubmitOutcome) -> Plan:
             # Resolved by reconciliation or a person while the provider was slow (possible only
             # once the submit had gone stale). That record stands; this answer is kept beside it.
             note = f"the submit's answer arrived after the operation was already {before}"
-            record_event(current, kind=EventKind.SUBMIT, outcome=outcome_code(outcome), before=before,
-                         detail=outcome_detail(outcome), note=note)
+            record_event(
+                current,
+                kind=EventKind.SUBMIT,
+                outcome=outcome_code(outcome),
+                before=before,
+                detail=outcome_detail(outcome),
+                note=note,
+            )
             logger.error("%s %s: %s; compare the events", current.system, current.key, note)
             return _settled(current)
         plan = _apply_submit(current, outcome, now=timezone.now())
-        record_event(current, kind=EventKind.SUBMIT, outcome=outcome_code(outcome), before=before,
-                     detail=outcome_detail(outcome), note=current.note)
+        record_event(
+            current,
+            kind=EventKind.SUBMIT,
+            outcome=outcome_code(outcome),
+            before=before,
+            detail=outcome_detail(outcome),
+            note=current.note,
+        )
         if current.status in FINAL:
             hooks.operation_settled(current)
         return plan
@@ -301,11 +328,14 @@ def _apply_submit(op: ExternalOperation, outcome: SubmitOutcome, *, now: datetim
         op.release()
         op.note = f"not acted on: {outcome.reason}"
         op.save()
-        return Refuse(ProviderUnavailable(
-            f"{op.system} did not act on {op.action} {op.key!r} ({outcome.reason}); nothing happened, "
-            "retrying with the same key is safe",
-            key=op.key, reason=outcome.reason,
-        ))
+        return Refuse(
+            ProviderUnavailable(
+                f"{op.system} did not act on {op.action} {op.key!r} ({outcome.reason}); nothing happened, "
+                "retrying with the same key is safe",
+                key=op.key,
+                reason=outcome.reason,
+            )
+        )
     op.lose_track()
     op.note = outcome.reason
     op.save()
@@ -319,7 +349,9 @@ def _failed(op: ExternalOperation) -> OperationFailed:
     return OperationFailed(
         f"{op.system} rejected {op.action} {op.key!r}: {reason}. The key is spent: a new attempt is a new "
         "request with a new key",
-        key=op.key, reason=reason, detail=error.get("detail"),
+        key=op.key,
+        reason=reason,
+        detail=error.get("detail"),
     )
 
 
@@ -327,7 +359,8 @@ def _unknown(op: ExternalOperation) -> OutcomeUnknown:
     return OutcomeUnknown(
         f"the outcome of {op.action} {op.key!r} at {op.system} is unknown ({op.note or 'no answer'}); "
         "the next perform looks it up before sending again",
-        key=op.key, reason=op.note,
+        key=op.key,
+        reason=op.note,
     )
 
 
@@ -335,5 +368,6 @@ def _in_progress(op: ExternalOperation, *, now: datetime) -> OperationInProgress
     return OperationInProgress(
         f"{op.action} {op.key!r} was sent to {op.system} {ago(op.submitted_at, now=now)} and its answer is not "
         "recorded yet; nothing was sent now, try again later",
-        key=op.key, reason="in progress",
+        key=op.key,
+        reason="in progress",
     )

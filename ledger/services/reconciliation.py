@@ -11,6 +11,7 @@ our call gave up, so an operation sent even once and left by its run stays in re
 never sent is failed as abandoned when its run ends. Lookups run outside any transaction; what they found
 is recorded with the row locked, and only if nobody moved the operation in between.
 """
+
 from __future__ import annotations
 
 import json
@@ -114,8 +115,10 @@ def _recheck_failed_by_hand(op: ExternalOperation, *, dry_run: bool) -> Reconcil
     if not isinstance(outcome, Succeeded):
         return None
     when = op.resolved_at.isoformat(timespec="seconds") if op.resolved_at else "?"
-    note = (f"marked failed by hand ({when}), but the provider has it as succeeded: corrected; check what "
-            "was done on the strength of the failure (a second request paid?)")
+    note = (
+        f"marked failed by hand ({when}), but the provider has it as succeeded: corrected; check what "
+        "was done on the strength of the failure (a second request paid?)"
+    )
     if dry_run:
         return _result(op, OperationStatus.SUCCEEDED, "flagged", f"would be {note}", dry_run=True)
     with transaction.atomic():
@@ -125,8 +128,14 @@ def _recheck_failed_by_hand(op: ExternalOperation, *, dry_run: bool) -> Reconcil
         current.contradict()
         current.response, current.finished_at, current.note = outcome.response, timezone.now(), note
         current.save()
-        record_event(current, kind=EventKind.LOOKUP, outcome=EventOutcome.SUCCEEDED, before=OperationStatus.FAILED,
-                     detail=outcome_detail(outcome), note=note)
+        record_event(
+            current,
+            kind=EventKind.LOOKUP,
+            outcome=EventOutcome.SUCCEEDED,
+            before=OperationStatus.FAILED,
+            detail=outcome_detail(outcome),
+            note=note,
+        )
         hooks.operation_settled(current)
     logger.error("%s %s %s: %s", current.system, current.action, current.key, note)
     return _result(current, current.status, "flagged", note, before=OperationStatus.FAILED)
@@ -160,9 +169,9 @@ def _reconcile_batch(operations: list[ExternalOperation]) -> list[ReconcileResul
     results: list[ReconcileResult] = []
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ledger-lookup") as pool:
         # The lookups of the next batch run while this thread records the previous one.
-        pending = [_lookups(pool, operations[i:i + BATCH]) for i in range(0, len(operations), BATCH)]
+        pending = [_lookups(pool, operations[i : i + BATCH]) for i in range(0, len(operations), BATCH)]
         for start, outcomes in zip(range(0, len(operations), BATCH), pending):
-            results += _record_batch(list(zip(operations[start:start + BATCH], outcomes)))
+            results += _record_batch(list(zip(operations[start : start + BATCH], outcomes)))
     return results
 
 
@@ -189,13 +198,24 @@ def _record_batch(pairs: list[tuple[ExternalOperation, LookupOutcome]]) -> list[
     changed: list[ExternalOperation] = []
     events = []
     with transaction.atomic():
-        current = {op.pk: op for op in ExternalOperation.objects.select_for_update()
-                   .filter(pk__in=[op.pk for op, _ in pairs]).order_by("pk")}
+        current = {
+            op.pk: op
+            for op in ExternalOperation.objects.select_for_update()
+            .filter(pk__in=[op.pk for op, _ in pairs])
+            .order_by("pk")
+        }
         for seen, outcome in pairs:
             op = current[seen.pk]
             if (op.status, op.submit_count) != (seen.status, seen.submit_count):
-                results.append(_result(op, op.status, "skipped", f"changed while it was looked up (it was "
-                                       f"{seen.status}); left as it is", before=seen.status))
+                results.append(
+                    _result(
+                        op,
+                        op.status,
+                        "skipped",
+                        f"changed while it was looked up (it was {seen.status}); left as it is",
+                        before=seen.status,
+                    )
+                )
                 continue
             note, event = prepare_lookup(op, outcome, now=now, run_ended=run_ended(seen))
             changed.append(op)
@@ -222,10 +242,17 @@ def _save_lookups(operations: list[ExternalOperation]) -> None:
     row = "(%s::bigint, %s, %s::integer, %s::timestamptz, %s::jsonb, %s::jsonb, %s::timestamptz, %s, %s::timestamptz)"
     params: list[Any] = []
     for op in operations:
-        params += [op.pk, op.status, op.lookup_count, op.looked_up_at,
-                   json.dumps(op.response) if op.response is not None else None,
-                   json.dumps(op.error) if op.error is not None else None,
-                   op.finished_at, op.note, op.updated_at]
+        params += [
+            op.pk,
+            op.status,
+            op.lookup_count,
+            op.looked_up_at,
+            json.dumps(op.response) if op.response is not None else None,
+            json.dumps(op.error) if op.error is not None else None,
+            op.finished_at,
+            op.note,
+            op.updated_at,
+        ]
     with connection.cursor() as cursor:
         cursor.execute(
             f"""UPDATE {table} AS o SET status = v.status, lookup_count = v.lookup_count,
@@ -241,8 +268,13 @@ def _save_lookups(operations: list[ExternalOperation]) -> None:
 def _record_lookup(seen: ExternalOperation, current: ExternalOperation, outcome: LookupOutcome) -> ReconcileResult:
     """Call inside atomic() with ``current`` locked."""
     if (current.status, current.submit_count) != (seen.status, seen.submit_count):
-        return _result(current, current.status, "skipped",
-                       f"changed while it was looked up (it was {seen.status}); left as it is", before=seen.status)
+        return _result(
+            current,
+            current.status,
+            "skipped",
+            f"changed while it was looked up (it was {seen.status}); left as it is",
+            before=seen.status,
+        )
     note = apply_lookup(current, outcome, now=timezone.now(), run_ended=run_ended(seen))
     return _result(current, current.status, _verdict(current, outcome), note, before=seen.status)
 
@@ -271,8 +303,13 @@ def operation_reconcile(
     if op.status not in RECONCILABLE and not sent_and_orphaned(op):
         return _result(op, op.status, "skipped", f"nothing to reconcile: it is {op.status}", dry_run=dry_run)
     if op.status == OperationStatus.SUBMITTED and not is_stale(op, now=now, age=min_age):
-        return _result(op, op.status, "skipped",
-                       f"sent {ago(op.submitted_at, now=now)}; may still be in flight, not checked", dry_run=dry_run)
+        return _result(
+            op,
+            op.status,
+            "skipped",
+            f"sent {ago(op.submitted_at, now=now)}; may still be in flight, not checked",
+            dry_run=dry_run,
+        )
     if not has_adapter(op.system):
         return _result(op, op.status, "flagged", f"no adapter for {op.system!r} in this process", dry_run=dry_run)
     adapter = get_adapter(op.system)
@@ -296,8 +333,13 @@ def _abandon_pending(op: ExternalOperation, *, dry_run: bool) -> ReconcileResult
     with transaction.atomic():
         current = lock(op.pk)
         if current.status != OperationStatus.PENDING or current.submit_count != 0:
-            return _result(current, current.status, "skipped", "changed since it was read (it was pending)",
-                           before=OperationStatus.PENDING)
+            return _result(
+                current,
+                current.status,
+                "skipped",
+                "changed since it was read (it was pending)",
+                before=OperationStatus.PENDING,
+            )
         note = abandon(current, now=timezone.now(), why=why)
     return _result(current, current.status, "resolved", note, before=OperationStatus.PENDING)
 
@@ -314,8 +356,11 @@ def operations_abandon_for_run(run_id: Any) -> int:
     why = "its run was terminated before it was sent"
     now = timezone.now()
     # Only those never sent: one sent before may still take effect, and stays for reconcile.
-    for op in ExternalOperation.objects.select_for_update().filter(
-            run_id=run_id, status=OperationStatus.PENDING, submit_count=0).order_by("pk"):
+    for op in (
+        ExternalOperation.objects.select_for_update()
+        .filter(run_id=run_id, status=OperationStatus.PENDING, submit_count=0)
+        .order_by("pk")
+    ):
         abandon(op, now=now, why=why)
         abandoned += 1
     return abandoned
@@ -357,15 +402,25 @@ def _result(
     op: ExternalOperation, after: str, verdict: Verdict, note: str, *, dry_run: bool = False, before: str | None = None
 ) -> ReconcileResult:
     return ReconcileResult(
-        operation_id=op.pk, key=op.key, system=op.system, before=before or op.status, after=after,
-        verdict=verdict, note=note, dry_run=dry_run,
+        operation_id=op.pk,
+        key=op.key,
+        system=op.system,
+        before=before or op.status,
+        after=after,
+        verdict=verdict,
+        note=note,
+        dry_run=dry_run,
     )
 
 
 # --- by hand ------------------------------------------------------------------------------------
 def operation_resolve(
-    *, operation_id: int, outcome: Literal["succeeded", "failed"], note: str,
-    user: AbstractUser | AnonymousUser, now: datetime | None = None,
+    *,
+    operation_id: int,
+    outcome: Literal["succeeded", "failed"],
+    note: str,
+    user: AbstractUser | AnonymousUser,
+    now: datetime | None = None,
 ) -> ExternalOperation:
     """A person's resolution of an unknown operation, a stale submitted one, or a pending one sent
     before whose run has ended, after checking with the provider some other way. Requires the
@@ -405,7 +460,8 @@ def operation_resolve(
         op.note = f"resolved by hand as {outcome} by {username}"
         op.save()
         # The note is free text a person typed: stored for the audit, not logged (no key to redact by).
-        record_event(op, kind=EventKind.RESOLVE, outcome=outcome, before=before, note=f"{username}: {note}",
-                     log_note=False)
+        record_event(
+            op, kind=EventKind.RESOLVE, outcome=outcome, before=before, note=f"{username}: {note}", log_note=False
+        )
         hooks.operation_settled(op)
     return op

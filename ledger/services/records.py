@@ -1,4 +1,5 @@
 """Operational records: what a colleague needs to answer a customer, redacted, kept for a while."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,13 @@ def record_create(
     except (TypeError, ValueError) as exc:
         raise InvalidOperation(f"response is not JSON: {exc}") from None
     record = OperationalRecord.objects.create(
-        request_id=request_id, tool=tool, step=step, observed_at=observed_at, response=redact(response),
-        approval_pending=approval_pending, operation=operation,
+        request_id=request_id,
+        tool=tool,
+        step=step,
+        observed_at=observed_at,
+        response=redact(response),
+        approval_pending=approval_pending,
+        operation=operation,
         run_id=run.pk if isinstance(run, WorkflowRun) else run,
     )
     logger.info("record %s: %s %s (approval pending: %s)", record.pk, request_id, tool, approval_pending)
@@ -57,8 +63,9 @@ class PurgeResult:
     dry_run: bool
 
 
-def record_purge(*, older_than: timedelta | None = None, dry_run: bool = False,
-                 now: datetime | None = None) -> PurgeResult:
+def record_purge(
+    *, older_than: timedelta | None = None, dry_run: bool = False, now: datetime | None = None
+) -> PurgeResult:
     """Delete operational records created before now - ``older_than`` (default LEDGER
     RETENTION_DAYS), and only those. In batches, each its own short transaction, so a large
     purge never holds locks on the whole table."""

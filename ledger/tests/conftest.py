@@ -1,4 +1,5 @@
 """The ledger's fixtures: a fake provider on a real socket, and a "payments" adapter pointing at it."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -11,8 +12,12 @@ from ledger.tests.provider import FakeProvider
 
 # Short timeouts so a hanging provider costs the suite half a second, not thirty.
 # A lookup's "not found" is believed 2.5 s after the last send (0.5 + 2 x 0.5 + a grace of 1).
-TEST_LEDGER = {"CONNECT_TIMEOUT": 0.5, "READ_TIMEOUT": 0.5, "STALE_SUBMITTED_SECONDS": 5.0,
-               "PROVIDER_GRACE_SECONDS": 1.0}
+TEST_LEDGER = {
+    "CONNECT_TIMEOUT": 0.5,
+    "READ_TIMEOUT": 0.5,
+    "STALE_SUBMITTED_SECONDS": 5.0,
+    "PROVIDER_GRACE_SECONDS": 1.0,
+}
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ Faults are injected per request, per endpoint and key, consumed in order (``inje
 - ``rate_limit``: answer 429 without applying anything.
 - ``reject``: record a declined operation under the key and answer 422.
 """
+
 from __future__ import annotations
 
 import json
@@ -105,14 +106,18 @@ class FakeProvider:
         with self._lock:
             self.calls.append(call)
 
-    def apply(self, key: str, action: str, request: Any, *, status: str = "succeeded",
-              reason: str | None = None) -> tuple[dict[str, Any], bool]:
+    def apply(
+        self, key: str, action: str, request: Any, *, status: str = "succeeded", reason: str | None = None
+    ) -> tuple[dict[str, Any], bool]:
         """Store the effect once per key; return (record, newly applied)."""
         with self._lock:
             if key in self.records:
                 return self.records[key], False
             record: dict[str, Any] = {
-                "id": f"pay_{len(self.records) + 1}", "key": key, "action": action, "status": status,
+                "id": f"pay_{len(self.records) + 1}",
+                "key": key,
+                "action": action,
+                "status": status,
                 "amount": request.get("amount") if isinstance(request, dict) else None,
                 # Echoed back, as providers do: the ledger must keep it out of logs and records.
                 "customer": request.get("customer") if isinstance(request, dict) else None,

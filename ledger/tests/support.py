@@ -1,4 +1,5 @@
 """Helpers for the ledger's tests."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -10,9 +11,16 @@ from ledger.models import ExternalOperation, OperationStatus
 from ledger.services import request_fingerprint
 
 
-def make_operation(key: str, status: str = OperationStatus.UNKNOWN, *, system: str = "payments",
-                   action: str = "refund", request: dict[str, Any] | None = None,
-                   sent_ago: timedelta | None = timedelta(hours=1), **fields: Any) -> ExternalOperation:
+def make_operation(
+    key: str,
+    status: str = OperationStatus.UNKNOWN,
+    *,
+    system: str = "payments",
+    action: str = "refund",
+    request: dict[str, Any] | None = None,
+    sent_ago: timedelta | None = timedelta(hours=1),
+    **fields: Any,
+) -> ExternalOperation:
     """An operation in any state, as a fixture (the status is protected: set once, at creation)."""
     request = {"order": key, "amount": "10.00"} if request is None else request
     values: dict[str, Any] = {
@@ -21,15 +29,23 @@ def make_operation(key: str, status: str = OperationStatus.UNKNOWN, *, system: s
         **fields,
     }
     return ExternalOperation.objects.create(
-        key=key, system=system, action=action, request=request,
-        request_hash=request_fingerprint(system=system, action=action, request=request), status=status, **values,
+        key=key,
+        system=system,
+        action=action,
+        request=request,
+        request_hash=request_fingerprint(system=system, action=action, request=request),
+        status=status,
+        **values,
     )
 
 
 def snapshot(*operations: ExternalOperation) -> list[tuple[Any, ...]]:
     """What a refusal must leave unchanged."""
     return [
-        tuple(ExternalOperation.objects.filter(pk=op.pk).values_list(
-            "status", "submit_count", "lookup_count", "updated_at", "response", "error", "note").get())
+        tuple(
+            ExternalOperation.objects.filter(pk=op.pk)
+            .values_list("status", "submit_count", "lookup_count", "updated_at", "response", "error", "note")
+            .get()
+        )
         for op in operations
     ]

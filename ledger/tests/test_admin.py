@@ -2,6 +2,7 @@
 
 Operations are set up in the database directly; the actions go through the services.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,8 +58,9 @@ def listed(client: Client, query: str = "") -> list[str]:
 
 
 def act(client: Client, action: str, *ops: ExternalOperation, **data: str) -> Any:
-    return client.post(CHANGELIST, {"action": action, "_selected_action": [str(op.pk) for op in ops], **data},
-                       follow=True)
+    return client.post(
+        CHANGELIST, {"action": action, "_selected_action": [str(op.pk) for op in ops], **data}, follow=True
+    )
 
 
 def messages_of(response: Any) -> list[str]:
@@ -109,8 +111,14 @@ def test_staff_without_the_view_permission_see_nothing(users: dict[str, User]) -
 
 def test_the_change_page_is_read_only_and_redacted(viewer: User) -> None:
     op = make_operation("pd", request={"amount": "5.00", "customer": {"email": "alice@example.com"}})
-    OperationEvent.objects.create(operation=op, kind="submit", outcome="unknown", status_before="submitted",
-                                  status_after="unknown", note="no answer in time")
+    OperationEvent.objects.create(
+        operation=op,
+        kind="submit",
+        outcome="unknown",
+        status_before="submitted",
+        status_after="unknown",
+        note="no answer in time",
+    )
 
     response = login(viewer).get(reverse("admin:ledger_externaloperation_change", args=[op.pk]))
 
@@ -120,8 +128,10 @@ def test_the_change_page_is_read_only_and_redacted(viewer: User) -> None:
     assert "no answer in time" in html  # the audit trail
     assert 'name="_save"' not in html
     assert login(viewer).get(reverse("admin:ledger_externaloperation_add")).status_code == 403
-    assert login(viewer).post(reverse("admin:ledger_externaloperation_delete", args=[op.pk]),
-                              {"post": "yes"}).status_code == 403
+    assert (
+        login(viewer).post(reverse("admin:ledger_externaloperation_delete", args=[op.pk]), {"post": "yes"}).status_code
+        == 403
+    )
     assert ExternalOperation.objects.filter(pk=op.pk).exists()
 
 
@@ -151,7 +161,11 @@ def test_manual_resolution_asks_for_a_note_and_records_who_and_when(resolver: Us
     assert messages_of(done) == ["refund:7: resolved by hand as succeeded"]
     event = OperationEvent.objects.get(operation=op)
     assert (event.kind, event.outcome, event.status_before, event.status_after) == (
-        "resolve", "succeeded", "unknown", "succeeded")
+        "resolve",
+        "succeeded",
+        "unknown",
+        "succeeded",
+    )
 
 
 def test_manual_resolution_without_a_note_changes_nothing(resolver: User) -> None:
@@ -249,10 +263,16 @@ def test_operational_records_are_read_only(users: dict[str, User]) -> None:
     assert change.status_code == 200 and 'name="_save"' not in change.content.decode()
     assert "alice@example.com" not in change.content.decode()
     assert client.get(reverse("admin:ledger_operationalrecord_add")).status_code == 403
-    assert client.post(reverse("admin:ledger_operationalrecord_delete", args=[record.pk]),
-                       {"post": "yes"}).status_code == 403
-    assert client.post(reverse("admin:ledger_operationalrecord_change", args=[record.pk]),
-                       {"request_id": "changed"}).status_code == 403
+    assert (
+        client.post(reverse("admin:ledger_operationalrecord_delete", args=[record.pk]), {"post": "yes"}).status_code
+        == 403
+    )
+    assert (
+        client.post(
+            reverse("admin:ledger_operationalrecord_change", args=[record.pk]), {"request_id": "changed"}
+        ).status_code
+        == 403
+    )
     assert record.__class__.objects.get(pk=record.pk).request_id == "req-1"
 
 

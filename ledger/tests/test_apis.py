@@ -1,4 +1,5 @@
 """GET /api/operations: who may list, filters, cursor pages, redaction, JSON errors."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -83,8 +84,9 @@ def test_filters_by_status_and_system(carol: User) -> None:
     assert keys(client.get(URL + "?status=failed")) == []
 
 
-@pytest.mark.parametrize("query", ["?status=lost", "?colour=red", "?page_size=0", "?page_size=x",
-                                   "?cursor=not-a-cursor"])
+@pytest.mark.parametrize(
+    "query", ["?status=lost", "?colour=red", "?page_size=0", "?page_size=x", "?cursor=not-a-cursor"]
+)
 def test_bad_filters_are_400_with_the_error_shape(carol: User, query: str) -> None:
     response = client_for(carol).get(URL + query)
     assert response.status_code == 400
@@ -108,8 +110,12 @@ def test_pages_follow_the_cursor_newest_first_without_gaps_or_repeats(carol: Use
 
 
 def test_an_operation_shows_its_state_attention_and_redacted_data(carol: User) -> None:
-    make_operation("pd", sent_ago=timedelta(hours=1), note="no answer in time",
-                   request={"amount": "5.00", "customer": {"email": "alice@example.com", "Phone": "07700 900123"}})
+    make_operation(
+        "pd",
+        sent_ago=timedelta(hours=1),
+        note="no answer in time",
+        request={"amount": "5.00", "customer": {"email": "alice@example.com", "Phone": "07700 900123"}},
+    )
 
     response = client_for(carol).get(URL)
 
@@ -118,8 +124,18 @@ def test_an_operation_shows_its_state_attention_and_redacted_data(carol: User) -
     assert op["note"] == "no answer in time"
     assert op["request"] == {"amount": "5.00", "customer": {"email": "[redacted]", "Phone": "[redacted]"}}
     assert "alice@example.com" not in response.content.decode()
-    assert set(op) >= {"id", "key", "system", "action", "submit_count", "submitted_at", "resolved_by",
-                       "resolved_at", "resolution_note", "created_at"}
+    assert set(op) >= {
+        "id",
+        "key",
+        "system",
+        "action",
+        "submit_count",
+        "submitted_at",
+        "resolved_by",
+        "resolved_at",
+        "resolution_note",
+        "created_at",
+    }
 
 
 def test_the_operations_schema_generates_without_warnings_and_validates() -> None:

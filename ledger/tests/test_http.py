@@ -1,6 +1,7 @@
 """What HttpAdapter makes of each kind of answer (pure logic; the HTTP paths themselves are
 exercised against the real fake provider in test_services and test_reconcile), and, over real
 HTTP, a provider without the optional batch lookup."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -23,18 +24,24 @@ def answer(status: int, body: Any = None) -> httpx.Response:
     return httpx.Response(status, json=body) if body is not None else httpx.Response(status, text="oops")
 
 
-@pytest.mark.parametrize(("status", "body", "expected"), [
-    (201, {"id": "re_1", "status": "succeeded"}, Succeeded({"id": "re_1", "status": "succeeded"})),
-    (200, {"id": "re_1"}, Succeeded({"id": "re_1"})),
-    (200, None, Succeeded({"body": "oops"})),  # it did succeed, whatever the body says
-    (200, {"status": "declined", "reason": "insufficient_funds"},
-     Failed("insufficient_funds", {"status": "declined", "reason": "insufficient_funds"})),
-    (202, {"status": "processing"}, Unknown("the provider says the operation is processing")),
-    (422, {"error": {"code": "card_declined"}}, Failed("card_declined", {"error": {"code": "card_declined"}})),
-    (400, {"error": "bad amount"}, Failed("bad amount", {"error": "bad amount"})),
-    (403, None, Failed("http_403", {"body": "oops"})),
-    (429, None, NoEffect("the provider refused it before acting (HTTP 429, too many requests)")),
-])
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (201, {"id": "re_1", "status": "succeeded"}, Succeeded({"id": "re_1", "status": "succeeded"})),
+        (200, {"id": "re_1"}, Succeeded({"id": "re_1"})),
+        (200, None, Succeeded({"body": "oops"})),  # it did succeed, whatever the body says
+        (
+            200,
+            {"status": "declined", "reason": "insufficient_funds"},
+            Failed("insufficient_funds", {"status": "declined", "reason": "insufficient_funds"}),
+        ),
+        (202, {"status": "processing"}, Unknown("the provider says the operation is processing")),
+        (422, {"error": {"code": "card_declined"}}, Failed("card_declined", {"error": {"code": "card_declined"}})),
+        (400, {"error": "bad amount"}, Failed("bad amount", {"error": "bad amount"})),
+        (403, None, Failed("http_403", {"body": "oops"})),
+        (429, None, NoEffect("the provider refused it before acting (HTTP 429, too many requests)")),
+    ],
+)
 def test_definitive_submit_answers(status: int, body: Any, expected: Any) -> None:
     assert ADAPTER.submit_outcome(answer(status, body)) == expected
 
@@ -66,8 +73,7 @@ def test_paths_quote_the_key_and_timeouts_come_from_settings(settings: Any) -> N
 
 
 def test_a_stale_age_shorter_than_a_call_is_a_configuration_error(settings: Any) -> None:
-    settings.LEDGER = {**settings.LEDGER, "CONNECT_TIMEOUT": 5.0, "READ_TIMEOUT": 30.0,
-                       "STALE_SUBMITTED_SECONDS": 60.0}
+    settings.LEDGER = {**settings.LEDGER, "CONNECT_TIMEOUT": 5.0, "READ_TIMEOUT": 30.0, "STALE_SUBMITTED_SECONDS": 60.0}
     [error] = check_timeouts()
     assert error.id == "ledger.E001"
 
@@ -76,8 +82,10 @@ def test_a_stale_age_shorter_than_a_call_is_a_configuration_error(settings: Any)
 
 
 # --- a provider without the batch lookup, over real HTTP --------------------------------------------
-NO_BATCH = [pytest.param("/{action}/lookup", id="405: the path is the lookup route, GET only"),
-            pytest.param("/batch/{action}/lookup", id="404: no such path")]
+NO_BATCH = [
+    pytest.param("/{action}/lookup", id="405: the path is the lookup route, GET only"),
+    pytest.param("/batch/{action}/lookup", id="404: no such path"),
+]
 
 
 @pytest.mark.parametrize("batch_path", NO_BATCH)
@@ -108,10 +116,18 @@ def test_a_provider_with_the_batch_path_is_asked_once_a_batch(ledger_settings: A
     from examples.sandbox.process import SandboxProcess
 
     with SandboxProcess(tmp_path / "sandbox.sqlite3") as sandbox:
-        sandbox.request("POST", "/v1/refunds", {"order": "A1", "amount": "5.00", "currency": "GBP"},
-                        headers={"Idempotency-Key": "k-paid"})
-        adapter = HttpAdapter(base_url=sandbox.url, submit_path="/v1/{action}s", lookup_path="/v1/{action}s?key={key}",
-                              batch_lookup_path="/v1/{action}s/lookup")
+        sandbox.request(
+            "POST",
+            "/v1/refunds",
+            {"order": "A1", "amount": "5.00", "currency": "GBP"},
+            headers={"Idempotency-Key": "k-paid"},
+        )
+        adapter = HttpAdapter(
+            base_url=sandbox.url,
+            submit_path="/v1/{action}s",
+            lookup_path="/v1/{action}s?key={key}",
+            batch_lookup_path="/v1/{action}s/lookup",
+        )
         ops = [ExternalOperation(key=key, system="payments", action="refund") for key in ("k-paid", "k-new")]
 
         outcomes = adapter.lookup_many(ops)
@@ -143,7 +159,8 @@ def test_reconcile_resolves_everything_at_a_provider_without_the_batch_path(
         unregister_adapter("payments")  # as the payments fixture does
 
     # then every operation is resolved from a lookup of its own, and the batch path was asked once
-    statuses = set(ExternalOperation.objects.filter(pk__in=[op.pk for op in first + later])
-                   .values_list("status", flat=True))
+    statuses = set(
+        ExternalOperation.objects.filter(pk__in=[op.pk for op in first + later]).values_list("status", flat=True)
+    )
     assert statuses == {OperationStatus.SUCCEEDED}
     assert (provider.batch_lookups(), provider.lookups()) == (1, 6)

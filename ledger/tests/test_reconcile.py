@@ -3,6 +3,7 @@
 Operations are set up in the database in the state under test; the provider knows what it knows
 (``seed``). Lookups are real HTTP calls; nothing here submits.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -192,11 +193,18 @@ def test_bad_durations_are_usage_errors_that_change_nothing(payments: FakeProvid
     assert payments.calls == []
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("30s", timedelta(seconds=30)), ("10m", timedelta(minutes=10)), ("2h", timedelta(hours=2)),
-    ("90d", timedelta(days=90)), ("2w", timedelta(weeks=2)), (" 10M ", timedelta(minutes=10)),
-    ("0s", timedelta(0)),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("30s", timedelta(seconds=30)),
+        ("10m", timedelta(minutes=10)),
+        ("2h", timedelta(hours=2)),
+        ("90d", timedelta(days=90)),
+        ("2w", timedelta(weeks=2)),
+        (" 10M ", timedelta(minutes=10)),
+        ("0s", timedelta(0)),
+    ],
+)
 def test_parse_duration(text: str, expected: timedelta) -> None:
     assert parse_duration(text) == expected
 
@@ -206,8 +214,13 @@ def test_parse_duration_says_what_it_expected() -> None:
         parse_duration("10 minutes")
     with pytest.raises(InvalidDuration, match="too long"):
         parse_duration("99999999999999d")
-    assert [describe(parse_duration(t)) for t in ("90d", "36h", "10m", "45s", "2w")] == ["90d", "36h", "10m", "45s",
-                                                                                       "2w"]
+    assert [describe(parse_duration(t)) for t in ("90d", "36h", "10m", "45s", "2w")] == [
+        "90d",
+        "36h",
+        "10m",
+        "45s",
+        "2w",
+    ]
 
 
 # --- operations of runs that ended ------------------------------------------------------------------
@@ -267,8 +280,9 @@ def test_a_not_found_of_an_ended_runs_operation_never_settles_it(payments: FakeP
     assert payments.submits() == 0 and payments.lookups("young") == 3
 
 
-def test_a_pending_operation_sent_before_is_looked_up_never_abandoned(payments: FakeProvider,
-                                                                      ledger_settings: Any) -> None:
+def test_a_pending_operation_sent_before_is_looked_up_never_abandoned(
+    payments: FakeProvider, ledger_settings: Any
+) -> None:
     from django.contrib.auth.models import Permission, User
 
     from ledger.services import operation_resolve
@@ -287,8 +301,12 @@ def test_a_pending_operation_sent_before_is_looked_up_never_abandoned(payments: 
     assert status_of(lost) == OperationStatus.PENDING and row_of(output, "sent-lost").startswith("!")
     staff = User.objects.create_user("carol", is_staff=True)
     staff.user_permissions.add(*Permission.objects.filter(codename="resolve_externaloperation"))
-    operation_resolve(operation_id=lost.pk, outcome="failed", note="the provider's dashboard has nothing",
-                      user=User.objects.get(pk=staff.pk))
+    operation_resolve(
+        operation_id=lost.pk,
+        outcome="failed",
+        note="the provider's dashboard has nothing",
+        user=User.objects.get(pk=staff.pk),
+    )
     assert status_of(lost) == OperationStatus.FAILED
     assert payments.submits() == 0
 
@@ -339,7 +357,8 @@ def test_every_way_an_operation_settles_calls_the_settled_hooks_once(payments: F
 
 
 def test_an_operation_marked_failed_by_hand_that_the_provider_did_after_all_is_corrected(
-        payments: FakeProvider) -> None:
+    payments: FakeProvider,
+) -> None:
     from django.contrib.auth.models import Permission, User
 
     from ledger import hooks
@@ -349,8 +368,9 @@ def test_an_operation_marked_failed_by_hand_that_the_provider_did_after_all_is_c
     staff = User.objects.create_user("carol", is_staff=True)
     staff.user_permissions.add(*Permission.objects.filter(codename="resolve_externaloperation"))
     op = make_operation("late", run=ended_run())
-    operation_resolve(operation_id=op.pk, outcome="failed", note="dashboard shows nothing",
-                      user=User.objects.get(pk=staff.pk))
+    operation_resolve(
+        operation_id=op.pk, outcome="failed", note="dashboard shows nothing", user=User.objects.get(pk=staff.pk)
+    )
     assert "Nothing to reconcile" in reconcile()  # nothing new: the person's answer stands, unreported
 
     # when the provider acts on it after all, and reconcile runs

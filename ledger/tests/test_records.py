@@ -1,4 +1,5 @@
 """Operational records: redaction before storage, and ``manage.py purge_records`` retention."""
+
 from __future__ import annotations
 
 import copy
@@ -83,8 +84,14 @@ def test_record_create_stores_the_response_redacted(users: dict[str, Any]) -> No
 
     # when
     record = record_create(
-        request_id="req-1042", run=run, step="submit refund", tool="payments.refund", observed_at=observed,
-        response=CUSTOMER_REPLY, approval_pending=True, operation=op,
+        request_id="req-1042",
+        run=run,
+        step="submit refund",
+        tool="payments.refund",
+        observed_at=observed,
+        response=CUSTOMER_REPLY,
+        approval_pending=True,
+        operation=op,
     )
 
     # then what reached the database holds no personal data
@@ -93,16 +100,25 @@ def test_record_create_stores_the_response_redacted(users: dict[str, Any]) -> No
     text = str(OperationalRecord.objects.filter(pk=record.pk).values_list("response", flat=True).get())
     for secret in ("alice@example.com", "High Street", "7700 900123", "4242424242424242", "GB33BUKB", "Low Road"):
         assert secret not in text
-    assert (stored.run_id, stored.operation_id, stored.step, stored.tool) == (run.id, op.pk, "submit refund",
-                                                                              "payments.refund")
+    assert (stored.run_id, stored.operation_id, stored.step, stored.tool) == (
+        run.id,
+        op.pk,
+        "submit refund",
+        "payments.refund",
+    )
     assert stored.observed_at == observed and stored.approval_pending is True
     assert stored.created_at is not None
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"request_id": ""}, {"request_id": "x" * 256}, {"response": {"when": object()}},
-    {"observed_at": timezone.now().replace(tzinfo=None)},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"request_id": ""},
+        {"request_id": "x" * 256},
+        {"response": {"when": object()}},
+        {"observed_at": timezone.now().replace(tzinfo=None)},
+    ],
+)
 def test_record_create_refuses_bad_input_and_stores_nothing(kwargs: dict[str, Any]) -> None:
     with pytest.raises(InvalidOperation):
         record_create(**{"request_id": "req-1", "tool": "t", **kwargs})
@@ -165,11 +181,14 @@ def test_purge_works_in_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     assert OperationalRecord.objects.count() == 1
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--older-than", "0d"], "more than zero"),
-    (["--older-than", "ninety days"], "is not a duration"),
-    (["--older-than", "90"], "is not a duration"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--older-than", "0d"], "more than zero"),
+        (["--older-than", "ninety days"], "is not a duration"),
+        (["--older-than", "90"], "is not a duration"),
+    ],
+)
 def test_purge_refuses_bad_periods_and_deletes_nothing(args: list[str], message: str) -> None:
     aged_record(400)
     with pytest.raises(CommandError, match=message):

@@ -3,6 +3,7 @@
 These tests run outside a test transaction (``transaction=True``): perform refuses to run inside
 one, because it must commit "submitted" before it calls out.
 """
+
 from __future__ import annotations
 
 import logging
@@ -56,8 +57,11 @@ def operation(key: str) -> ExternalOperation:
 
 
 def events(key: str) -> list[tuple[str, str, str, str]]:
-    return list(OperationEvent.objects.filter(operation__key=key).order_by("id")
-                .values_list("kind", "outcome", "status_before", "status_after"))
+    return list(
+        OperationEvent.objects.filter(operation__key=key)
+        .order_by("id")
+        .values_list("kind", "outcome", "status_before", "status_after")
+    )
 
 
 # --- success and answers from storage -----------------------------------------------------------
@@ -239,8 +243,7 @@ def test_a_failed_lookup_leaves_the_operation_unknown_and_sends_nothing(payments
     assert payments.submits("refund:10") == 1 and payments.applied == ["refund:10"]
 
 
-def test_a_system_that_cannot_look_up_leaves_unknown_for_a_person(provider: FakeProvider, ledger_settings: Any
-                                                                   ) -> None:
+def test_a_system_that_cannot_look_up_leaves_unknown_for_a_person(provider: FakeProvider, ledger_settings: Any) -> None:
     register_adapter("blind", HttpAdapter(base_url=provider.url, lookup_path=None))
     try:
         provider.inject("submit", "blind:1", HANG)
@@ -385,10 +388,17 @@ def test_perform_refuses_to_run_inside_a_transaction(payments: FakeProvider) -> 
     assert payments.calls == []
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"key": ""}, {"key": "x" * 256}, {"action": ""}, {"request": ["not", "an", "object"]},
-    {"request": {"amount": float("nan")}}, {"request": {"when": object()}},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"key": ""},
+        {"key": "x" * 256},
+        {"action": ""},
+        {"request": ["not", "an", "object"]},
+        {"request": {"amount": float("nan")}},
+        {"request": {"when": object()}},
+    ],
+)
 def test_bad_input_is_refused_and_stores_nothing(payments: FakeProvider, kwargs: dict[str, Any]) -> None:
     with pytest.raises(InvalidOperation):
         perform(**{"key": "k", "system": "payments", "action": "refund", "request": REQUEST, **kwargs})
@@ -403,13 +413,16 @@ def test_an_unknown_system_is_refused_and_stores_nothing(payments: FakeProvider)
 
 
 # --- personal data stays out of the logs ---------------------------------------------------------
-def test_logs_and_events_hold_redacted_payloads_only(payments: FakeProvider, caplog: pytest.LogCaptureFixture
-                                                     ) -> None:
+def test_logs_and_events_hold_redacted_payloads_only(payments: FakeProvider, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
     personal = {
-        "order": 1, "amount": "3.00",
-        "customer": {"Email": "alice@example.com", "contacts": [{"phone": "+44 7700 900123"}],
-                     "billing_address": {"street": "1 High Street"}},
+        "order": 1,
+        "amount": "3.00",
+        "customer": {
+            "Email": "alice@example.com",
+            "contacts": [{"phone": "+44 7700 900123"}],
+            "billing_address": {"street": "1 High Street"},
+        },
     }
     payments.inject("submit", "pd:2", Fault("reject"))
 
@@ -437,20 +450,28 @@ def test_a_workflow_step_that_timed_out_reconciles_on_its_retry_and_refunds_once
 
     # given a worker of its own (its own queue: the session's worker does not know this workflow)
     queue = f"ledger-e2e-{os.getpid()}"
-    worker = Worker(concurrency=1, queue=queue, WORKFLOWS_MODULES="ledger.tests.workflows_fixtures",
-                    LEDGER_CONNECT_TIMEOUT="0.5", LEDGER_READ_TIMEOUT="0.5", LEDGER_STALE_SUBMITTED_SECONDS="5")
+    worker = Worker(
+        concurrency=1,
+        queue=queue,
+        WORKFLOWS_MODULES="ledger.tests.workflows_fixtures",
+        LEDGER_CONNECT_TIMEOUT="0.5",
+        LEDGER_READ_TIMEOUT="0.5",
+        LEDGER_STALE_SUBMITTED_SECONDS="5",
+    )
     try:
         # and a provider that applies the first submit and never answers it
         provider.inject("submit", "refund:e2e", HANG)
 
         # when
-        run = wf.start("ledger.test.refund", {"provider_url": provider.url, "key": "refund:e2e", "request": REQUEST},
-                       queue=queue)
+        run = wf.start(
+            "ledger.test.refund", {"provider_url": provider.url, "key": "refund:e2e", "request": REQUEST}, queue=queue
+        )
         run = wait_for_terminal(run.id, timeout=60)
     finally:
         worker.stop()
         redis.Redis.from_url(settings.REDIS_URL).delete(
-            queue, f"{queue}-io", f"_kombu.binding.{queue}", f"_kombu.binding.{queue}-io")
+            queue, f"{queue}-io", f"_kombu.binding.{queue}", f"_kombu.binding.{queue}-io"
+        )
 
     # then the run completed with the provider's answer, and the refund happened once
     assert run.status == "completed", (run.error, worker.output()[-3000:])

@@ -1,5 +1,6 @@
 """A workflow that refunds through the ledger, for the end-to-end test with a real Celery worker
 (loaded there through WORKFLOWS_MODULES; in the test process by importing this module)."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -21,5 +22,11 @@ def submit_refund(provider_url: str, key: str, request: dict[str, Any]) -> Any:
 class Refund(Workflow):
     def run(self, event: Event, step: Any) -> Any:
         p = event.payload
-        return step.do("submit refund", submit_refund, p["provider_url"], p["key"], p["request"],
-                       retries=Retries(limit=3, delay=timedelta(seconds=0.2), backoff="constant"))
+        return step.do(
+            "submit refund",
+            submit_refund,
+            p["provider_url"],
+            p["key"],
+            p["request"],
+            retries=Retries(limit=3, delay=timedelta(seconds=0.2), backoff="constant"),
+        )

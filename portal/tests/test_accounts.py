@@ -1,4 +1,5 @@
 """Signing in and out at /accounts/ for everyone, customers included; the admin keeps its own login."""
+
 from __future__ import annotations
 
 import pytest
@@ -85,8 +86,9 @@ def test_sign_in_returns_to_the_page_asked_for_but_never_to_another_site(users: 
     local, elsewhere = Client(), Client()
 
     to_run = local.post(LOGIN, {"username": "alice", "password": "pw-alice", "next": "/runs/1/"})
-    to_other = elsewhere.post(LOGIN, {"username": "alice", "password": "pw-alice",
-                                      "next": "https://attacker.example/steal"})
+    to_other = elsewhere.post(
+        LOGIN, {"username": "alice", "password": "pw-alice", "next": "https://attacker.example/steal"}
+    )
 
     assert to_run["Location"] == "/runs/1/"
     assert to_other["Location"] == "/"

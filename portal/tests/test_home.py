@@ -1,5 +1,6 @@
 """The home page ``/``: the signed-in person's refund requests, supplier assessments and runs, in
 words and with links to their runs, newest first, bounded; never anyone else's."""
+
 from __future__ import annotations
 
 import re
@@ -31,8 +32,13 @@ def text_of(html: str) -> str:
 def refund_for(customer: User, number: str, amount: str = "40.00") -> RefundRequest:
     """A refund request through the service. Inside the test's transaction its run's enqueue never
     leaves (on commit), so the request stays "being prepared" and no worker is needed."""
-    order = order_create(number=number, customer=customer, amount="300.00", items=[{"sku": "MUG", "qty": 1}],
-                         shipping_address={"street": "1 Test Lane", "postcode": "AB1 2CD"})
+    order = order_create(
+        number=number,
+        customer=customer,
+        amount="300.00",
+        items=[{"sku": "MUG", "qty": 1}],
+        shipping_address={"street": "1 Test Lane", "postcode": "AB1 2CD"},
+    )
     request, _ = refund_request_create(order=order, customer=customer, amount=amount, reason="broken")
     return request
 
@@ -93,8 +99,10 @@ def test_staff_home_lists_their_own_runs_not_everyones(users: dict[str, User]) -
 @pytest.mark.django_db
 def test_home_shows_the_newest_runs_first_bounded_and_says_how_many_there_are(users: dict[str, User]) -> None:
     alice = users["alice"]
-    runs = [WorkflowRun.objects.create(workflow=f"test.n{i}", owner=alice, status=RunStatus.COMPLETED)
-            for i in range(HOME_LIMIT + 5)]
+    runs = [
+        WorkflowRun.objects.create(workflow=f"test.n{i}", owner=alice, status=RunStatus.COMPLETED)
+        for i in range(HOME_LIMIT + 5)
+    ]
 
     html = home_of(alice)
 
@@ -113,8 +121,9 @@ def test_a_new_customer_is_told_there_is_nothing_yet(users: dict[str, User]) -> 
 
 
 @pytest.mark.django_db
-def test_the_home_page_reads_a_bounded_number_of_rows(users: dict[str, User], settings: Any,
-                                                       django_assert_max_num_queries: Any) -> None:
+def test_the_home_page_reads_a_bounded_number_of_rows(
+    users: dict[str, User], settings: Any, django_assert_max_num_queries: Any
+) -> None:
     # given more of everything than the page shows (more refunds in progress than a customer may
     # have by default, hence no limit here)
     settings.REFUND_MAX_OPEN_REQUESTS = 0

@@ -1,6 +1,7 @@
 """A customer's refund as she sees it: signed in at /accounts/login/, her home page says it awaits
 approval and links to its run, whose page follows the run live while carol approves it. Real
 workers, the sandbox provider, a real daphne and (for the browser test) Debian's Chromium."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,7 +26,7 @@ def home_html(user: Any) -> str:
 
 
 def test_home_shows_a_refund_awaiting_approval_with_its_run_and_none_of_another_customers(
-    world: dict[str, Any]
+    world: dict[str, Any],
 ) -> None:
     # given alice's and mallory's refunds, both above the limit and waiting for approval
     alices = ask(new_order(world["alice"], "1042"), "120.00")
@@ -40,7 +41,7 @@ def test_home_shows_a_refund_awaiting_approval_with_its_run_and_none_of_another_
     # then alice reads hers in words, with a link to its run, and nothing of mallory's
     row = f'<tr class="refund" data-refund="{alices.pk}">'
     assert row in alice
-    assert '<td class="refund-status">awaiting approval</td>' in alice[alice.index(row):]
+    assert '<td class="refund-status">awaiting approval</td>' in alice[alice.index(row) :]
     assert f'<a href="/runs/{alices.run_id}/">Follow the refund on order 1042</a>' in alice
     assert "6661" not in alice and "130.00" not in alice and str(mallorys.run_id) not in alice
     # and mallory the other way round

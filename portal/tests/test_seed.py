@@ -1,5 +1,6 @@
 """What ``manage.py seed_demo`` tells a person to do works: alice signs in where it says, with the
 password it prints, and her home page shows the demo's run and assessment."""
+
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
 """What every API class shares: authentication, strict input fields, pagination and the
 API's own read helpers (who may see or control which run)."""
+
 from __future__ import annotations
 
 import re
@@ -54,8 +55,10 @@ class StrictCharField(serializers.CharField):
     though it is not empty). ``pattern``: the value must match it whole (``re.fullmatch``); the
     schema states it (``workflows.apis.schema``)."""
 
-    default_error_messages = {"unstorable": "The text contains {problem}.",
-                              "pattern": "The text does not have the expected form."}
+    default_error_messages = {
+        "unstorable": "The text contains {problem}.",
+        "pattern": "The text does not have the expected form.",
+    }
 
     def __init__(self, *, pattern: str | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("trim_whitespace", False)
@@ -78,8 +81,11 @@ class StrictIntegerField(serializers.IntegerField):
     "3", where the schema says integer."""
 
     def to_internal_value(self, data: Any) -> int:
-        if isinstance(data, bool) or not isinstance(data, int | float) or (isinstance(data, float)
-                                                                            and not data.is_integer()):
+        if (
+            isinstance(data, bool)
+            or not isinstance(data, int | float)
+            or (isinstance(data, float) and not data.is_integer())
+        ):
             self.fail("invalid")
         return int(super().to_internal_value(data))
 
@@ -160,7 +166,8 @@ class RunCursorPagination(CursorPagination):
             raise exceptions.ValidationError({"cursor": ["Invalid cursor."]})
         offset, reverse, position = match.groups()
         return Cursor(
-            offset=min(int(offset), self.offset_cutoff), reverse=reverse == "1",
+            offset=min(int(offset), self.offset_cutoff),
+            reverse=reverse == "1",
             # The form DRF compares positions in: str() of the datetime (the stubs say int).
             position=str(EPOCH + int(position) * MICROSECOND) if position is not None else None,  # type: ignore[arg-type]
         )
@@ -173,11 +180,16 @@ def idempotency_key_header(request: Request) -> str | None:
         return None
     if re.fullmatch(IDEMPOTENCY_KEY, key) is None:
         problem = text_problem(key)
-        raise exceptions.ValidationError({"Idempotency-Key": [
-            f"The header contains {problem}." if problem is not None else
-            f"The header must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters, not starting or ending "
-            "with a space."
-        ]})
+        raise exceptions.ValidationError(
+            {
+                "Idempotency-Key": [
+                    f"The header contains {problem}."
+                    if problem is not None
+                    else f"The header must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters, "
+                    "not starting or ending with a space."
+                ]
+            }
+        )
     return key
 
 
@@ -203,8 +215,9 @@ def controllable_run(*, user: AbstractUser | AnonymousUser, run_id: str) -> Work
     run = visible_run(user=user, run_id=run_id)
     if not can_control_run(user, run):
         if run.owner_id == user.pk:
-            raise exceptions.PermissionDenied(f"This {run.workflow} run is driven by its own process; only staff may "
-                                              "control it or send it events.")
+            raise exceptions.PermissionDenied(
+                f"This {run.workflow} run is driven by its own process; only staff may control it or send it events."
+            )
         raise exceptions.PermissionDenied("You may see this run but not control it.")
     return run
 

@@ -3,6 +3,7 @@
 A path that does not match a converter matches no API at all, and the catch-all at the end of the
 ``api/`` routes (``notfound.ApiNotFound``) answers the API's JSON 404: bad ids never reach a view.
 """
+
 from __future__ import annotations
 
 from django.urls import register_converter
@@ -46,12 +47,16 @@ register_converter(NameConverter, "name")
 def id_parameter(name: str, description: str) -> OpenApiParameter:
     """The schema's path parameter for ``<id:name>``: the range the route takes (drf-spectacular
     cannot read a custom converter, and would call it a string)."""
-    return OpenApiParameter(name, {"type": "integer", "minimum": 0, "maximum": ID_MAX}, OpenApiParameter.PATH,
-                            description=description)
+    return OpenApiParameter(
+        name, {"type": "integer", "minimum": 0, "maximum": ID_MAX}, OpenApiParameter.PATH, description=description
+    )
 
 
 def name_parameter(name: str, description: str) -> OpenApiParameter:
     """The schema's path parameter for ``<name:name>``."""
-    return OpenApiParameter(name, {"type": "string", "minLength": 1, "maxLength": NAME_MAX,
-                                   "pattern": f"^{NAME_CHARACTER}+$"}, OpenApiParameter.PATH,
-                            description=description)
+    return OpenApiParameter(
+        name,
+        {"type": "string", "minLength": 1, "maxLength": NAME_MAX, "pattern": f"^{NAME_CHARACTER}+$"},
+        OpenApiParameter.PATH,
+        description=description,
+    )

@@ -1,4 +1,5 @@
 """JSON errors for every API: ``{"error": {"code", "message", "detail"}}``, and a body size limit."""
+
 from __future__ import annotations
 
 import io

@@ -1,5 +1,6 @@
 """The catch-all of the ``api/`` routes (its own module: errors.py is imported by DRF's settings,
 so it cannot import DRF's views)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -4,6 +4,7 @@ One class per operation; each parses its input, calls one service or selector an
 Visibility: a caller sees its own runs (staff with ``view_workflowrun`` see all); another owner's
 run is a 404. Control and events need ownership or ``control_workflowrun`` (else 403).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -53,17 +54,22 @@ TAGS = ["runs"]
 def idempotency_key_parameter(description: str) -> OpenApiParameter:
     """The schema's optional ``Idempotency-Key`` header, as ``idempotency_key_header`` checks it."""
     return OpenApiParameter(
-        "Idempotency-Key", {"type": "string", "pattern": f"^(?:{IDEMPOTENCY_KEY})$", "minLength": 1,
-                            "maxLength": IDEMPOTENCY_KEY_MAX},
-        OpenApiParameter.HEADER, required=False,
+        "Idempotency-Key",
+        {"type": "string", "pattern": f"^(?:{IDEMPOTENCY_KEY})$", "minLength": 1, "maxLength": IDEMPOTENCY_KEY_MAX},
+        OpenApiParameter.HEADER,
+        required=False,
         description=f"1-{IDEMPOTENCY_KEY_MAX} printable ASCII characters, no space at either end. {description}",
     )
 
 
 # --- Shapes shared by several operations --------------------------------------------------------
 @extend_schema_field(
-    {"type": "string", "enum": list(RunStatus.values), "description": "queued, running, sleeping, waiting, "
-     "retrying, paused, completed, failed or terminated (the last three are final)."},
+    {
+        "type": "string",
+        "enum": list(RunStatus.values),
+        "description": "queued, running, sleeping, waiting, "
+        "retrying, paused, completed, failed or terminated (the last three are final).",
+    },
     component_name="RunStatus",
 )
 class RunStatusField(serializers.ChoiceField):
@@ -153,16 +159,27 @@ def run_detail_data(*, run: WorkflowRun, user: AbstractUser | AnonymousUser) -> 
         for a in run_attempts(run=run)
     ]
     return {
-        "id": run.id, "workflow": run.workflow, "workflow_version": run.workflow_version,
-        "status": run.status, "attempt": run.attempt,
+        "id": run.id,
+        "workflow": run.workflow,
+        "workflow_version": run.workflow_version,
+        "status": run.status,
+        "attempt": run.attempt,
         # Nested the way RunSummarySerializer's source="owner.username" reads it.
         "owner": {"username": run.owner.username} if run.owner is not None else None,
-        "idempotency_key": run.idempotency_key, "created_at": run.created_at,
-        "started_at": run.started_at, "finished_at": run.finished_at,
-        "payload": run.payload, "result": run.result, "error": public_error(run.error, user=user),
-        "failure_reason": run.failure_reason, "progress": run.progress, "current_step": run.current_step,
-        "pause_requested": run.pause_requested, "waiting_for": waiting_for(run),
-        "steps": steps, "attempts": attempts,
+        "idempotency_key": run.idempotency_key,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "payload": run.payload,
+        "result": run.result,
+        "error": public_error(run.error, user=user),
+        "failure_reason": run.failure_reason,
+        "progress": run.progress,
+        "current_step": run.current_step,
+        "pause_requested": run.pause_requested,
+        "waiting_for": waiting_for(run),
+        "steps": steps,
+        "attempts": attempts,
     }
 
 
@@ -178,7 +195,8 @@ class RunStartApi(ApiBase):
     @extend_schema_serializer(component_name="RunStartInput")
     class InputSerializer(StrictSerializer):
         payload = JsonObjectField(
-            required=False, default=dict,
+            required=False,
+            default=dict,
             help_text="The workflow's input (a JSON object, default {}); run() sees it as event.payload. "
             "The workflow's validate_payload may refuse it (400 invalid_payload).",
         )
@@ -186,12 +204,18 @@ class RunStartApi(ApiBase):
     OutputSerializer = RunSummarySerializer
 
     @extend_schema(
-        operation_id="run_start", tags=TAGS, request=InputSerializer,
-        parameters=[idempotency_key_parameter(
-            "Scoped to the caller and the workflow. Same key and payload again: 200 with the existing run. "
-            "Same key, other payload: 409.")],
+        operation_id="run_start",
+        tags=TAGS,
+        request=InputSerializer,
+        parameters=[
+            idempotency_key_parameter(
+                "Scoped to the caller and the workflow. Same key and payload again: 200 with the existing run. "
+                "Same key, other payload: 409."
+            )
+        ],
         responses={
-            201: OutputSerializer, 200: OutputSerializer,
+            201: OutputSerializer,
+            200: OutputSerializer,
             **error_responses(400, 401, 403, 404, 409, 413, 415, 429),
         },
         examples=[OpenApiExample("start", value={"payload": {"order_id": 1042}}, request_only=True)],
@@ -202,9 +226,14 @@ class RunStartApi(ApiBase):
         payload = serializer.validated_data["payload"]
         key = idempotency_key_header(request)
         services.check_startable(workflow=name)
-        run, created = services.run_start(workflow=name, payload=payload, idempotency_key=key,
-                                          owner=authenticated_user(request), quota=True,
-                                          queue=conf()["PUBLIC_QUEUE"] or None)
+        run, created = services.run_start(
+            workflow=name,
+            payload=payload,
+            idempotency_key=key,
+            owner=authenticated_user(request),
+            quota=True,
+            queue=conf()["PUBLIC_QUEUE"] or None,
+        )
         return Response(
             self.OutputSerializer(run).data,
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
@@ -220,8 +249,9 @@ class RunListApi(ApiBase):
         status = RunStatusField(required=False)
         workflow = StrictCharField(required=False, max_length=100)
         # The paginator reads these two; declared so that they are not refused as unknown.
-        cursor = StrictCharField(required=False, pattern=CURSOR,
-                                 help_text="From the previous page's next/previous link.")
+        cursor = StrictCharField(
+            required=False, pattern=CURSOR, help_text="From the previous page's next/previous link."
+        )
         page_size = serializers.IntegerField(required=False, min_value=1, max_value=RunCursorPagination.max_page_size)
 
     @extend_schema_serializer(component_name="RunPage")
@@ -231,14 +261,17 @@ class RunListApi(ApiBase):
         results = RunSummarySerializer(many=True)
 
     @extend_schema(
-        operation_id="run_list", tags=TAGS, parameters=[FilterSerializer],
+        operation_id="run_list",
+        tags=TAGS,
+        parameters=[FilterSerializer],
         responses={200: OutputSerializer, **error_responses(400, 401)},
     )
     def get(self, request: Request) -> Response:
         filters = self.FilterSerializer(data=request.query_params.dict())
         filters.is_valid(raise_exception=True)
         runs = run_list(
-            user=request.user, status=filters.validated_data.get("status"),
+            user=request.user,
+            status=filters.validated_data.get("status"),
             workflow=filters.validated_data.get("workflow"),
         ).select_related("owner")
         paginator = RunCursorPagination()
@@ -252,7 +285,9 @@ class RunDetailApi(ApiBase):
     OutputSerializer = RunDetailSerializer
 
     @extend_schema(
-        operation_id="run_retrieve", tags=TAGS, parameters=[RUN_ID],
+        operation_id="run_retrieve",
+        tags=TAGS,
+        parameters=[RUN_ID],
         responses={200: OutputSerializer, **error_responses(401, 404)},
     )
     def get(self, request: Request, run_id: str) -> Response:
@@ -268,7 +303,9 @@ class RunSendEventApi(ApiBase):
         type = StrictCharField(max_length=200, help_text="What step.wait_for_event(type=...) waits for.")
         payload = JsonValueField(required=False, default=dict, help_text="Any JSON; default {}.")
         idempotency_key = StrictCharField(
-            required=False, allow_null=True, max_length=IDEMPOTENCY_KEY_MAX,
+            required=False,
+            allow_null=True,
+            max_length=IDEMPOTENCY_KEY_MAX,
             help_text="Per run. Same key, type and payload again: 200 with the stored event. Otherwise 409.",
         )
 
@@ -283,9 +320,13 @@ class RunSendEventApi(ApiBase):
         consumed_at = serializers.DateTimeField(allow_null=True, help_text="When a waiting step took it.")
 
     @extend_schema(
-        operation_id="run_send_event", tags=TAGS, parameters=[RUN_ID], request=InputSerializer,
+        operation_id="run_send_event",
+        tags=TAGS,
+        parameters=[RUN_ID],
+        request=InputSerializer,
         responses={
-            201: OutputSerializer, 200: OutputSerializer,
+            201: OutputSerializer,
+            200: OutputSerializer,
             **error_responses(400, 401, 403, 404, 409, 413, 415),
         },
     )
@@ -296,7 +337,10 @@ class RunSendEventApi(ApiBase):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         event, created = services.run_send_event(
-            run_id=run.id, type=data["type"], payload=data["payload"], idempotency_key=data.get("idempotency_key"),
+            run_id=run.id,
+            type=data["type"],
+            payload=data["payload"],
+            idempotency_key=data.get("idempotency_key"),
         )
         return Response(
             self.OutputSerializer(event).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
@@ -317,14 +361,20 @@ class RunControlApi(ApiBase):
 
 def _control_schema(operation: str, description: str) -> Callable[[Callable[..., Response]], Callable[..., Response]]:
     return extend_schema(
-        operation_id=f"run_{operation}", tags=TAGS, parameters=[RUN_ID], request=None, description=description,
+        operation_id=f"run_{operation}",
+        tags=TAGS,
+        parameters=[RUN_ID],
+        request=None,
+        description=description,
         responses={200: RunDetailSerializer, **error_responses(401, 403, 404, 409)},
     )
 
 
 class RunPauseApi(RunControlApi):
-    @_control_schema("pause", "Pause between steps; a running run pauses at its next step boundary "
-                              "(pause_requested is true until then).")
+    @_control_schema(
+        "pause",
+        "Pause between steps; a running run pauses at its next step boundary (pause_requested is true until then).",
+    )
     def post(self, request: Request, run_id: str) -> Response:
         return self.control(request, run_id, services.run_pause)
 

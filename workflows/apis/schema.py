@@ -14,6 +14,7 @@ Imported by ``WorkflowsConfig.ready`` (the extensions register themselves on imp
 ``add_json_value`` and ``fix_one_of`` are drf-spectacular postprocessing hooks
 (settings.SPECTACULAR_SETTINGS).
 """
+
 from __future__ import annotations
 
 import json
@@ -101,10 +102,16 @@ def add_json_value(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
         "description": "Any JSON value PostgreSQL can store: no NUL character (\\u0000) in any string or key, "
         "no unpaired surrogate, nested at most 100 levels (else 400 invalid_payload).",
         "anyOf": [
-            {"type": "null"}, {"type": "boolean"}, {"type": "number"}, no_nul,
+            {"type": "null"},
+            {"type": "boolean"},
+            {"type": "number"},
+            no_nul,
             {"type": "array", "items": {"$ref": JSON_VALUE}},
-            {"type": "object", "propertyNames": {"pattern": anchored(NO_NUL)},
-             "additionalProperties": {"$ref": JSON_VALUE}},
+            {
+                "type": "object",
+                "propertyNames": {"pattern": anchored(NO_NUL)},
+                "additionalProperties": {"$ref": JSON_VALUE},
+            },
         ],
     }
     return result
@@ -141,8 +148,9 @@ def add_workflow_operations(result: dict[str, Any], **kwargs: Any) -> dict[str, 
     generic = result.get("paths", {}).get(generic_path, {}).get("post")
     if generic is None:
         return result
-    stated = [name for name in workflow_names()
-              if get_workflow(name).public and get_workflow(name).payload_schema is not None]
+    stated = [
+        name for name in workflow_names() if get_workflow(name).public and get_workflow(name).payload_schema is not None
+    ]
     for name in stated:
         payload = dict(get_workflow(name).payload_schema or {})
         payload.setdefault("description", f"The input of {name}; its validate_payload checks exactly this.")
@@ -163,8 +171,9 @@ def add_workflow_operations(result: dict[str, Any], **kwargs: Any) -> dict[str, 
         # /api/workflows/demo.onboarding/runs is that operation's, never this one's.
         for parameter in generic.get("parameters", []):
             if parameter.get("name") == "name" and parameter.get("in") == "path":
-                parameter["description"] = ("A public workflow's name, except those with an operation of "
-                                            f"their own: {', '.join(stated)}.")
+                parameter["description"] = (
+                    f"A public workflow's name, except those with an operation of their own: {', '.join(stated)}."
+                )
     return result
 
 
@@ -203,12 +212,18 @@ LINKS: dict[tuple[str, tuple[int, ...]], Links] = {
     },
     ("approval_list", (200,)): {
         "approval_retrieve": ("approval_retrieve", {"request_id": "$response.body#/results/0/id"}, None),
-        "approval_decide": ("approval_decide", {"request_id": "$response.body#/results/0/id"},
-                            {"version": "$response.body#/results/0/version"}),
+        "approval_decide": (
+            "approval_decide",
+            {"request_id": "$response.body#/results/0/id"},
+            {"version": "$response.body#/results/0/version"},
+        ),
     },
     ("approval_retrieve", (200,)): {
-        "approval_decide": ("approval_decide", {"request_id": "$response.body#/id"},
-                            {"version": "$response.body#/version"}),
+        "approval_decide": (
+            "approval_decide",
+            {"request_id": "$response.body#/id"},
+            {"version": "$response.body#/version"},
+        ),
         "run_retrieve": ("run_retrieve", {"run_id": "$response.body#/run"}, None),
     },
     ("approval_decide", (200,)): {
@@ -222,20 +237,30 @@ LINKS: dict[tuple[str, tuple[int, ...]], Links] = {
         **_to_assessment("/results/0/id"),
         "assessment_review": ("assessment_review", {"assessment_id": "$response.body#/results/0/id"}, None),
     },
-    **{(source, (200,)): {
-        **_to_assessment("/id"),
-        "assessment_review": ("assessment_review", {"assessment_id": "$response.body#/id"},
-                              {"report_version": "$response.body#/review/report_version"}),
-        "approval_retrieve": ("approval_retrieve", {"request_id": "$response.body#/review/request"}, None),
-        "run_retrieve": ("run_retrieve", {"run_id": "$response.body#/run"}, None),
-    } for source in ("assessment_retrieve", "assessment_submit", "assessment_review")},
+    **{
+        (source, (200,)): {
+            **_to_assessment("/id"),
+            "assessment_review": (
+                "assessment_review",
+                {"assessment_id": "$response.body#/id"},
+                {"report_version": "$response.body#/review/report_version"},
+            ),
+            "approval_retrieve": ("approval_retrieve", {"request_id": "$response.body#/review/request"}, None),
+            "run_retrieve": ("run_retrieve", {"run_id": "$response.body#/run"}, None),
+        }
+        for source in ("assessment_retrieve", "assessment_submit", "assessment_review")
+    },
 }
 
 
 def add_links(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     """OpenAPI links from each response that names another object to the operations on it."""
-    operations = {op["operationId"]: op for item in result.get("paths", {}).values() for op in item.values()
-                  if isinstance(op, dict) and "operationId" in op}
+    operations = {
+        op["operationId"]: op
+        for item in result.get("paths", {}).values()
+        for op in item.values()
+        if isinstance(op, dict) and "operationId" in op
+    }
     for (source, statuses), links in LINKS.items():
         if source not in operations:
             continue  # a partial schema (one app's patterns)

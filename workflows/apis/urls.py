@@ -1,4 +1,5 @@
 """/api/...: workflow runs. Paths have no trailing slash, as in DESIGN.md section 7."""
+
 from django.urls import URLPattern, path
 
 from workflows.apis.runs import (

@@ -3,6 +3,7 @@
 Runs are set up in the database directly; the actions go through the services. These tests run in
 one transaction each, so the services' on-commit enqueues are never sent: no worker is involved.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -35,8 +36,14 @@ def make_run(workflow: str = "test.echo", status: str = RunStatus.QUEUED, **fiel
 
 
 def waiting_run(event_type: str = "reply", **fields: Any) -> WorkflowRun:
-    return make_run("test.wait", RunStatus.WAITING, wait_event_type=event_type, wait_step="wait for reply",
-                    wake_at=timezone.now() + timedelta(minutes=5), **fields)
+    return make_run(
+        "test.wait",
+        RunStatus.WAITING,
+        wait_event_type=event_type,
+        wait_step="wait for reply",
+        wake_at=timezone.now() + timedelta(minutes=5),
+        **fields,
+    )
 
 
 def login(user: User) -> Client:
@@ -58,8 +65,7 @@ def listed(client: Client, query: str = "") -> set[UUID]:
 
 
 def act(client: Client, action: str, *runs: WorkflowRun) -> list[str]:
-    response = client.post(CHANGELIST, {"action": action, "_selected_action": [str(r.pk) for r in runs]},
-                           follow=True)
+    response = client.post(CHANGELIST, {"action": action, "_selected_action": [str(r.pk) for r in runs]}, follow=True)
     assert response.status_code == 200
     return [str(m) for m in get_messages(response.wsgi_request)]
 
@@ -106,14 +112,28 @@ def test_search_by_id_workflow_and_idempotency_key(users: dict[str, User]) -> No
 
 def test_change_page_shows_every_attempt_s_steps_and_pretty_error(users: dict[str, User]) -> None:
     # given: a run on its second attempt; the first failed at its second step
-    run = make_run("test.lines", RunStatus.FAILED, attempt=2, failure_reason="error",
-                   error={"type": "ValueError", "message": "boom", "traceback": "Traceback (most recent call last)"})
+    run = make_run(
+        "test.lines",
+        RunStatus.FAILED,
+        attempt=2,
+        failure_reason="error",
+        error={"type": "ValueError", "message": "boom", "traceback": "Traceback (most recent call last)"},
+    )
     RunAttempt.objects.create(run=run, number=1, status=RunStatus.FAILED)
-    for attempt, position, name, status in [(2, 1, "load order", StepStatus.FAILED),
-                                            (1, 2, "charge card", StepStatus.FAILED),
-                                            (1, 1, "load order", StepStatus.COMPLETED)]:
-        StepResult.objects.create(run=run, attempt=attempt, position=position, name=name, kind=StepKind.DO,
-                                  status=status, result={"order": 7} if status == StepStatus.COMPLETED else None)
+    for attempt, position, name, status in [
+        (2, 1, "load order", StepStatus.FAILED),
+        (1, 2, "charge card", StepStatus.FAILED),
+        (1, 1, "load order", StepStatus.COMPLETED),
+    ]:
+        StepResult.objects.create(
+            run=run,
+            attempt=attempt,
+            position=position,
+            name=name,
+            kind=StepKind.DO,
+            status=status,
+            result={"order": 7} if status == StepStatus.COMPLETED else None,
+        )
     RunEvent.objects.create(run=run, type="customer.reply", payload={"text": "hi"})
 
     # when
@@ -124,7 +144,9 @@ def test_change_page_shows_every_attempt_s_steps_and_pretty_error(users: dict[st
     html = response.content.decode()
     steps = [form.instance for form in response.context["inline_admin_formsets"][0].formset.forms]
     assert [(s.attempt, s.position, s.name) for s in steps] == [
-        (1, 1, "load order"), (1, 2, "charge card"), (2, 1, "load order"),
+        (1, 1, "load order"),
+        (1, 2, "charge card"),
+        (2, 1, "load order"),
     ]
     assert "step timeline (every attempt)" in html.lower()
     assert "&quot;message&quot;: &quot;boom&quot;" in html  # indented JSON, escaped
@@ -182,7 +204,9 @@ def test_refused_action_reports_the_reason_and_changes_nothing(users: dict[str, 
     assert f"test.echo {paused.pk}: resumed (now queued, attempt 1)" in messages
     queued.refresh_from_db()
     assert (queued.status, queued.updated_at, queued.enqueued_at) == (
-        before.status, before.updated_at, before.enqueued_at,
+        before.status,
+        before.updated_at,
+        before.enqueued_at,
     )
 
 

@@ -1,5 +1,6 @@
 """The HTTP API of runs: in-process requests against PostgreSQL, and two end-to-end tests with a
 real Celery worker advancing the runs the API starts."""
+
 from __future__ import annotations
 
 import json
@@ -196,13 +197,17 @@ def test_idempotency_keys_belong_to_the_caller(users: Users) -> None:
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("name, payload", [
-    ("refund", {"request_id": 1, "order": "1041"}),
-    ("supplier-assessment", {"assessment_id": 1, "requested_by_id": 1}),
-    ("test.lines", {"path": "/tmp/x", "steps": 1}),
-])
-def test_a_workflow_that_is_not_public_is_403_and_starts_nothing(users: Users, name: str,
-                                                                 payload: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "name, payload",
+    [
+        ("refund", {"request_id": 1, "order": "1041"}),
+        ("supplier-assessment", {"assessment_id": 1, "requested_by_id": 1}),
+        ("test.lines", {"path": "/tmp/x", "steps": 1}),
+    ],
+)
+def test_a_workflow_that_is_not_public_is_403_and_starts_nothing(
+    users: Users, name: str, payload: dict[str, Any]
+) -> None:
     """A process with its own service (a refund, an assessment) starts only through it: anyone
     else's ids in a payload would otherwise run someone else's process as theirs."""
     response = client_for(users["mallory"]).post(start_url(name), {"payload": payload}, format="json")
@@ -360,8 +365,14 @@ def test_list_filters_by_status_and_workflow(users: Users) -> None:
         ({"cursor": "cD1ub3QtYS1kYXRl"}, "cursor"),  # base64 of p=not-a-date: a forged position
         ({"owner": "alice"}, "owner"),
     ],
-    ids=["unknown status", "zero page size", "page size not a number", "garbled cursor", "forged cursor",
-         "unknown filter"],
+    ids=[
+        "unknown status",
+        "zero page size",
+        "page size not a number",
+        "garbled cursor",
+        "forged cursor",
+        "unknown filter",
+    ],
 )
 def test_list_refuses_bad_query_parameters(users: Users, query: dict[str, str], field: str) -> None:
     a_run(users["alice"])
@@ -400,14 +411,26 @@ def test_list_pages_through_every_run_once_newest_first(users: Users) -> None:
 def test_detail_shows_steps_attempts_and_what_the_run_waits_for(users: Users) -> None:
     # given a run whose first step completed and which now waits for an event
     run = a_run(users["alice"], order_id=1042)
-    StepResult.objects.create(run=run, attempt=1, position=1, name="load order", kind=StepKind.DO,
-                              status=StepStatus.COMPLETED, result={"total": 120}, tries=1)
-    StepResult.objects.create(run=run, attempt=1, position=2, name="wait for reply", kind=StepKind.WAIT,
-                              status=StepStatus.WAITING)
+    StepResult.objects.create(
+        run=run,
+        attempt=1,
+        position=1,
+        name="load order",
+        kind=StepKind.DO,
+        status=StepStatus.COMPLETED,
+        result={"total": 120},
+        tries=1,
+    )
+    StepResult.objects.create(
+        run=run, attempt=1, position=2, name="wait for reply", kind=StepKind.WAIT, status=StepStatus.WAITING
+    )
     # status is a protected FSM field: a queryset update stands in for the engine here
     WorkflowRun.objects.filter(pk=run.pk).update(
-        status=RunStatus.WAITING, wait_step="wait for reply", wait_event_type="reply",
-        wake_at="2030-01-01T00:00:00Z", progress={"stage": "asked"},
+        status=RunStatus.WAITING,
+        wait_step="wait for reply",
+        wait_event_type="reply",
+        wake_at="2030-01-01T00:00:00Z",
+        progress={"stage": "asked"},
     )
 
     # when alice reads it
@@ -420,7 +443,9 @@ def test_detail_shows_steps_attempts_and_what_the_run_waits_for(users: Users) ->
     assert body["payload"] == {"order_id": 1042}
     assert body["progress"] == {"stage": "asked"}
     assert body["waiting_for"] == {
-        "step": "wait for reply", "event_type": "reply", "until": "2030-01-01T00:00:00+00:00",
+        "step": "wait for reply",
+        "event_type": "reply",
+        "until": "2030-01-01T00:00:00+00:00",
     }
     assert [(s["position"], s["name"], s["kind"], s["status"], s["result"]) for s in body["steps"]] == [
         (1, "load order", "do", "completed", {"total": 120}),
@@ -449,7 +474,7 @@ def test_another_owners_run_is_404_like_a_missing_one(users: Users) -> None:
 @pytest.mark.django_db
 def test_a_failed_runs_traceback_is_for_staff_only(users: Users) -> None:
     run = a_run(users["alice"])
-    error = {"type": "KeyError", "message": "'order_id'", "traceback": "Traceback ...\n  File \"/srv/app.py\""}
+    error = {"type": "KeyError", "message": "'order_id'", "traceback": 'Traceback ...\n  File "/srv/app.py"'}
     WorkflowRun.objects.filter(pk=run.pk).update(status=RunStatus.FAILED, error=error, failure_reason="error")
 
     as_owner = client_for(users["alice"]).get(run_url(run.id)).json()
@@ -481,11 +506,13 @@ def test_an_event_is_created_once_per_key(users: Users) -> None:
 def test_an_event_key_reused_with_another_payload_is_409(users: Users) -> None:
     run = a_run(users["alice"], "test.wait")
     client = client_for(users["alice"])
-    client.post(run_url(run.id, "events"), {"type": "reply", "payload": {"answer": 42}, "idempotency_key": "k"},
-                format="json")
+    client.post(
+        run_url(run.id, "events"), {"type": "reply", "payload": {"answer": 42}, "idempotency_key": "k"}, format="json"
+    )
 
-    response = client.post(run_url(run.id, "events"), {"type": "reply", "payload": {"answer": 7},
-                                                       "idempotency_key": "k"}, format="json")
+    response = client.post(
+        run_url(run.id, "events"), {"type": "reply", "payload": {"answer": 7}, "idempotency_key": "k"}, format="json"
+    )
 
     assert response.status_code == 409
     assert error_of(response)["code"] == "idempotency_conflict"
@@ -618,8 +645,7 @@ def test_the_owner_of_a_private_workflows_run_may_see_it_but_not_drive_it(users:
     the run midway would leave the process half done (a refund terminated while its outcome is
     unknown). Staff with the control permission still can."""
     # given alice's run of a private workflow (test.lines: not public), paused
-    run, _ = services.run_start(workflow="test.lines", payload={"path": "/dev/null", "steps": 1},
-                                owner=users["alice"])
+    run, _ = services.run_start(workflow="test.lines", payload={"path": "/dev/null", "steps": 1}, owner=users["alice"])
     services.run_pause(run_id=run.id)
     before = snapshot(run)
     body = {"type": "reply"} if action == "events" else None
@@ -662,8 +688,16 @@ def test_the_runs_api_schema_generates_without_warnings() -> None:
     validate_schema(schema)
     operations = {op["operationId"] for item in schema["paths"].values() for op in item.values()}
     # plus one start operation for each public workflow that states its payload
-    assert operations - {"run_start_demo_onboarding"} == {"run_start", "run_list", "run_retrieve", "run_send_event",
-                                                          "run_pause", "run_resume", "run_terminate", "run_restart"}
+    assert operations - {"run_start_demo_onboarding"} == {
+        "run_start",
+        "run_list",
+        "run_retrieve",
+        "run_send_event",
+        "run_pause",
+        "run_resume",
+        "run_terminate",
+        "run_restart",
+    }
 
 
 @pytest.mark.django_db
@@ -672,8 +706,13 @@ def test_the_schema_endpoint_serves_the_runs_api() -> None:
 
     assert response.status_code == 200
     paths = json.loads(response.content)["paths"]
-    assert {"/api/workflows/{name}/runs", "/api/runs", "/api/runs/{run_id}", "/api/runs/{run_id}/events",
-            "/api/runs/{run_id}/pause"} <= set(paths)
+    assert {
+        "/api/workflows/{name}/runs",
+        "/api/runs",
+        "/api/runs/{run_id}",
+        "/api/runs/{run_id}/events",
+        "/api/runs/{run_id}/pause",
+    } <= set(paths)
 
 
 @pytest.mark.django_db
@@ -703,8 +742,12 @@ def poll_until(client: APIClient, run_id: str, *statuses: str, timeout: float = 
 def test_a_run_started_through_the_api_completes_with_its_timeline(worker: Worker, users: Users) -> None:
     # given alice starts an echo run through the API
     client = client_for(users["alice"])
-    started = client.post(start_url("test.echo"), {"payload": {"greeting": "hello"}}, format="json",
-                          headers={"Idempotency-Key": "e2e-echo"})
+    started = client.post(
+        start_url("test.echo"),
+        {"payload": {"greeting": "hello"}},
+        format="json",
+        headers={"Idempotency-Key": "e2e-echo"},
+    )
     assert started.status_code == 201
 
     # when a real worker advances it
@@ -743,7 +786,8 @@ def test_an_event_sent_through_the_api_resumes_a_waiting_run(worker: Worker, use
     assert body["status"] == "completed", body
     assert body["result"]["reply"] == {"answer": 42}
     assert [(s["name"], s["status"]) for s in body["steps"]] == [
-        ("wait for reply", "completed"), ("after", "completed"),
+        ("wait for reply", "completed"),
+        ("after", "completed"),
     ]
     assert RunEvent.objects.filter(run_id=run_id).count() == 1
     assert RunEvent.objects.get(run_id=run_id).consumed_at is not None
@@ -761,8 +805,10 @@ def test_one_person_may_have_only_so_many_runs_going(users: Users, settings: Any
     else: past WORKFLOWS_MAX_ACTIVE_RUNS_PER_OWNER unfinished runs, a 429 that starts nothing."""
     settings.WORKFLOWS = {**settings.WORKFLOWS, "MAX_ACTIVE_RUNS_PER_OWNER": 3, "PUBLIC_QUEUE": "public-runs"}
     mallory = client_for(users["mallory"])
-    started = [mallory.post(start_url(), {"payload": {"n": i}}, format="json", headers={"Idempotency-Key": f"k{i}"})
-               for i in range(3)]
+    started = [
+        mallory.post(start_url(), {"payload": {"n": i}}, format="json", headers={"Idempotency-Key": f"k{i}"})
+        for i in range(3)
+    ]
     assert [r.status_code for r in started] == [201, 201, 201]
     assert {WorkflowRun.objects.get(pk=r.json()["id"]).queue for r in started} == {"public-runs"}
 
@@ -791,11 +837,15 @@ def test_the_run_limit_holds_for_starts_sent_together_and_counts_only_public_run
 
     # when she sends eight starts of a public one at the same instant (runs that wait: a worker of
     # the session, if one runs, must not finish them and free their places)
-    answers = race(lambda: client_for(users["mallory"]).post(start_url("test.wait"), {"payload": {"timeout": 300}},
-                                                            format="json"), n=8)
+    answers = race(
+        lambda: client_for(users["mallory"]).post(start_url("test.wait"), {"payload": {"timeout": 300}}, format="json"),
+        n=8,
+    )
 
     # then exactly three were started
     assert sorted(a.status_code for a in answers) == [201] * 3 + [429] * 5
     assert WorkflowRun.objects.filter(owner=users["mallory"], workflow="test.wait").count() == 3
-    assert "you have 3 runs that have not finished yet (the limit is 3)" in error_of(
-        [a for a in answers if a.status_code == 429][0])["message"]
+    assert (
+        "you have 3 runs that have not finished yet (the limit is 3)"
+        in error_of([a for a in answers if a.status_code == 429][0])["message"]
+    )

@@ -19,7 +19,8 @@ def test_a_step_timeout_above_the_visibility_timeout_is_an_error(settings) -> No
 def test_a_hard_time_limit_a_healthy_task_can_reach_is_an_error(settings) -> None:
     workflows = settings.WORKFLOWS
     settings.CELERY_TASK_TIME_LIMIT = int(
-        workflows["TASK_BUDGET_SECONDS"] + workflows["MAX_STEP_TIMEOUT_SECONDS"]
+        workflows["TASK_BUDGET_SECONDS"]
+        + workflows["MAX_STEP_TIMEOUT_SECONDS"]
         + workflows["STEP_TIMEOUT_GRACE_SECONDS"]
     )
     assert [e.id for e in check_settings()] == ["workflows.E005"]

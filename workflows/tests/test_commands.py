@@ -1,5 +1,6 @@
 """``manage.py workflows``: reads print the right rows, writes go through the services, bad input
 is a CommandError that changes nothing, and an event sent from the command wakes a real run."""
+
 from __future__ import annotations
 
 import re
@@ -44,8 +45,13 @@ def snapshot() -> tuple[list[tuple[Any, ...]], int, int]:
 class TestReads:
     def test_list_prints_an_aligned_table_of_the_matching_runs(self) -> None:
         # given
-        waiting = make_run("test.wait", RunStatus.WAITING, wait_event_type="reply", wait_step="wait for reply",
-                           wake_at=timezone.now() + timedelta(minutes=5))
+        waiting = make_run(
+            "test.wait",
+            RunStatus.WAITING,
+            wait_event_type="reply",
+            wait_step="wait for reply",
+            wake_at=timezone.now() + timedelta(minutes=5),
+        )
         done = make_run("test.echo", RunStatus.COMPLETED, attempt=2)
 
         # when
@@ -61,8 +67,11 @@ class TestReads:
         assert "event 'reply' until" in row_of(everything, waiting)
         # aligned: every row's status column starts where the header's does
         column = header.index("STATUS")
-        assert all(line[column:].split()[0] in ("STATUS", "waiting", "completed")
-                   for line in everything.splitlines() if not line.startswith("-"))
+        assert all(
+            line[column:].split()[0] in ("STATUS", "waiting", "completed")
+            for line in everything.splitlines()
+            if not line.startswith("-")
+        )
         assert str(waiting.pk) in only_waiting and str(done.pk) not in only_waiting
         assert str(done.pk) in only_echo and str(waiting.pk) not in only_echo
 
@@ -77,8 +86,14 @@ class TestReads:
 
     def test_show_prints_the_run_and_its_step_timeline(self) -> None:
         # given: attempt 1 failed at "charge", attempt 2 is sleeping
-        run = make_run("test.sleep", RunStatus.SLEEPING, attempt=2, payload={"seconds": 60},
-                       wait_step="nap", wake_at=timezone.now() + timedelta(minutes=1))
+        run = make_run(
+            "test.sleep",
+            RunStatus.SLEEPING,
+            attempt=2,
+            payload={"seconds": 60},
+            wait_step="nap",
+            wake_at=timezone.now() + timedelta(minutes=1),
+        )
         for attempt, position, name, kind, status in [
             (1, 1, "before", StepKind.DO, StepStatus.COMPLETED),
             (1, 2, "charge", StepKind.DO, StepStatus.FAILED),
@@ -86,7 +101,12 @@ class TestReads:
             (2, 2, "nap", StepKind.SLEEP, StepStatus.SLEEPING),
         ]:
             StepResult.objects.create(
-                run=run, attempt=attempt, position=position, name=name, kind=kind, status=status,
+                run=run,
+                attempt=attempt,
+                position=position,
+                name=name,
+                kind=kind,
+                status=status,
                 result=1234.5 if status == StepStatus.COMPLETED else None,
                 error={"type": "ValueError", "message": "card declined"} if status == StepStatus.FAILED else None,
             )
@@ -115,10 +135,12 @@ class TestReads:
 @pytest.mark.django_db
 class TestWrites:
     def test_start_creates_a_run_once_per_key(self, users: dict[str, User]) -> None:
-        first = run_command("start", "test.echo", "--payload", '{"n": 1}', "--idempotency-key", "k1",
-                            "--owner", "alice")
-        again = run_command("start", "test.echo", "--payload", '{"n": 1}', "--idempotency-key", "k1",
-                            "--owner", "alice")
+        first = run_command(
+            "start", "test.echo", "--payload", '{"n": 1}', "--idempotency-key", "k1", "--owner", "alice"
+        )
+        again = run_command(
+            "start", "test.echo", "--payload", '{"n": 1}', "--idempotency-key", "k1", "--owner", "alice"
+        )
 
         run = WorkflowRun.objects.get()
         assert (run.workflow, run.payload, run.owner, run.status) == ("test.echo", {"n": 1}, users["alice"], "queued")
@@ -150,10 +172,14 @@ class TestWrites:
             (["start", "test.echo", "--payload", "{not json"], "--payload is not valid JSON"),
             (["start", "test.echo", "--payload", "[1, 2]"], "payload must be a JSON object, not list"),
             (["start", "no.such.workflow"], "no workflow is registered as 'no.such.workflow'"),
-            (["start", "refund", "--payload", '{"request_id": 1, "order": "1"}'],
-             "workflow 'refund' cannot be started directly"),
-            (["start", "test.lines", "--payload", '{"path": "/tmp/x", "steps": 1}'],
-             "workflow 'test.lines' cannot be started directly"),
+            (
+                ["start", "refund", "--payload", '{"request_id": 1, "order": "1"}'],
+                "workflow 'refund' cannot be started directly",
+            ),
+            (
+                ["start", "test.lines", "--payload", '{"path": "/tmp/x", "steps": 1}'],
+                "workflow 'test.lines' cannot be started directly",
+            ),
             (["start", "test.echo", "--owner", "nobody"], "no user named 'nobody'"),
             (["list", "--status", "asleep"], "invalid choice: 'asleep'"),
             (["list", "--limit", "0"], "must be at least 1"),

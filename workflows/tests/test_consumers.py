@@ -3,6 +3,7 @@
 Every test commits its rows (``transaction=True``) so the server process sees them; sessions come
 from ``Client.force_login`` and travel as a Cookie header, with the Origin a browser would send.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,12 +40,16 @@ def session_cookie(user: User) -> str:
     return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
 
 
-def open_socket(server: AsgiServer, run_id: UUID | str, user: User | None = None, *,
-                origin: str | None = None) -> ClientConnection:
+def open_socket(
+    server: AsgiServer, run_id: UUID | str, user: User | None = None, *, origin: str | None = None
+) -> ClientConnection:
     headers = {"Cookie": session_cookie(user)} if user is not None else {}
     return connect(
-        f"{server.ws_url}/ws/runs/{run_id}/", origin=origin or server.url, additional_headers=headers,
-        proxy=None, open_timeout=TIMEOUT,
+        f"{server.ws_url}/ws/runs/{run_id}/",
+        origin=origin or server.url,
+        additional_headers=headers,
+        proxy=None,
+        open_timeout=TIMEOUT,
     )
 
 
@@ -118,9 +123,7 @@ def test_unauthenticated_socket_is_closed_with_4401_and_sent_nothing(
     assert reason in ("", "authentication required")  # daphne does not forward close reasons
 
 
-def test_a_foreign_origin_is_refused_before_the_socket_opens(
-    asgi_server: AsgiServer, users: dict[str, User]
-) -> None:
+def test_a_foreign_origin_is_refused_before_the_socket_opens(asgi_server: AsgiServer, users: dict[str, User]) -> None:
     run = make_run(users["alice"])
 
     with pytest.raises(InvalidStatus) as refused:
@@ -248,8 +251,13 @@ def test_resume_replays_what_was_published_while_disconnected_and_nothing_twice(
     with open_socket(asgi_server, run.id, alice) as ws:
         assert receive(ws)["seq"] == 0
         first = streams.publish(run.id, "progress", {"n": 1})
-        assert receive(ws) | {"at": None} == {"type": "progress", "seq": first, "run": str(run.id),
-                                            "data": {"n": 1}, "at": None}
+        assert receive(ws) | {"at": None} == {
+            "type": "progress",
+            "seq": first,
+            "run": str(run.id),
+            "data": {"n": 1},
+            "at": None,
+        }
 
     # given two events published while alice is away
     streams.publish(run.id, "progress", {"n": 2})
@@ -263,14 +271,20 @@ def test_resume_replays_what_was_published_while_disconnected_and_nothing_twice(
 
         # then she gets exactly those two, marked as replayed
         assert [(m["seq"], m["data"], m.get("replay")) for m in replayed[:-1]] == [
-            (2, {"n": 2}, True), (3, {"status": "completed", "terminal": True}, True)
+            (2, {"n": 2}, True),
+            (3, {"status": "completed", "terminal": True}, True),
         ]
         assert replayed[-1] == {"type": "replay_complete", "seq": 3}
 
         # a live event follows, not marked
         streams.publish(run.id, "progress", {"n": 4})
-        assert receive(ws) | {"at": None} == {"type": "progress", "seq": 4, "run": str(run.id),
-                                            "data": {"n": 4}, "at": None}
+        assert receive(ws) | {"at": None} == {
+            "type": "progress",
+            "seq": 4,
+            "run": str(run.id),
+            "data": {"n": 4},
+            "at": None,
+        }
 
         # the same resume again sends nothing twice; an earlier one sends only the older event
         ws.send(json.dumps({"type": "resume", "after": 1}))
@@ -278,7 +292,8 @@ def test_resume_replays_what_was_published_while_disconnected_and_nothing_twice(
         ws.send(json.dumps({"type": "resume", "after": 0}))
         older = receive_until(ws, lambda m: m["type"] == "replay_complete")
         assert [(m["type"], m["seq"], m.get("replay")) for m in older] == [
-            ("progress", 1, True), ("replay_complete", 4, None)
+            ("progress", 1, True),
+            ("replay_complete", 4, None),
         ]
         ws.send(json.dumps({"type": "resume", "after": 0}))
         assert receive(ws) == {"type": "replay_complete", "seq": 4}
@@ -301,8 +316,12 @@ def test_live_events_published_during_a_replay_are_neither_lost_nor_repeated(
         )
         publisher.start()
         ws.send(json.dumps({"type": "resume", "after": 0}))
-        messages = receive_until(ws, lambda m: m.get("seq") == 100 and m["type"] == "progress"
-                                 or (m["type"] == "replay_complete" and m["seq"] == 100))
+        messages = receive_until(
+            ws,
+            lambda m: (
+                m.get("seq") == 100 and m["type"] == "progress" or (m["type"] == "replay_complete" and m["seq"] == 100)
+            ),
+        )
         publisher.join()
         # whichever came last (the live 100th event or the replay's end), drain what remains
         while not any(m["type"] == "replay_complete" for m in messages) or max(seqs(messages)) < 100:
@@ -340,9 +359,15 @@ def test_bad_client_messages_get_an_error_and_the_connection_stays_open(
     alice = users["alice"]
     run = make_run(alice)
     bad: list[str | bytes] = [
-        "not json", b"\x00binary", "[]", json.dumps({"type": "bogus"}), json.dumps({"type": "resume"}),
-        json.dumps({"type": "resume", "after": -1}), json.dumps({"type": "resume", "after": "3"}),
-        json.dumps({"type": "resume", "after": True}), json.dumps({"type": "resume", "after": 2**60}),
+        "not json",
+        b"\x00binary",
+        "[]",
+        json.dumps({"type": "bogus"}),
+        json.dumps({"type": "resume"}),
+        json.dumps({"type": "resume", "after": -1}),
+        json.dumps({"type": "resume", "after": "3"}),
+        json.dumps({"type": "resume", "after": True}),
+        json.dumps({"type": "resume", "after": 2**60}),
     ]
     with open_socket(asgi_server, run.id, alice) as ws:
         assert receive(ws)["type"] == "snapshot"
@@ -373,8 +398,9 @@ def test_cursor_sends_each_seq_once_and_forwards_a_late_one() -> None:
     assert not cursor.was_sent(3)  # below the snapshot: a resume may still ask for it
 
 
-def test_a_traceback_is_for_staff_only_on_the_socket_and_the_page(asgi_server: AsgiServer,
-                                                                   users: dict[str, User]) -> None:
+def test_a_traceback_is_for_staff_only_on_the_socket_and_the_page(
+    asgi_server: AsgiServer, users: dict[str, User]
+) -> None:
     """The same rule as the API (``selectors.public_error``): file paths and source lines of a
     failed run are for staff who may see every run, never for its owner."""
     # given alice's run failed with a traceback

@@ -2,6 +2,7 @@
 
 The daphne log is read back to prove each case leaves no error and no traceback behind.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -132,9 +133,7 @@ def test_a_path_that_names_no_socket_is_closed_with_4404_and_logs_no_error(
     assert "Traceback" not in log and "No route found" not in log and " 500 " not in log, log
 
 
-def test_a_run_id_in_upper_case_is_the_same_run_as_in_the_api(
-    asgi_server: AsgiServer, users: dict[str, User]
-) -> None:
+def test_a_run_id_in_upper_case_is_the_same_run_as_in_the_api(asgi_server: AsgiServer, users: dict[str, User]) -> None:
     """The API takes a run id in either case (RFC 4122: case-insensitive on input); so does the socket."""
     run = make_run(users["alice"])
 

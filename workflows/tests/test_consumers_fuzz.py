@@ -10,6 +10,7 @@ daphne's limit (``--websocket-max-message-size``, 1 MiB by default): daphne fail
 as the WebSocket protocol says; their tests check that, that nothing is written, and that the next
 connection is served.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,18 +44,51 @@ def database_fingerprint() -> dict[str, tuple[int, str]]:
     with connection.cursor() as cursor:
         for table in connection.introspection.table_names():
             quoted = connection.ops.quote_name(table)
-            cursor.execute(f"SELECT count(*), md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) "
-                           f"FROM {quoted} t")
+            cursor.execute(
+                f"SELECT count(*), md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) FROM {quoted} t"
+            )
             count, digest = cursor.fetchone()
             fingerprint[table] = (count, digest)
     return fingerprint
 
 
 # --- frames -------------------------------------------------------------------------------------------
-NEAR_MISSES = ["Snapshot", "snapshot ", " resume", "RESUME", "resumes", "", "error", "progress", "replay_complete",
-               "snap\x00shot", "résumé", "\ud800", "type"]
-BAD_AFTERS: list[Any] = ["3", "", -1, -2**63, 2**53, 2**60, 10**100, 1.5, 0.0, -0.0, 1e308, True, False, None, [],
-                         [1], {}, {"after": 1}, "NaN"]
+NEAR_MISSES = [
+    "Snapshot",
+    "snapshot ",
+    " resume",
+    "RESUME",
+    "resumes",
+    "",
+    "error",
+    "progress",
+    "replay_complete",
+    "snap\x00shot",
+    "résumé",
+    "\ud800",
+    "type",
+]
+BAD_AFTERS: list[Any] = [
+    "3",
+    "",
+    -1,
+    -(2**63),
+    2**53,
+    2**60,
+    10**100,
+    1.5,
+    0.0,
+    -0.0,
+    1e308,
+    True,
+    False,
+    None,
+    [],
+    [1],
+    {},
+    {"after": 1},
+    "NaN",
+]
 
 
 def random_json(rng: random.Random, depth: int = 0) -> Any:
@@ -64,16 +98,24 @@ def random_json(rng: random.Random, depth: int = 0) -> Any:
     if kind == "bool":
         return rng.random() < 0.5
     if kind == "int":
-        return rng.choice([0, -1, 1, 2**31, 2**53, 2**64, -(2**70), rng.randint(-10**6, 10**6)])
+        return rng.choice([0, -1, 1, 2**31, 2**53, 2**64, -(2**70), rng.randint(-(10**6), 10**6)])
     if kind == "float":
         return rng.choice([0.5, -1e-300, 1e308, rng.uniform(-1e6, 1e6)])
     if kind == "str":
-        return "".join(chr(rng.choice([rng.randint(32, 126), rng.randint(0, 0x2FF), rng.randint(0x300, 0xFFFF)]))
-                       for _ in range(rng.randint(0, 20))).encode("utf-8", "replace").decode("utf-8", "replace")
+        return (
+            "".join(
+                chr(rng.choice([rng.randint(32, 126), rng.randint(0, 0x2FF), rng.randint(0x300, 0xFFFF)]))
+                for _ in range(rng.randint(0, 20))
+            )
+            .encode("utf-8", "replace")
+            .decode("utf-8", "replace")
+        )
     if kind == "list":
         return [random_json(rng, depth + 1) for _ in range(rng.randint(0, 4))]
-    return {random_json(rng, 4) if rng.random() < 0.8 else "type": random_json(rng, depth + 1)
-            for _ in range(rng.randint(0, 4))}
+    return {
+        random_json(rng, 4) if rng.random() < 0.8 else "type": random_json(rng, depth + 1)
+        for _ in range(rng.randint(0, 4))
+    }
 
 
 def random_frame(rng: random.Random) -> Frame:
@@ -82,8 +124,20 @@ def random_frame(rng: random.Random) -> Frame:
     if roll < 0.15:
         return rng.randbytes(rng.randint(0, 200))  # a binary frame
     if roll < 0.3:  # text that is not JSON
-        return rng.choice(["{", "}", "[1,", "'snapshot'", '{"type": "snapshot"', "nul", "01", "{'a': 1}",
-                           "\x00", '{"type": "snapshot"} x']) + random_text(rng)
+        return rng.choice(
+            [
+                "{",
+                "}",
+                "[1,",
+                "'snapshot'",
+                '{"type": "snapshot"',
+                "nul",
+                "01",
+                "{'a': 1}",
+                "\x00",
+                '{"type": "snapshot"} x',
+            ]
+        ) + random_text(rng)
     if roll < 0.55:
         message: dict[str, Any] = {"type": "resume", "after": rng.choice(BAD_AFTERS)}
         if rng.random() < 0.3:
@@ -169,11 +223,14 @@ def test_malformed_frames_are_answered_with_an_error_on_a_connection_that_stays_
     assert streams.current_seq(run.id) == seq_before
 
 
-@pytest.mark.parametrize("frame", [
-    pytest.param(b"\xff\xfe\xfd", id="not UTF-8"),
-    pytest.param(b'{"type": "snapshot"}\xc3', id="a truncated character"),
-    pytest.param("\ud800".encode("utf-8", "surrogatepass"), id="an encoded surrogate"),
-])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        pytest.param(b"\xff\xfe\xfd", id="not UTF-8"),
+        pytest.param(b'{"type": "snapshot"}\xc3', id="a truncated character"),
+        pytest.param("\ud800".encode("utf-8", "surrogatepass"), id="an encoded surrogate"),
+    ],
+)
 def test_a_text_frame_that_is_not_utf8_closes_the_connection_and_writes_nothing(
     asgi_server: AsgiServer, users: dict[str, User], frame: bytes
 ) -> None:

@@ -1,6 +1,7 @@
 """Steps sent to another queue: each try's message runs its body at most once, and a message of
 an earlier try runs nothing. The run is advanced here, in process, on a queue no worker listens
 on; the step's task is then called as a worker would call it."""
+
 from __future__ import annotations
 
 import uuid
@@ -72,8 +73,9 @@ def test_a_message_of_another_try_runs_nothing(queue: str, tmp_path: Path) -> No
     run, step = dispatched(path, queue)
 
     # when a message naming another try arrives (a late one of an earlier try, say)
-    outcomes = [dispatch.run_dispatched_step(run_id=run.id, attempt=1, position=step.position, tries=tries)
-                for tries in (0, 2)]
+    outcomes = [
+        dispatch.run_dispatched_step(run_id=run.id, attempt=1, position=step.position, tries=tries) for tries in (0, 2)
+    ]
 
     # then it is refused and nothing changed
     assert outcomes == ["stale", "stale"]

@@ -1,4 +1,5 @@
 """The engine end to end: runs started here, advanced by a real Celery worker on PostgreSQL."""
+
 from __future__ import annotations
 
 import json
@@ -264,10 +265,13 @@ def test_a_step_body_knows_its_run_and_step(worker: Worker) -> None:
 
 
 # --- what PostgreSQL cannot store (issue 6 item 7) -----------------------------------------------
-@pytest.mark.parametrize(("kind", "problem"), [
-    ("surrogate", "an unpaired surrogate (\\ud800), which is not valid Unicode"),
-    ("nul", "a NUL character (\\u0000), which cannot be stored"),
-])
+@pytest.mark.parametrize(
+    ("kind", "problem"),
+    [
+        ("surrogate", "an unpaired surrogate (\\ud800), which is not valid Unicode"),
+        ("nul", "a NUL character (\\u0000), which cannot be stored"),
+    ],
+)
 def test_a_step_result_postgresql_cannot_store_fails_that_step_at_once(
     worker: Worker, tmp_path: Path, kind: str, problem: str
 ) -> None:
@@ -284,7 +288,9 @@ def test_a_step_result_postgresql_cannot_store_fails_that_step_at_once(
     assert lines(path) == ["before", kind, "after"]
     steps = StepResult.objects.filter(run=run)
     assert [(s.name, s.status, s.tries) for s in steps] == [
-        ("before", StepStatus.COMPLETED, 1), ("unstorable", StepStatus.FAILED, 1), ("after", StepStatus.COMPLETED, 1)
+        ("before", StepStatus.COMPLETED, 1),
+        ("unstorable", StepStatus.FAILED, 1),
+        ("after", StepStatus.COMPLETED, 1),
     ]
     assert run.recovery_count == 0
 
@@ -402,8 +408,9 @@ def test_a_query_interrupted_by_the_timeout_is_cancelled_and_the_worker_goes_on(
     assert StepResult.objects.get(run=run).tries == 2
     assert time.monotonic() - started < 10
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND pid <> pg_backend_pid()",
-                       [f"%{marker}%"])
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND pid <> pg_backend_pid()", [f"%{marker}%"]
+        )
         assert cursor.fetchone() == (0,)
 
 
@@ -422,6 +429,9 @@ def test_a_connection_lost_inside_a_step_is_the_workers_problem_not_the_runs(wor
     assert run.result == ["raise", "return", "return last"]
     assert lines(path) == ["raise", "raise", "return", "return last"]
     steps = StepResult.objects.filter(run=run)
-    assert [(s.status, s.tries) for s in steps] == [(StepStatus.COMPLETED, 2), (StepStatus.COMPLETED, 1),
-                                                     (StepStatus.COMPLETED, 1)]
+    assert [(s.status, s.tries) for s in steps] == [
+        (StepStatus.COMPLETED, 2),
+        (StepStatus.COMPLETED, 1),
+        (StepStatus.COMPLETED, 1),
+    ]
     assert run.recovery_count == 0

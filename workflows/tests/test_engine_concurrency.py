@@ -1,4 +1,5 @@
 """Two workers advancing the same run at once, as real threads against PostgreSQL."""
+
 from __future__ import annotations
 
 import threading
@@ -38,9 +39,18 @@ def test_the_loser_of_a_store_race_adopts_the_winners_result(monkeypatch: pytest
 
     monkeypatch.setattr(services, "enqueue_run", lambda run_id, **kw: None)  # no worker stores it first
     run = wf.start("test.echo", {})
+
     def write(result_json: str) -> step_store.StepWrite:
-        return step_store.StepWrite(run_id=run.id, attempt=1, position=1, name="echo", kind=StepKind.DO,
-                                    status=StepStatus.COMPLETED, result_json=result_json, tries=1)
+        return step_store.StepWrite(
+            run_id=run.id,
+            attempt=1,
+            position=1,
+            name="echo",
+            kind=StepKind.DO,
+            status=StepStatus.COMPLETED,
+            result_json=result_json,
+            tries=1,
+        )
 
     written = race(lambda: step_store.store(write(f'"{threading.get_ident()}"')), n=4)
     assert sorted(written) == [False, False, False, True]

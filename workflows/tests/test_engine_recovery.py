@@ -1,6 +1,7 @@
 """Faults for real: worker process groups are SIGKILLed mid-step, enqueues are lost, a step kills
 its own worker every time. Each test has its own queue and its own workers, apart from the
 session's shared worker."""
+
 from __future__ import annotations
 
 import subprocess
@@ -146,10 +147,17 @@ SHORT_LIMITS = {"WORKFLOWS_MAX_STEP_TIMEOUT": "2", "WORKFLOWS_STEP_TIMEOUT_GRACE
 
 def enqueue_from_another_process(run_id: uuid.UUID, queue: str, **env: str) -> None:
     """Send the run's message from a process started with ``env`` (as a web process would)."""
-    code = ("import django; django.setup(); from workflows.effects import enqueue_run; "
-            f"enqueue_run({str(run_id)!r}, queue={queue!r})")
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60,
-                   env=service_env(DJANGO_SETTINGS_MODULE="config.settings", **env))
+    code = (
+        "import django; django.setup(); from workflows.effects import enqueue_run; "
+        f"enqueue_run({str(run_id)!r}, queue={queue!r})"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        check=True,
+        timeout=60,
+        env=service_env(DJANGO_SETTINGS_MODULE="config.settings", **env),
+    )
 
 
 @pytest.mark.parametrize("how", ["swallow", "blocked"])

@@ -1,6 +1,7 @@
 """What ``workflows.apis.schema`` adds to the OpenAPI schema: a public workflow's own start
 operation with the payload it states, and that payload checked by ``validate_payload``; links.
 (tests/test_fuzz_api.py holds the whole schema to the API's answers.)"""
+
 from __future__ import annotations
 
 from typing import Any
@@ -29,19 +30,29 @@ def test_a_public_workflow_that_states_its_payload_has_its_own_start_operation(s
     assert body["properties"]["payload"]["properties"] == Onboarding.payload_schema["properties"]
     assert "404" not in operation["responses"] and {"201", "200", "400", "401", "409"} <= set(operation["responses"])
     assert operation["responses"]["201"]["links"]["run_retrieve"] == {
-        "operationId": "run_retrieve", "parameters": {"run_id": "$response.body#/id"}}
+        "operationId": "run_retrieve",
+        "parameters": {"run_id": "$response.body#/id"},
+    }
     # the generic operation stays, for the public workflows that take any payload object
     assert "/api/workflows/{name}/runs" in schema["paths"]
 
 
 def test_the_default_validate_payload_checks_payload_schema() -> None:
     class Sized(Workflow):
-        payload_schema = {"type": "object", "properties": {"size": {"type": "integer", "maximum": 3}},
-                          "required": ["size"], "additionalProperties": False}
+        payload_schema = {
+            "type": "object",
+            "properties": {"size": {"type": "integer", "maximum": 3}},
+            "required": ["size"],
+            "additionalProperties": False,
+        }
 
     assert Sized.validate_payload({"size": 2}) == {"size": 2}
-    for bad, where in [({}, "payload"), ({"size": 4}, "payload['size']"), ({"size": "2"}, "payload['size']"),
-                       ({"size": 1, "more": 1}, "payload")]:
+    for bad, where in [
+        ({}, "payload"),
+        ({"size": 4}, "payload['size']"),
+        ({"size": "2"}, "payload['size']"),
+        ({"size": 1, "more": 1}, "payload"),
+    ]:
         with pytest.raises(InvalidPayload) as refused:
             Sized.validate_payload(bad)
         assert str(refused.value).startswith(f"{where}: "), refused.value

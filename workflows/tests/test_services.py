@@ -1,4 +1,5 @@
 """Starting and controlling runs: idempotency, each control, each refused transition."""
+
 from __future__ import annotations
 
 import time

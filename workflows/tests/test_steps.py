@@ -1,4 +1,5 @@
 """The step store's checks, in process: what PostgreSQL cannot store, and the step time limit."""
+
 from __future__ import annotations
 
 import json

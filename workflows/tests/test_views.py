@@ -1,5 +1,6 @@
 """The run page ``/runs/<id>/``: who may see it, what it renders, and (in a real browser) that it
 follows the run live and recovers after the server goes away."""
+
 from __future__ import annotations
 
 import re
@@ -45,25 +46,55 @@ def restarted_run(owner: User) -> tuple[WorkflowRun, dict[str, str]]:
     """A second attempt waiting for a reply, after a first attempt that was restarted mid-retry."""
     now = timezone.now().replace(microsecond=0)
     times = {"retry": (now + timedelta(seconds=30)).isoformat(), "until": (now + timedelta(hours=1)).isoformat()}
-    run = make_run(owner, RunStatus.WAITING, workflow="test.refundish", attempt=2, wait_event_type="reply",
-                   wait_step="wait for reply", wake_at=now + timedelta(hours=1), current_step="",
-                   progress={"done": 2, "total": 4})
-    RunAttempt.objects.create(run=run, number=1, status=RunStatus.TERMINATED, finished_at=now,
-                              error={"type": "Restarted", "message": "restarted"})
+    run = make_run(
+        owner,
+        RunStatus.WAITING,
+        workflow="test.refundish",
+        attempt=2,
+        wait_event_type="reply",
+        wait_step="wait for reply",
+        wake_at=now + timedelta(hours=1),
+        current_step="",
+        progress={"done": 2, "total": 4},
+    )
+    RunAttempt.objects.create(
+        run=run,
+        number=1,
+        status=RunStatus.TERMINATED,
+        finished_at=now,
+        error={"type": "Restarted", "message": "restarted"},
+    )
     RunAttempt.objects.create(run=run, number=2)  # the engine records an attempt's status when it ends
     steps = [
         (1, 1, "load order", StepKind.DO, StepStatus.COMPLETED, 1, None, None),
-        (1, 2, "submit", StepKind.DO, StepStatus.RETRYING, 2, {"type": "ValueError", "message": "gateway down"},
-         now + timedelta(seconds=30)),
+        (
+            1,
+            2,
+            "submit",
+            StepKind.DO,
+            StepStatus.RETRYING,
+            2,
+            {"type": "ValueError", "message": "gateway down"},
+            now + timedelta(seconds=30),
+        ),
         (2, 1, "load order", StepKind.DO, StepStatus.COMPLETED, 1, None, None),
         (2, 2, "submit", StepKind.DO, StepStatus.COMPLETED, 3, None, None),
         (2, 3, "wait for reply", StepKind.WAIT, StepStatus.WAITING, 0, None, now + timedelta(hours=1)),
     ]
     for attempt, position, name, kind, status, tries, error, wake_at in steps:
-        StepResult.objects.create(run=run, attempt=attempt, position=position, name=name, kind=kind, status=status,
-                                  tries=tries, error=error, wake_at=wake_at, result={"ok": True} if
-                                  status == StepStatus.COMPLETED else None, finished_at=now if
-                                  status == StepStatus.COMPLETED else None)
+        StepResult.objects.create(
+            run=run,
+            attempt=attempt,
+            position=position,
+            name=name,
+            kind=kind,
+            status=status,
+            tries=tries,
+            error=error,
+            wake_at=wake_at,
+            result={"ok": True} if status == StepStatus.COMPLETED else None,
+            finished_at=now if status == StepStatus.COMPLETED else None,
+        )
     return run, times
 
 
@@ -117,7 +148,7 @@ def test_the_page_shows_every_attempts_steps_with_tries_errors_and_waits(users: 
     # both attempts, newest first, each with its steps
     assert text.index("Attempt 2") < text.index("Attempt 1")
     assert "Attempt 2 waiting" in text and "Attempt 1 terminated Restarted: restarted" in text
-    first, second = text[text.index("Attempt 1"):], text[text.index("Attempt 2"):text.index("Attempt 1")]
+    first, second = text[text.index("Attempt 1") :], text[text.index("Attempt 2") : text.index("Attempt 1")]
     assert "2 submit do retrying 2 next try at " + times["retry"] + " ValueError: gateway down" in first
     assert "2 submit do completed 3" in second
     assert f"3 wait for reply wait waiting 0 waiting until {times['until']}" in second
@@ -126,8 +157,12 @@ def test_the_page_shows_every_attempts_steps_with_tries_errors_and_waits(users: 
 @pytest.mark.django_db
 def test_the_page_shows_the_result_or_the_error(users: dict[str, User]) -> None:
     done = make_run(users["alice"], result={"refund": "120.00"})
-    failed = make_run(users["alice"], RunStatus.FAILED, failure_reason="error",
-                      error={"type": "StepError", "message": "step submit failed"})
+    failed = make_run(
+        users["alice"],
+        RunStatus.FAILED,
+        failure_reason="error",
+        error={"type": "StepError", "message": "step submit failed"},
+    )
     alice = login(users["alice"])
 
     done_html = alice.get(page_url(done)).content.decode()
@@ -144,7 +179,9 @@ def test_progress_view_reads_percent_or_done_of_total_and_shows_anything_else_as
     assert progress_view({"done": 5, "total": 0})["percent"] is None
     assert progress_view({"stage": "awaiting approval"}) == {"percent": None, "text": "awaiting approval"}
     assert progress_view({"done": 1, "total": 3, "stage": "account created"}) == {
-        "percent": 33, "text": "account created · 1 / 3 (33%)"}
+        "percent": 33,
+        "text": "account created · 1 / 3 (33%)",
+    }
     assert progress_view({"step": 2}) == {"percent": None, "text": '{"step": 2}'}
     assert progress_view(None) == {"percent": None, "text": ""}
 
@@ -200,8 +237,14 @@ def test_browser_reconnects_after_the_server_restarts_and_resumes_what_it_missed
     users: dict[str, User], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # given a run whose progress this test publishes, shown by a server this test owns
-    run = make_run(users["alice"], RunStatus.WAITING, workflow="test.wait", wait_event_type="reply",
-                   wait_step="wait for reply", wake_at=timezone.now() + timedelta(hours=1))
+    run = make_run(
+        users["alice"],
+        RunStatus.WAITING,
+        workflow="test.wait",
+        wait_event_type="reply",
+        wait_step="wait for reply",
+        wake_at=timezone.now() + timedelta(hours=1),
+    )
     server = AsgiServer()
     # the browser reconnects to the same address: the replacement server must take the same port
     monkeypatch.setattr(tests.support, "free_port", lambda: server.port)

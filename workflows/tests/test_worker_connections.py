@@ -1,6 +1,7 @@
 """Workers keep their database connection from one task to the next, as web processes do between
 requests, and replace one that broke. Celery's Django fix-up would otherwise close every connection
 around every task, and each run would begin by opening a new one."""
+
 from __future__ import annotations
 
 import uuid

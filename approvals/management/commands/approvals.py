@@ -1,4 +1,5 @@
 """``manage.py approvals {list,sweep}``: the pending queue, and the orphan sweep."""
+
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandParser

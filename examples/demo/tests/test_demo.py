@@ -1,4 +1,5 @@
 """The demo end to end on a real worker, and its seeding command."""
+
 from __future__ import annotations
 
 from io import StringIO
@@ -21,8 +22,15 @@ from workflows.models import RunStatus, StepResult, StepStatus, WorkflowRun
 
 # Short enough for a test, long enough that the sleep really suspends the run.
 FAST = {"customer": "bob", "plan": "team", "work_seconds": 0.5, "settle_seconds": 1}
-STEPS = ["create account", "provision workspace", "import sample data", "let the workspace settle",
-         "onboarding approval: request", "onboarding approval: decision", "send welcome"]
+STEPS = [
+    "create account",
+    "provision workspace",
+    "import sample data",
+    "let the workspace settle",
+    "onboarding approval: request",
+    "onboarding approval: decision",
+    "send welcome",
+]
 
 
 def steps_of(run_id: Any) -> list[tuple[str, str]]:
@@ -38,8 +46,11 @@ def test_onboarding_completes_after_a_real_approval_its_owner_could_not_give(wor
     waiting = cast(WorkflowRun, wait_for_status(run.id, RunStatus.WAITING, timeout=90))
     request = ApprovalRequest.objects.get(run=run)
     assert waiting.wait_event_type == f"approval:{request.pk}"
-    assert (request.approvers, request.requested_by, request.summary) == (APPROVERS, alice, "Onboard bob on the "
-                                                                          "team plan")
+    assert (request.approvers, request.requested_by, request.summary) == (
+        APPROVERS,
+        alice,
+        "Onboard bob on the team plan",
+    )
     assert waiting.progress == {"done": 4, "total": 6, "stage": "settled; awaiting approval"}
 
     # when alice, who started it, tries to approve it (as the "approve" event did before), then carol does
@@ -74,15 +85,18 @@ def test_onboarding_carries_on_unapproved_when_the_wait_times_out(worker: Worker
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("payload, why", [
-    ({"work_seconds": 36000}, "work_seconds must be between 0 and 10"),
-    ({"settle_seconds": -1}, "settle_seconds must be between 0 and 600"),
-    ({"approval_timeout_seconds": "soon"}, "approval_timeout_seconds must be a number"),
-    ({"customer": ""}, "customer must be a string"),
-    ({"plan": ["team"]}, "plan must be a string"),
-    ({"work_seconds": True}, "work_seconds must be a number"),
-    ({"hack": 1}, "unknown payload keys: hack"),
-])
+@pytest.mark.parametrize(
+    "payload, why",
+    [
+        ({"work_seconds": 36000}, "work_seconds must be between 0 and 10"),
+        ({"settle_seconds": -1}, "settle_seconds must be between 0 and 600"),
+        ({"approval_timeout_seconds": "soon"}, "approval_timeout_seconds must be a number"),
+        ({"customer": ""}, "customer must be a string"),
+        ({"plan": ["team"]}, "plan must be a string"),
+        ({"work_seconds": True}, "work_seconds must be a number"),
+        ({"hack": 1}, "unknown payload keys: hack"),
+    ],
+)
 def test_a_bad_onboarding_payload_is_a_400_and_starts_nothing(users: Any, payload: dict[str, Any], why: str) -> None:
     client = APIClient()
     client.force_authenticate(users["mallory"])

@@ -3,6 +3,7 @@ on a queue of this module's own, started with the sandbox's URL and short ledger
 
 The workers get their settings from the environment, so they are started here rather than shared
 with the session's ``worker`` (which would point at the default provider URL)."""
+
 from __future__ import annotations
 
 import uuid
@@ -21,8 +22,13 @@ from tests.support import Worker
 # (> connect 1 + 2 x read 1, ledger.E001): a killed worker's submit is looked up soon. A lookup's
 # "not found" is believed 5 s after the last send (connect 1 + 2 x read 1 + grace 2).
 LEDGER = {"CONNECT_TIMEOUT": 1.0, "READ_TIMEOUT": 1.0, "STALE_SUBMITTED_SECONDS": 4.0, "PROVIDER_GRACE_SECONDS": 2.0}
-WORKER_ENV = {"LEDGER_CONNECT_TIMEOUT": "1", "LEDGER_READ_TIMEOUT": "1", "LEDGER_STALE_SUBMITTED_SECONDS": "4",
-              "LEDGER_PROVIDER_GRACE_SECONDS": "2", "REFUND_APPROVAL_LIMIT": "100.00"}
+WORKER_ENV = {
+    "LEDGER_CONNECT_TIMEOUT": "1",
+    "LEDGER_READ_TIMEOUT": "1",
+    "LEDGER_STALE_SUBMITTED_SECONDS": "4",
+    "LEDGER_PROVIDER_GRACE_SECONDS": "2",
+    "REFUND_APPROVAL_LIMIT": "100.00",
+}
 
 
 class Workers:
@@ -56,9 +62,15 @@ def refund_workers(django_db_setup: None, django_db_blocker: Any, sandbox: Sandb
     settings.WORKFLOWS = {**settings.WORKFLOWS, "QUEUE": queue}
     settings.LEDGER = {**settings.LEDGER, **LEDGER}  # reconcile here judges as the workers do
     settings.SANDBOX_PAYMENTS_URL = sandbox.url
-    register_adapter("payments", HttpAdapter(base_url=sandbox.url, submit_path="/v1/{action}s",
-                                             lookup_path="/v1/{action}s?key={key}",
-                                             batch_lookup_path="/v1/{action}s/lookup"))
+    register_adapter(
+        "payments",
+        HttpAdapter(
+            base_url=sandbox.url,
+            submit_path="/v1/{action}s",
+            lookup_path="/v1/{action}s?key={key}",
+            batch_lookup_path="/v1/{action}s/lookup",
+        ),
+    )
     workers = Workers(queue, sandbox.url)
     yield workers
     workers.current.stop()

@@ -1,4 +1,5 @@
 """Helpers of the refund tests: orders, requests with faults armed, waiting for states."""
+
 from __future__ import annotations
 
 from decimal import Decimal
@@ -18,17 +19,25 @@ ADDRESS = {"street": "221B Baker Street", "postcode": "NW1 6XE"}
 
 
 def new_order(customer: Any, number: str, amount: str = "300.00") -> Order:
-    return order_create(number=number, customer=customer, amount=amount, items=[{"sku": "KETTLE", "qty": 1}],
-                        shipping_address=ADDRESS)
+    return order_create(
+        number=number, customer=customer, amount=amount, items=[{"sku": "KETTLE", "qty": 1}], shipping_address=ADDRESS
+    )
 
 
-def ask(order: Order, amount: str, *, sandbox: SandboxProcess | None = None, faults: tuple[tuple[str, str, int, str],
-        ...] = (), **options: Any) -> RefundRequest:
+def ask(
+    order: Order,
+    amount: str,
+    *,
+    sandbox: SandboxProcess | None = None,
+    faults: tuple[tuple[str, str, int, str], ...] = (),
+    **options: Any,
+) -> RefundRequest:
     """Request a refund; faults are armed for its key before the run can start (its enqueue
     leaves on commit), so the worker never sees the key unarmed."""
     with transaction.atomic():
-        request, _ = refund_request_create(order=order, customer=order.customer, amount=amount, reason="broken",
-                                           options=options)
+        request, _ = refund_request_create(
+            order=order, customer=order.customer, amount=amount, reason="broken", options=options
+        )
         for fault, on, times, _why in faults:
             assert sandbox is not None
             sandbox.arm(request.operation_key, fault, times=times, on=on)
@@ -48,8 +57,9 @@ def pending_approval(request: RefundRequest, timeout: float = 40, *, version: st
     pending = ApprovalRequest.objects.filter(run_id=request.run_id, status=ApprovalStatus.PENDING)
     if version is not None:
         pending = pending.filter(version=version)
-    found: ApprovalRequest = wait_for(pending.first, timeout=timeout,
-                                      what=f"a pending approval{f' of version {version}' if version else ''}")
+    found: ApprovalRequest = wait_for(
+        pending.first, timeout=timeout, what=f"a pending approval{f' of version {version}' if version else ''}"
+    )
     return found
 
 
@@ -62,8 +72,9 @@ def drain_lookup_faults(sandbox: SandboxProcess, key: str) -> None:
     raise AssertionError("the lookup faults did not run out")
 
 
-def assert_confirmed(request: RefundRequest, sandbox: SandboxProcess, timeout: float = 60, *,
-                     provider_refunds: int | None = 1) -> None:
+def assert_confirmed(
+    request: RefundRequest, sandbox: SandboxProcess, timeout: float = 60, *, provider_refunds: int | None = 1
+) -> None:
     run = wait_for_terminal(request.run_id, timeout=timeout)  # type: ignore[arg-type]
     assert run.status == "completed", (run.status, run.error)
     assert run.result["outcome"] == "refunded"

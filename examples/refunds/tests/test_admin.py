@@ -1,4 +1,5 @@
 """The admin page of a refund request shows the customer's status and in-flight operations."""
+
 from __future__ import annotations
 
 import threading
@@ -30,8 +31,9 @@ def test_refund_request_admin_page_lists_operations_needing_reconciliation(clien
     order = order_create(number="9001", customer=alice, amount="50.00")
     # No worker here, and the enqueue waits for a commit this test never makes: the run stays queued.
     request, _ = refund_request_create(order=order, customer=alice, amount="10.00")
-    ExternalOperation.objects.create(key=request.operation_key, system="payments", action="refund",
-                                     status=OperationStatus.UNKNOWN, submit_count=1)
+    ExternalOperation.objects.create(
+        key=request.operation_key, system="payments", action="refund", status=OperationStatus.UNKNOWN, submit_count=1
+    )
     client.force_login(admin)
 
     page = client.get(f"/admin/refunds/refundrequest/{request.pk}/change/")
@@ -49,13 +51,18 @@ def test_an_order_edited_in_the_admin_gets_a_new_version_and_its_pending_approva
     # given an order whose refund waits for approval of its version 1
     alice = User.objects.create_user("alice")
     admin = User.objects.create_superuser("root", "root@example.com", "pw")
-    order = order_create(number="9002", customer=alice, amount="150.00",
-                         shipping_address={"street": "1 Old Road"})
+    order = order_create(number="9002", customer=alice, amount="150.00", shipping_address={"street": "1 Old Road"})
     pending = waiting_request(subject_type="refunds.order", subject_id=str(order.pk), version="1")
     client.force_login(admin)
     url = f"/admin/refunds/order/{order.pk}/change/"
-    form = {"amount": "150.00", "currency": "GBP", "status": "placed", "items": "[]",
-            "shipping_address": '{"street": "1 New Road"}', "seen_version": "1"}
+    form = {
+        "amount": "150.00",
+        "currency": "GBP",
+        "status": "placed",
+        "items": "[]",
+        "shipping_address": '{"street": "1 New Road"}',
+        "seen_version": "1",
+    }
     assert 'name="seen_version" value="1"' in client.get(url).content.decode()
 
     # when staff change the address in the admin (number and customer are not editable)
@@ -66,7 +73,11 @@ def test_an_order_edited_in_the_admin_gets_a_new_version_and_its_pending_approva
     assert response.status_code == 302, response.content.decode()[:2000]
     order.refresh_from_db()
     assert (order.version, order.shipping_address, order.number, order.customer) == (
-        2, {"street": "1 New Road"}, "9002", alice)
+        2,
+        {"street": "1 New Road"},
+        "9002",
+        alice,
+    )
     assert ApprovalRequest.objects.get(pk=pending.pk).status == ApprovalStatus.SUPERSEDED
     assert RunEvent.objects.filter(run=pending.run, type=pending.event_type).count() == 1
 
@@ -87,8 +98,17 @@ def test_a_stale_order_page_is_refused_instead_of_undoing_a_newer_change(client:
     order_change(order_id=order.pk, status="refunded")
 
     # when staff save an address edit from that page, its status still showing "placed"
-    response = client.post(url, {"amount": "50.00", "currency": "GBP", "status": "placed", "items": "[]",
-                                 "shipping_address": '{"street": "1 New Road"}', "seen_version": "1"})
+    response = client.post(
+        url,
+        {
+            "amount": "50.00",
+            "currency": "GBP",
+            "status": "placed",
+            "items": "[]",
+            "shipping_address": '{"street": "1 New Road"}',
+            "seen_version": "1",
+        },
+    )
 
     # then the save is refused and the order stays refunded: no second refund becomes possible
     assert response.status_code == 200
@@ -103,7 +123,8 @@ def test_a_stale_order_page_is_refused_instead_of_undoing_a_newer_change(client:
 
 @pytest.mark.django_db(transaction=True)
 def test_an_order_changed_between_the_forms_check_and_the_save_is_a_form_error_and_not_logged(
-    client: Client, monkeypatch: pytest.MonkeyPatch,
+    client: Client,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # given a page on version 1 of an order, and a change committed by someone else just after the
     # form's version check passed, before the admin saves (another connection: a real race)
@@ -136,8 +157,17 @@ def test_an_order_changed_between_the_forms_check_and_the_save_is_a_form_error_a
     monkeypatch.setattr(OrderForm, "clean", clean_then_someone_else_changes_it)
 
     # when staff save an address edit from that page
-    response = client.post(url, {"amount": "50.00", "currency": "GBP", "status": "placed", "items": "[]",
-                                 "shipping_address": '{"street": "1 New Road"}', "seen_version": "1"})
+    response = client.post(
+        url,
+        {
+            "amount": "50.00",
+            "currency": "GBP",
+            "status": "placed",
+            "items": "[]",
+            "shipping_address": '{"street": "1 New Road"}',
+            "seen_version": "1",
+        },
+    )
 
     # then the page is shown again with the refusal as the form's error, no success message
     assert response.status_code == 200
@@ -160,9 +190,18 @@ def test_a_successful_admin_edit_is_still_logged_and_reported(client: Client) ->
     order = order_create(number="9005", customer=alice, amount="50.00")
     client.force_login(admin)
 
-    response = client.post(f"/admin/refunds/order/{order.pk}/change/", {
-        "amount": "45.00", "currency": "GBP", "status": "placed", "items": "[]", "shipping_address": "{}",
-        "seen_version": "1"}, follow=True)
+    response = client.post(
+        f"/admin/refunds/order/{order.pk}/change/",
+        {
+            "amount": "45.00",
+            "currency": "GBP",
+            "status": "placed",
+            "items": "[]",
+            "shipping_address": "{}",
+            "seen_version": "1",
+        },
+        follow=True,
+    )
 
     assert "was changed successfully" in response.content.decode()
     assert LogEntry.objects.filter(object_id=str(order.pk)).count() == 1
@@ -180,8 +219,10 @@ def test_not_even_a_superuser_deletes_a_refund_request(client: Client) -> None:
     client.force_login(admin)
 
     page = client.get(f"/admin/refunds/refundrequest/{request.pk}/delete/")
-    bulk = client.post("/admin/refunds/refundrequest/", {"action": "delete_selected",
-                                                         "_selected_action": [str(request.pk)], "post": "yes"})
+    bulk = client.post(
+        "/admin/refunds/refundrequest/",
+        {"action": "delete_selected", "_selected_action": [str(request.pk)], "post": "yes"},
+    )
 
     assert page.status_code == 403
     assert bulk.status_code in (200, 302)

@@ -1,5 +1,6 @@
 """The founding story in a real browser: a refund above the limit waits for approval; an approver
 logs in to the admin, opens the pending request and approves it; the refund is made, once."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,6 @@
 """A customer asking for a penny at a time must not fill the workers and the provider: past
 REFUND_MAX_OPEN_REQUESTS requests in progress, a 429 that creates nothing."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,8 +14,7 @@ from workflows.services import run_terminate
 
 
 @pytest.mark.django_db
-def test_past_the_open_requests_limit_a_refund_request_is_a_429_and_creates_nothing(users: Any,
-                                                                                     settings: Any) -> None:
+def test_past_the_open_requests_limit_a_refund_request_is_a_429_and_creates_nothing(users: Any, settings: Any) -> None:
     settings.REFUND_MAX_OPEN_REQUESTS = 2
     mallory = users["mallory"]
     order_create(number="9200", customer=mallory, amount="10.00")

@@ -3,6 +3,7 @@ requests sent together, a request while another's outcome is unknown, a run stop
 refund was in flight, and a provider that answers "not found" while it is still working.
 
 Every test counts what the sandbox provider really refunded, by its own list."""
+
 from __future__ import annotations
 
 import io
@@ -52,11 +53,19 @@ def reconcile() -> str:
 def unknown_refund(world: dict[str, Any], number: str, order_amount: str, amount: str) -> RefundRequest:
     """A refund the provider makes, but whose answer is lost; lookups fail until drained."""
     sandbox: SandboxProcess = world["sandbox"]
-    request = ask(new_order(world["alice"], number, order_amount), amount, sandbox=sandbox,
-                  faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")),
-                  retry_delay_seconds=0.5, check_interval_seconds=2)
-    wait_for(lambda: ExternalOperation.objects.filter(key=request.operation_key, status=OperationStatus.UNKNOWN)
-             .exists(), timeout=40, what="the refund's outcome to be unknown")
+    request = ask(
+        new_order(world["alice"], number, order_amount),
+        amount,
+        sandbox=sandbox,
+        faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")),
+        retry_delay_seconds=0.5,
+        check_interval_seconds=2,
+    )
+    wait_for(
+        lambda: ExternalOperation.objects.filter(key=request.operation_key, status=OperationStatus.UNKNOWN).exists(),
+        timeout=40,
+        what="the refund's outcome to be unknown",
+    )
     return request
 
 
@@ -144,16 +153,26 @@ def test_a_terminated_run_whose_refund_reconciles_as_paid_still_counts(world: di
 
 
 def test_a_not_found_while_the_provider_still_processes_is_never_believed_for_an_ended_run(
-        world: dict[str, Any]) -> None:
+    world: dict[str, Any],
+) -> None:
     sandbox: SandboxProcess = world["sandbox"]
     # given the provider takes 9 s before it stores the refund (our read timeout is 1 s, and a
     # "not found" is believed 5 s after the send), and the run is terminated as soon as the outcome
     # is unknown: nobody but reconcile will look again
-    request = ask(new_order(world["alice"], "2005", "30.00"), "30.00", sandbox=sandbox,
-                  faults=(("delay=9", "create", 1, ""),), retry_delay_seconds=30)
+    request = ask(
+        new_order(world["alice"], "2005", "30.00"),
+        "30.00",
+        sandbox=sandbox,
+        faults=(("delay=9", "create", 1, ""),),
+        retry_delay_seconds=30,
+    )
     key = request.operation_key
-    wait_for(lambda: ExternalOperation.objects.filter(key=key, status=OperationStatus.UNKNOWN).exists(),
-             timeout=40, interval=0.02, what="the refund's outcome to be unknown")
+    wait_for(
+        lambda: ExternalOperation.objects.filter(key=key, status=OperationStatus.UNKNOWN).exists(),
+        timeout=40,
+        interval=0.02,
+        what="the refund's outcome to be unknown",
+    )
     terminate(request.run_id)  # type: ignore[arg-type]
 
     # when reconcile asks while the provider is still working on it: "not found"
@@ -209,8 +228,11 @@ def stored_json(exclude: set[tuple[str, str]]) -> list[tuple[str, int, str]]:
     """Every JSON column of every model, as (model, pk, JSON text)."""
     rows = []
     for model in apps.get_models():
-        fields = [f.name for f in model._meta.get_fields()
-                  if isinstance(f, models.JSONField) and (model._meta.label, f.name) not in exclude]
+        fields = [
+            f.name
+            for f in model._meta.get_fields()
+            if isinstance(f, models.JSONField) and (model._meta.label, f.name) not in exclude
+        ]
         for values in model.objects.values("pk", *fields) if fields else []:
             pk = values.pop("pk")
             rows.append((model._meta.label, pk, json.dumps(values, default=str)))
@@ -222,22 +244,34 @@ def test_no_personal_data_or_staff_note_is_stored_outside_the_order(world: dict[
     # given a refund that needed an approval, and one whose outcome a person resolved with a note
     approved = ask(new_order(world["alice"], "2007", "300.00"), "150.00")
     approval = pending_approval(approved)
-    decide(approval, by=world["carol"], approve=True, version=approval.version,
-           note="STAFFNOTE internal: customer flagged for review")
+    decide(
+        approval,
+        by=world["carol"],
+        approve=True,
+        version=approval.version,
+        note="STAFFNOTE internal: customer flagged for review",
+    )
     assert_confirmed(approved, sandbox)
     by_hand = unknown_refund(world, "2008", "30.00", "10.00")
     carol = world["carol"]
     carol.user_permissions.add(*_ledger_permissions())
     note = "Called the provider: paid, ref RF-1, customer on 07700 900123"
-    operation_resolve(operation_id=ExternalOperation.objects.get(key=by_hand.operation_key).pk,
-                      outcome="succeeded", note=note, user=type(carol).objects.get(pk=carol.pk))
+    operation_resolve(
+        operation_id=ExternalOperation.objects.get(key=by_hand.operation_key).pk,
+        outcome="succeeded",
+        note=note,
+        user=type(carol).objects.get(pk=carol.pk),
+    )
     run = wait_for_terminal(by_hand.run_id, timeout=60)  # type: ignore[arg-type]
     assert run.result["outcome"] == "refunded"
 
     # then the address is in the order's own column and nowhere else (step results, approvals,
     # records, events, run results ...), and the note stays with the operation's resolution
-    leaks = [(label, pk) for label, pk, text in stored_json(exclude={("refunds.Order", "shipping_address")})
-             if ADDRESS["street"] in text or ADDRESS["postcode"] in text]
+    leaks = [
+        (label, pk)
+        for label, pk, text in stored_json(exclude={("refunds.Order", "shipping_address")})
+        if ADDRESS["street"] in text or ADDRESS["postcode"] in text
+    ]
     assert leaks == []
     assert [(label, pk) for label, pk, text in stored_json(exclude=set()) if "07700" in text] == []
     # and neither the approver's note nor who approved reaches the customer's run
@@ -267,8 +301,7 @@ def test_a_refund_run_started_for_someone_elses_request_touches_nothing(world: d
     pending_approval(alices)
 
     # when mallory's own run names alice's request
-    run, _ = run_start(workflow="refund", payload={"request_id": alices.pk, "order": "2009"},
-                       owner=world["mallory"])
+    run, _ = run_start(workflow="refund", payload={"request_id": alices.pk, "order": "2009"}, owner=world["mallory"])
 
     # then it fails on its first step, which stored nothing of alice's
     done = wait_for_terminal(run.id)
@@ -301,8 +334,9 @@ def test_a_retry_sent_with_the_original_answers_with_the_same_request(world: dic
     def ask_over_http() -> Any:
         client = APIClient()
         client.force_authenticate(world["alice"])
-        return client.post("/api/orders/2011/refunds", {"amount": "50.00"}, format="json",
-                           HTTP_IDEMPOTENCY_KEY="retry-1")
+        return client.post(
+            "/api/orders/2011/refunds", {"amount": "50.00"}, format="json", HTTP_IDEMPOTENCY_KEY="retry-1"
+        )
 
     # when
     answers = race(ask_over_http, n=2)
@@ -350,8 +384,12 @@ def test_a_restarted_run_continues_the_refund_its_earlier_attempt_sent(world: di
     # outcome is unknown, and another £50 asked for meanwhile
     order = new_order(world["alice"], "2013", "150.00")
     first = ask(order, "100.00", sandbox=sandbox, faults=(("delay=5", "create", 1, ""),), retry_delay_seconds=30)
-    wait_for(lambda: ExternalOperation.objects.filter(key=first.operation_key, status=OperationStatus.UNKNOWN)
-             .exists(), timeout=40, interval=0.02, what="the refund's outcome to be unknown")
+    wait_for(
+        lambda: ExternalOperation.objects.filter(key=first.operation_key, status=OperationStatus.UNKNOWN).exists(),
+        timeout=40,
+        interval=0.02,
+        what="the refund's outcome to be unknown",
+    )
     terminate(first.run_id)  # type: ignore[arg-type]
     wait_for_status(first.run_id, "terminated")  # type: ignore[arg-type]
     second = ask(order, "50.00")

@@ -1,5 +1,6 @@
 """`manage.py reconcile` over many unknown refunds against the sandbox over HTTP: the batch lookup
 path (200 keys a request), each operation settled once, and not one extra refund at the provider."""
+
 from __future__ import annotations
 
 import io
@@ -18,9 +19,13 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 def unknown_refund(i: int) -> ExternalOperation:
     request = {"order": f"R{i}", "amount": "10.00", "currency": "GBP"}
     return ExternalOperation(
-        key=f"refund:R{i}:{i}", system="payments", action="refund", request=request,
+        key=f"refund:R{i}:{i}",
+        system="payments",
+        action="refund",
+        request=request,
         request_hash=request_fingerprint(system="payments", action="refund", request=request),
-        status=OperationStatus.UNKNOWN, note="the answer was lost",
+        status=OperationStatus.UNKNOWN,
+        note="the answer was lost",
     )
 
 

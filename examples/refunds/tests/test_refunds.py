@@ -1,4 +1,5 @@
 """The refund process end to end: real workers, PostgreSQL, Redis and the sandbox provider over HTTP."""
+
 from __future__ import annotations
 
 import io
@@ -80,13 +81,21 @@ def test_rejected_refund_completes_as_rejected(world: dict[str, Any]) -> None:
 def test_timeout_leaves_outcome_unknown_until_reconcile_confirms_one_refund(world: dict[str, Any]) -> None:
     sandbox: SandboxProcess = world["sandbox"]
     # The provider stores the refund, then answers too late; its lookups fail until drained.
-    request = ask(new_order(world["alice"], "1100", "50.00"), "30.00", sandbox=sandbox,
-                  faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")),
-                  retry_delay_seconds=0.2, check_interval_seconds=3)
+    request = ask(
+        new_order(world["alice"], "1100", "50.00"),
+        "30.00",
+        sandbox=sandbox,
+        faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")),
+        retry_delay_seconds=0.2,
+        check_interval_seconds=3,
+    )
     key = request.operation_key
 
-    wait_for(lambda: StepResult.objects.filter(run_id=request.run_id, name__startswith="check outcome").exists(),
-             timeout=60, what="the run to check the outcome periodically")
+    wait_for(
+        lambda: StepResult.objects.filter(run_id=request.run_id, name__startswith="check outcome").exists(),
+        timeout=60,
+        what="the run to check the outcome periodically",
+    )
     assert ExternalOperation.objects.get(key=key).status == OperationStatus.UNKNOWN
     assert status_of(request) == "outcome being checked"
 
@@ -101,11 +110,20 @@ def test_timeout_leaves_outcome_unknown_until_reconcile_confirms_one_refund(worl
 def test_worker_killed_inside_the_provider_call_refunds_once(world: dict[str, Any]) -> None:
     sandbox: SandboxProcess = world["sandbox"]
     # The provider takes 0.8 s before it stores the refund: long enough to kill the worker mid-call.
-    request = ask(new_order(world["alice"], "1200", "50.00"), "25.00", sandbox=sandbox,
-                  faults=(("delay=0.8", "create", 1, ""),), retry_delay_seconds=1)
+    request = ask(
+        new_order(world["alice"], "1200", "50.00"),
+        "25.00",
+        sandbox=sandbox,
+        faults=(("delay=0.8", "create", 1, ""),),
+        retry_delay_seconds=1,
+    )
     key = request.operation_key
-    wait_for(lambda: ExternalOperation.objects.filter(key=key, status=OperationStatus.SUBMITTED).exists(),
-             timeout=40, interval=0.01, what="the refund to be in flight")
+    wait_for(
+        lambda: ExternalOperation.objects.filter(key=key, status=OperationStatus.SUBMITTED).exists(),
+        timeout=40,
+        interval=0.01,
+        what="the refund to be in flight",
+    )
     world["workers"].replace()  # SIGKILL the process group, then a fresh worker (with beat)
 
     assert_confirmed(request, sandbox, timeout=90)
@@ -162,11 +180,19 @@ def test_approval_of_an_old_version_is_not_acted_on(world: dict[str, Any]) -> No
 
 def test_terminated_run_shows_its_in_flight_refund_until_reconciled(world: dict[str, Any]) -> None:
     sandbox: SandboxProcess = world["sandbox"]
-    request = ask(new_order(world["alice"], "1400", "50.00"), "10.00", sandbox=sandbox,
-                  faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")), retry_delay_seconds=1)
+    request = ask(
+        new_order(world["alice"], "1400", "50.00"),
+        "10.00",
+        sandbox=sandbox,
+        faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")),
+        retry_delay_seconds=1,
+    )
     key = request.operation_key
-    wait_for(lambda: ExternalOperation.objects.filter(key=key, status=OperationStatus.UNKNOWN).exists(),
-             timeout=40, what="the refund's outcome to be unknown")
+    wait_for(
+        lambda: ExternalOperation.objects.filter(key=key, status=OperationStatus.UNKNOWN).exists(),
+        timeout=40,
+        what="the refund's outcome to be unknown",
+    )
     terminate(request.run_id)  # type: ignore[arg-type]
     run = wait_for_status(request.run_id, "terminated")  # type: ignore[arg-type]
 

@@ -1,5 +1,6 @@
 """An order change racing with the workflow raising its approval request (threads on PostgreSQL):
 the request never ends up pending for a version that is no longer the order's."""
+
 from __future__ import annotations
 
 import threading
@@ -37,8 +38,17 @@ def test_a_change_while_the_request_is_being_raised_supersedes_it(monkeypatch: p
     def request_step() -> None:
         try:
             with transaction.atomic():  # as the engine runs an atomic step
-                _create(str(refund.run_id), 1, "refund approval", ("refunds.order", str(order.pk)),
-                        load_then_linger, "refund-approvers", 3600.0, None, None)
+                _create(
+                    str(refund.run_id),
+                    1,
+                    "refund approval",
+                    ("refunds.order", str(order.pk)),
+                    load_then_linger,
+                    "refund-approvers",
+                    3600.0,
+                    None,
+                    None,
+                )
         finally:
             connection.close()
 

@@ -1,4 +1,5 @@
 """The sandbox payment provider as a real process on a real port, spoken to over HTTP."""
+
 from __future__ import annotations
 
 import subprocess
@@ -31,8 +32,9 @@ def sandbox(server: SandboxProcess) -> SandboxProcess:
     return server
 
 
-def create(sandbox: SandboxProcess, key: str, body: Any = None, fault: str | None = None,
-           timeout: float = 10.0) -> tuple[int, Any]:
+def create(
+    sandbox: SandboxProcess, key: str, body: Any = None, fault: str | None = None, timeout: float = 10.0
+) -> tuple[int, Any]:
     headers = {"Idempotency-Key": key}
     if fault is not None:
         headers["X-Sandbox-Fault"] = fault
@@ -56,7 +58,11 @@ def test_same_key_twice_makes_one_refund(sandbox: SandboxProcess) -> None:
     assert first_status == 201
     assert first["status"] == "succeeded"
     assert {k: first[k] for k in ("key", "order", "amount", "currency")} == {
-        "key": "refund:ORD-1001:r1", "order": "ORD-1001", "amount": "120.00", "currency": "GBP"}
+        "key": "refund:ORD-1001:r1",
+        "order": "ORD-1001",
+        "amount": "120.00",
+        "currency": "GBP",
+    }
     assert first["id"].startswith("re_") and first["created_at"].endswith("Z")
     assert (second_status, second) == (200, first)
     stats = sandbox.stats()
@@ -130,11 +136,26 @@ def test_body_that_is_not_json_is_400(sandbox: SandboxProcess) -> None:
     assert sandbox.stats()["refunds"] == 0
 
 
-@pytest.mark.parametrize("change", [
-    {"amount": "0"}, {"amount": "0.00"}, {"amount": "-1.00"}, {"amount": "1.234"}, {"amount": "abc"},
-    {"amount": "1e3"}, {"amount": ""}, {"amount": 12}, {"amount": 12.5}, {"amount": None},
-    {"order": ""}, {"order": 7}, {"currency": "gbp"}, {"currency": "POUNDS"}, {"surprise": 1},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"amount": "0"},
+        {"amount": "0.00"},
+        {"amount": "-1.00"},
+        {"amount": "1.234"},
+        {"amount": "abc"},
+        {"amount": "1e3"},
+        {"amount": ""},
+        {"amount": 12},
+        {"amount": 12.5},
+        {"amount": None},
+        {"order": ""},
+        {"order": 7},
+        {"currency": "gbp"},
+        {"currency": "POUNDS"},
+        {"surprise": 1},
+    ],
+)
 def test_invalid_refund_is_422_and_stores_nothing(sandbox: SandboxProcess, change: dict[str, Any]) -> None:
     # when
     status, body = create(sandbox, "k-invalid", {**BODY, **change})
@@ -264,7 +285,8 @@ def test_armed_faults_are_consumed_in_order(sandbox: SandboxProcess) -> None:
     # then: 500, 500, 503 (stored), then the stored refund; the other key's fault is untouched
     assert statuses == [500, 500, 503, 200]
     assert sandbox.request("GET", "/v1/faults")[1]["faults"] == [
-        {"key": "k-other", "on": "create", "fault": "reject", "times": 1}]
+        {"key": "k-other", "on": "create", "fault": "reject", "times": 1}
+    ]
     stats = sandbox.stats()
     assert stats["refunds"] == 1
     assert stats["faults"] == {"error": 2, "error-after-commit": 1}
@@ -306,11 +328,17 @@ def test_armed_lookup_fault(sandbox: SandboxProcess) -> None:
     assert lookup(sandbox, "k-al")[0] == 200
 
 
-@pytest.mark.parametrize("arming", [
-    {"key": "k", "fault": "bogus"}, {"key": "k", "fault": "error", "times": 0},
-    {"key": "k", "fault": "error", "times": "2"}, {"key": "", "fault": "error"},
-    {"key": "k", "fault": "reject", "on": "lookup"}, {"key": "k", "fault": "error", "on": "refund"},
-])
+@pytest.mark.parametrize(
+    "arming",
+    [
+        {"key": "k", "fault": "bogus"},
+        {"key": "k", "fault": "error", "times": 0},
+        {"key": "k", "fault": "error", "times": "2"},
+        {"key": "", "fault": "error"},
+        {"key": "k", "fault": "reject", "on": "lookup"},
+        {"key": "k", "fault": "error", "on": "refund"},
+    ],
+)
 def test_invalid_arming_is_422(sandbox: SandboxProcess, arming: dict[str, Any]) -> None:
     status, body = sandbox.request("POST", "/v1/faults", arming)
     assert (status, body["error"]) == (422, "invalid_request")
@@ -403,6 +431,8 @@ def test_routes(sandbox: SandboxProcess) -> None:
 
 
 def test_the_provider_does_not_import_django() -> None:
-    code = ("import sys, examples.sandbox.__main__, examples.sandbox.process; "
-            "sys.exit(1 if any(m == 'django' or m.startswith('django.') for m in sys.modules) else 0)")
+    code = (
+        "import sys, examples.sandbox.__main__, examples.sandbox.process; "
+        "sys.exit(1 if any(m == 'django' or m.startswith('django.') for m in sys.modules) else 0)"
+    )
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60).returncode == 0

@@ -2,6 +2,7 @@
 
 - alice requests the assessment; bob and carol are supplier reviewers; mallory is nobody's.
 """
+
 from __future__ import annotations
 
 import pytest

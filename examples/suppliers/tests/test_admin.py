@@ -1,4 +1,5 @@
 """The assessment's admin page shows its status, every source revision, every report and the run."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,10 +15,11 @@ pytestmark = pytest.mark.django_db
 
 
 def test_the_change_page_shows_status_revisions_reports_and_run(
-    client: Client, cast: Cast, assessment: SupplierAssessment,
+    client: Client,
+    cast: Cast,
+    assessment: SupplierAssessment,
 ) -> None:
-    services.source_record_add(assessment_id=assessment.pk, source="sanctions", content={"hits": 7},
-                               by=cast["alice"])
+    services.source_record_add(assessment_id=assessment.pk, source="sanctions", content={"hits": 7}, by=cast["alice"])
     services.report_generate(assessment_id=assessment.pk, revisions={"companies-house": 1, "sanctions": 2})
     services.assessment_submit_input(assessment_id=assessment.pk, by=cast["alice"], data={})
     run_id = SupplierAssessment.objects.get(pk=assessment.pk).run_id

@@ -1,5 +1,6 @@
 """/api/assessments: who sees and does what, bad input, and a review over HTTP end to end (a real
 worker advances the run) in which a stale tab is refused."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -42,22 +43,31 @@ class TestCreateAndSee:
         body = response.json()
         assert response["Location"] == f"{URL}/{body['id']}"
         assert (body["supplier_name"], body["status"], body["requested_by"], body["run"]) == (
-            "Acme Metals", AssessmentStatus.AWAITING_INPUT, "alice", None)
+            "Acme Metals",
+            AssessmentStatus.AWAITING_INPUT,
+            "alice",
+            None,
+        )
         assert [(s["source"], s["revision"], s["content"]) for s in body["sources"]] == [
-            ("companies-house", 1, {"status": "active"}), ("sanctions", 1, {"hits": 0})]
+            ("companies-house", 1, {"status": "active"}),
+            ("sanctions", 1, {"hits": 0}),
+        ]
         assert (body["report"], body["review"], body["input"]) == (None, None, {})
 
-    @pytest.mark.parametrize("body, field", [
-        ({"supplier_name": ""}, "supplier_name"),
-        ({"supplier_name": "   "}, "supplier_name"),
-        ({"supplier_name": 7}, "supplier_name"),
-        ({"sources": {}}, "sources"),
-        ({"sources": ["sanctions"]}, "sources"),
-        ({"sources": {"": {"hits": 0}}}, "sources"),
-        ({"owner": "mallory"}, "owner"),
-        ({"sources": {"sanc\u0000tions": {"hits": 0}}}, "sources"),
-        ({"sources": {"sanctions": {"note": "a\u0000b"}}}, "sources"),
-    ])
+    @pytest.mark.parametrize(
+        "body, field",
+        [
+            ({"supplier_name": ""}, "supplier_name"),
+            ({"supplier_name": "   "}, "supplier_name"),
+            ({"supplier_name": 7}, "supplier_name"),
+            ({"sources": {}}, "sources"),
+            ({"sources": ["sanctions"]}, "sources"),
+            ({"sources": {"": {"hits": 0}}}, "sources"),
+            ({"owner": "mallory"}, "owner"),
+            ({"sources": {"sanc\u0000tions": {"hits": 0}}}, "sources"),
+            ({"sources": {"sanctions": {"note": "a\u0000b"}}}, "sources"),
+        ],
+    )
     def test_bad_input_is_a_400_naming_the_field_and_creates_nothing(
         self, cast: Cast, body: dict[str, Any], field: str
     ) -> None:
@@ -72,8 +82,9 @@ class TestCreateAndSee:
         assert create(client()).status_code == 401
         assert client().get(URL).status_code == 401
 
-    def test_the_requester_and_reviewers_see_it_and_nobody_else(self, cast: Cast,
-                                                                assessment: SupplierAssessment) -> None:
+    def test_the_requester_and_reviewers_see_it_and_nobody_else(
+        self, cast: Cast, assessment: SupplierAssessment
+    ) -> None:
         detail = f"{URL}/{assessment.pk}"
         for who in ("alice", "bob", "carol"):
             assert client(cast[who]).get(detail).status_code == 200, who
@@ -89,8 +100,9 @@ class TestCreateAndSee:
 
 @pytest.mark.django_db
 class TestSourcesAndSubmit:
-    def test_requester_and_reviewers_add_revisions_others_get_404(self, cast: Cast,
-                                                                   assessment: SupplierAssessment) -> None:
+    def test_requester_and_reviewers_add_revisions_others_get_404(
+        self, cast: Cast, assessment: SupplierAssessment
+    ) -> None:
         url = f"{URL}/{assessment.pk}/sources"
 
         by_alice = client(cast["alice"]).post(url, {"source": "sanctions", "content": {"hits": 1}}, format="json")
@@ -103,15 +115,19 @@ class TestSourcesAndSubmit:
         assert by_mallory.status_code == 404 and snapshot(assessment) == before
         sources = client(cast["alice"]).get(f"{URL}/{assessment.pk}").json()["sources"]
         assert [(s["source"], s["revision"]) for s in sources] == [
-            ("companies-house", 1), ("credit", 1), ("sanctions", 2)]
+            ("companies-house", 1),
+            ("credit", 1),
+            ("sanctions", 2),
+        ]
         assert SourceRecord.objects.filter(assessment=assessment, source="sanctions").count() == 2  # history kept
 
     def test_a_closed_assessment_takes_no_more_evidence(self, cast: Cast) -> None:
         closed = in_state(cast, AssessmentStatus.APPROVED)
         before = snapshot(closed)
 
-        response = client(cast["alice"]).post(f"{URL}/{closed.pk}/sources", {"source": "credit", "content": {}},
-                                              format="json")
+        response = client(cast["alice"]).post(
+            f"{URL}/{closed.pk}/sources", {"source": "credit", "content": {}}, format="json"
+        )
 
         assert response.status_code == 409
         assert response.json()["error"]["code"] == "invalid_state"
@@ -121,9 +137,15 @@ class TestSourcesAndSubmit:
     def test_bad_source_input_is_a_400(self, cast: Cast, assessment: SupplierAssessment) -> None:
         url = f"{URL}/{assessment.pk}/sources"
         before = snapshot(assessment)
-        for body in ({"content": {}}, {"source": "", "content": {}}, {"source": "x" * 101, "content": {}},
-                     {"source": "credit"}, {"source": "credit", "content": {}, "revision": 9},
-                     {"source": "cre\u0000dit", "content": {}}, {"source": "credit", "content": {"a": "\u0000"}}):
+        for body in (
+            {"content": {}},
+            {"source": "", "content": {}},
+            {"source": "x" * 101, "content": {}},
+            {"source": "credit"},
+            {"source": "credit", "content": {}, "revision": 9},
+            {"source": "cre\u0000dit", "content": {}},
+            {"source": "credit", "content": {"a": "\u0000"}},
+        ):
             assert client(cast["alice"]).post(url, body, format="json").status_code == 400, body
         assert snapshot(assessment) == before
 
@@ -131,9 +153,12 @@ class TestSourcesAndSubmit:
         url = f"{URL}/{assessment.pk}/submit"
         before = snapshot(assessment)
 
-        for bad in ({"input": {"scope": "tier 1"}, "review_timeout_seconds": 1e300},
-                    {"input": {"scope": "tier 1"}, "review_timeout_seconds": 0},
-                    {"input": {"scope": "\u0000"}}, {"input": "tier 1"}):
+        for bad in (
+            {"input": {"scope": "tier 1"}, "review_timeout_seconds": 1e300},
+            {"input": {"scope": "tier 1"}, "review_timeout_seconds": 0},
+            {"input": {"scope": "\u0000"}},
+            {"input": "tier 1"},
+        ):
             assert client(cast["alice"]).post(url, bad, format="json").status_code == 400, bad
         assert snapshot(assessment) == before
         by_bob = client(cast["bob"]).post(url, {"input": {"scope": "tier 1"}}, format="json")
@@ -145,17 +170,21 @@ class TestSourcesAndSubmit:
         again = client(cast["alice"]).post(url, {"input": {"scope": "tier 2"}}, format="json")
 
         assert first.status_code == 200, first.json()
-        assert (first.json()["input"], first.json()["run"]) == ({"scope": "tier 1"}, str(
-            SupplierAssessment.objects.get(pk=assessment.pk).run_id))
+        assert (first.json()["input"], first.json()["run"]) == (
+            {"scope": "tier 1"},
+            str(SupplierAssessment.objects.get(pk=assessment.pk).run_id),
+        )
         assert again.status_code == 409 and again.json()["error"]["code"] == "invalid_state"
         assert WorkflowRun.objects.filter(workflow="supplier-assessment").count() == 1
 
     def test_a_review_with_nothing_pending_is_a_409(self, cast: Cast, assessment: SupplierAssessment) -> None:
-        response = client(cast["carol"]).post(f"{URL}/{assessment.pk}/review",
-                                              {"approve": True, "report_version": 1}, format="json")
+        response = client(cast["carol"]).post(
+            f"{URL}/{assessment.pk}/review", {"approve": True, "report_version": 1}, format="json"
+        )
         assert response.status_code == 409 and response.json()["error"]["code"] == "invalid_state"
-        bad = client(cast["carol"]).post(f"{URL}/{assessment.pk}/review",
-                                         {"approve": "yes", "report_version": 1}, format="json")
+        bad = client(cast["carol"]).post(
+            f"{URL}/{assessment.pk}/review", {"approve": "yes", "report_version": 1}, format="json"
+        )
         assert bad.status_code == 400 and "approve" in bad.json()["error"]["detail"]
 
 
@@ -166,16 +195,16 @@ def test_the_project_schema_has_no_warnings() -> None:
     schema = generator.get_schema(request=None, public=True)
 
     assert not GENERATOR_STATS, "drf-spectacular warned: " + "; ".join(
-        [*GENERATOR_STATS._warn_cache, *GENERATOR_STATS._error_cache])
+        [*GENERATOR_STATS._warn_cache, *GENERATOR_STATS._error_cache]
+    )
     validate_schema(schema)
     assert {"assessment_create", "assessment_review"} <= {
-        op["operationId"] for item in schema["paths"].values() for op in item.values()}
+        op["operationId"] for item in schema["paths"].values() for op in item.values()
+    }
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_review_over_http_refuses_a_stale_tab_and_approves_the_current_report(
-    worker: Worker, cast: Cast
-) -> None:
+def test_a_review_over_http_refuses_a_stale_tab_and_approves_the_current_report(worker: Worker, cast: Cast) -> None:
     alice, carol = client(cast["alice"]), client(cast["carol"])
     assessment_id = create(alice).json()["id"]
     detail = f"{URL}/{assessment_id}"
@@ -184,8 +213,7 @@ def test_a_review_over_http_refuses_a_stale_tab_and_approves_the_current_report(
     def review_of(version: int) -> dict[str, Any] | None:
         body: dict[str, Any] = carol.get(detail).json()
         review = body["review"]
-        return body if review and review["report_version"] == version and body["status"] == "ready_for_review" \
-            else None
+        return body if review and review["report_version"] == version and body["status"] == "ready_for_review" else None
 
     # carol opens the assessment: report v1 is under review, and she may decide it; alice may not
     tab = wait_for(lambda: review_of(1), timeout=WAIT, what="report v1 under review")
@@ -214,6 +242,10 @@ def test_a_review_over_http_refuses_a_stale_tab_and_approves_the_current_report(
     assert run.status == RunStatus.COMPLETED, run.error
     final = carol.get(detail).json()
     assert (final["status"], final["decided_by"], final["decided_version"], final["review"]) == (
-        "approved", "carol", 2, None)
+        "approved",
+        "carol",
+        2,
+        None,
+    )
     channels = set(DecisionLog.objects.filter(actor=cast["carol"]).values_list("channel", "result"))
     assert channels == {("api", "refused"), ("api", "accepted")}

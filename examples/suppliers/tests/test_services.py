@@ -1,5 +1,6 @@
 """The assessment's state machine and who may move it, source revisions and report versions,
 without a worker: the services on PostgreSQL inside the test's transaction."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,10 +28,17 @@ pytestmark = pytest.mark.django_db
 def snapshot(assessment: SupplierAssessment) -> tuple[Any, ...]:
     """Everything a refusal must leave as it was."""
     row = SupplierAssessment.objects.get(pk=assessment.pk)
-    return (row.status, row.input, row.run_id, row.decided_by_id, row.decided_version, row.failure_reason,
-            SourceRecord.objects.filter(assessment=row).count(),
-            AssessmentReport.objects.filter(assessment=row).count(),
-            WorkflowRun.objects.count())
+    return (
+        row.status,
+        row.input,
+        row.run_id,
+        row.decided_by_id,
+        row.decided_version,
+        row.failure_reason,
+        SourceRecord.objects.filter(assessment=row).count(),
+        AssessmentReport.objects.filter(assessment=row).count(),
+        WorkflowRun.objects.count(),
+    )
 
 
 def in_state(cast: Cast, status: str) -> SupplierAssessment:
@@ -43,7 +51,9 @@ def in_state(cast: Cast, status: str) -> SupplierAssessment:
 def test_a_new_assessment_awaits_input_with_revision_1_of_each_source(assessment: SupplierAssessment) -> None:
     assert assessment.status == AssessmentStatus.AWAITING_INPUT
     assert list(assessment.source_records.values_list("source", "revision")) == [
-        ("companies-house", 1), ("sanctions", 1)]
+        ("companies-house", 1),
+        ("sanctions", 1),
+    ]
 
 
 def test_the_status_cannot_be_assigned_directly(assessment: SupplierAssessment) -> None:
@@ -59,7 +69,10 @@ def test_the_requester_submits_the_input_and_the_run_starts(cast: Cast, assessme
     assert row.input == {"scope": "tier 1"}
     assert row.run is not None
     assert (row.run.workflow, row.run.owner, row.run.payload) == (
-        "supplier-assessment", cast["alice"], {"assessment_id": row.pk, "requested_by_id": cast["alice"].pk})
+        "supplier-assessment",
+        cast["alice"],
+        {"assessment_id": row.pk, "requested_by_id": cast["alice"].pk},
+    )
 
 
 @pytest.mark.parametrize("who", ["mallory", "bob", "carol"])
@@ -104,8 +117,10 @@ def test_only_reviewers_other_than_the_requester_approve_or_reject(cast: Cast) -
         services.assessment_decide(assessment_id=ready.pk, approve=True, by_id=cast["mallory"].pk, version=1)
     assert snapshot(ready) == before
 
-    assert services.assessment_decide(assessment_id=ready.pk, approve=False, by_id=cast["carol"].pk,
-                                      version=1) == AssessmentStatus.REJECTED
+    assert (
+        services.assessment_decide(assessment_id=ready.pk, approve=False, by_id=cast["carol"].pk, version=1)
+        == AssessmentStatus.REJECTED
+    )
     row = SupplierAssessment.objects.get(pk=ready.pk)
     assert (row.decided_by, row.decided_version) == (cast["carol"], 1)
 
@@ -119,11 +134,14 @@ def test_a_decision_needs_the_review_state(cast: Cast) -> None:
 
 
 def test_a_revision_is_a_new_row_and_history_stays(cast: Cast, assessment: SupplierAssessment) -> None:
-    record = services.source_record_add(assessment_id=assessment.pk, source="sanctions", content={"hits": 1},
-                                        by=cast["carol"])
+    record = services.source_record_add(
+        assessment_id=assessment.pk, source="sanctions", content={"hits": 1}, by=cast["carol"]
+    )
     assert record.revision == 2
     assert list(assessment.source_records.filter(source="sanctions").values_list("revision", "content")) == [
-        (1, {"hits": 0}), (2, {"hits": 1})]
+        (1, {"hits": 0}),
+        (2, {"hits": 1}),
+    ]
     assert services.current_revisions(assessment) == {"companies-house": 1, "sanctions": 2}
 
 
@@ -141,7 +159,8 @@ def test_outsiders_and_closed_assessments_get_no_revisions(cast: Cast, assessmen
 
 
 def test_the_current_report_is_regenerated_only_when_a_source_changed(
-    cast: Cast, assessment: SupplierAssessment,
+    cast: Cast,
+    assessment: SupplierAssessment,
 ) -> None:
     revisions = services.sources_gather(assessment_id=assessment.pk)
     assert services.report_generate(assessment_id=assessment.pk, revisions=revisions) == 1
@@ -150,8 +169,7 @@ def test_the_current_report_is_regenerated_only_when_a_source_changed(
     assert first.version == "report-v1"
     assert services.report_current(assessment_id=assessment.pk).version == "report-v1"  # nothing changed
 
-    services.source_record_add(assessment_id=assessment.pk, source="sanctions", content={"hits": 2},
-                               by=cast["alice"])
+    services.source_record_add(assessment_id=assessment.pk, source="sanctions", content={"hits": 2}, by=cast["alice"])
     second = services.report_current(assessment_id=assessment.pk)
     assert second.version == "report-v2"
     v2 = AssessmentReport.objects.get(assessment=assessment, version=2)
@@ -181,8 +199,9 @@ def test_once_the_review_is_decided_the_evidence_is_final(cast: Cast) -> None:
     from approvals.tests.support import waiting_request
 
     row = in_state(cast, AssessmentStatus.READY_FOR_REVIEW)
-    decided = waiting_request(subject_type=SUBJECT_TYPE, subject_id=str(row.pk), version="report-v1",
-                              status=ApprovalStatus.APPROVED)
+    decided = waiting_request(
+        subject_type=SUBJECT_TYPE, subject_id=str(row.pk), version="report-v1", status=ApprovalStatus.APPROVED
+    )
     SupplierAssessment.objects.filter(pk=row.pk).update(run=decided.run)
     before = snapshot(row)
 

@@ -1,5 +1,6 @@
 """The supplier-assessment workflow end to end: a real Celery worker (with beat) advances the run
 on PostgreSQL; people act here through the services and approvals' decide()."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,6 +29,7 @@ def submit(cast: Cast, assessment: SupplierAssessment, **data: object) -> Workfl
 
 def review_pending(assessment: SupplierAssessment, *, number: int = 1) -> ApprovalRequest:
     """Once the run waits for its ``number``-th review request: that request."""
+
     def ready() -> ApprovalRequest | None:
         row = SupplierAssessment.objects.select_related("run").get(pk=assessment.pk)
         requests = list(ApprovalRequest.objects.filter(subject_id=str(assessment.pk)).order_by("id"))
@@ -75,7 +77,9 @@ def test_input_to_approval_of_report_v1(worker: Worker, cast: Cast, assessment: 
 
 
 def test_a_source_revised_during_review_supersedes_v1_and_a_stale_tab_is_refused(
-    worker: Worker, cast: Cast, assessment: SupplierAssessment,
+    worker: Worker,
+    cast: Cast,
+    assessment: SupplierAssessment,
 ) -> None:
     run = submit(cast, assessment)
     first = review_pending(assessment)
@@ -126,8 +130,13 @@ def test_a_rejection_rejects_the_assessment(worker: Worker, cast: Cast, assessme
     run = submit(cast, assessment)
     review_pending(assessment)
 
-    services.assessment_review(assessment_id=assessment.pk, by=cast["bob"], approve=False, report_version=1,
-                               note="sanctions evidence is too old")
+    services.assessment_review(
+        assessment_id=assessment.pk,
+        by=cast["bob"],
+        approve=False,
+        report_version=1,
+        note="sanctions evidence is too old",
+    )
 
     run = wait_for_terminal(run.id, timeout=WAIT)
     assert run.status == RunStatus.COMPLETED, run.error
@@ -162,7 +171,9 @@ def test_terminating_the_run_fails_the_assessment(worker: Worker, cast: Cast, as
 
 
 def test_a_restarted_run_gathers_again_and_asks_for_the_new_report(
-    worker: Worker, cast: Cast, assessment: SupplierAssessment,
+    worker: Worker,
+    cast: Cast,
+    assessment: SupplierAssessment,
 ) -> None:
     run = submit(cast, assessment)
     first = review_pending(assessment)
@@ -174,7 +185,9 @@ def test_a_restarted_run_gathers_again_and_asks_for_the_new_report(
     assert ApprovalRequest.objects.get(pk=first.pk).status == ApprovalStatus.CANCELLED
     assert (second.version, second.attempt) == ("report-v2", 2)
     assert AssessmentReport.objects.get(assessment=assessment, version=2).source_revisions == {
-        "companies-house": 1, "sanctions": 1}
+        "companies-house": 1,
+        "sanctions": 1,
+    }
     with pytest.raises(ApprovalRefused) as old:
         decide(first, by=cast["carol"], approve=True, version="report-v1")
     assert old.value.code == RefusalCode.NOT_PENDING and "cancelled" in str(old.value)
@@ -184,14 +197,18 @@ def test_a_restarted_run_gathers_again_and_asks_for_the_new_report(
     assert status(assessment) == AssessmentStatus.APPROVED
 
 
-def test_a_run_started_for_someone_elses_assessment_touches_nothing(worker: Worker, cast: Cast,
-                                                                    assessment: SupplierAssessment) -> None:
+def test_a_run_started_for_someone_elses_assessment_touches_nothing(
+    worker: Worker, cast: Cast, assessment: SupplierAssessment
+) -> None:
     """Even started behind the API's back (the API refuses it: not public), the workflow acts only
     on the assessment whose run it is: mallory's run naming alice's assessment fails at once."""
     from workflows.services import run_start
 
-    run, _ = run_start(workflow="supplier-assessment", owner=cast["mallory"],
-                       payload={"assessment_id": assessment.pk, "requested_by_id": cast["mallory"].pk})
+    run, _ = run_start(
+        workflow="supplier-assessment",
+        owner=cast["mallory"],
+        payload={"assessment_id": assessment.pk, "requested_by_id": cast["mallory"].pk},
+    )
 
     done = wait_for_terminal(run.id, timeout=WAIT)
     assert done.status == RunStatus.FAILED and "belongs to another run" in done.error["message"]

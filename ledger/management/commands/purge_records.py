@@ -1,5 +1,6 @@
 """``manage.py purge_records [--older-than 90d] [--dry-run]``: the retention policy of operational
 records. Deletes only records created before the cutoff (default LEDGER_RETENTION_DAYS)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,9 +19,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--older-than", type=duration_argument, metavar="DURATION",
+            "--older-than",
+            type=duration_argument,
+            metavar="DURATION",
             help=f"Delete records older than this, e.g. 90d, 12w, 36h (default LEDGER_RETENTION_DAYS, now "
-                 f"{conf()['RETENTION_DAYS']}d).",
+            f"{conf()['RETENTION_DAYS']}d).",
         )
         parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
 

@@ -4,6 +4,7 @@ Looks up every unknown operation and every stale submitted one at its provider a
 it says; prints one row per operation (key, system, before → after, note) and flags those that
 still need a person. ``--dry-run`` looks up (a read at the provider) and changes nothing here.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,9 +22,11 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--system", help="Only operations of this system (e.g. payments).")
         parser.add_argument(
-            "--older-than", type=duration_argument, metavar="DURATION",
+            "--older-than",
+            type=duration_argument,
+            metavar="DURATION",
             help="Only operations last sent more than this long ago, e.g. 30s, 10m, 2h, 90d. Default: every "
-                 "unknown one, and submits older than LEDGER_STALE_SUBMITTED_SECONDS.",
+            "unknown one, and submits older than LEDGER_STALE_SUBMITTED_SECONDS.",
         )
         parser.add_argument("--dry-run", action="store_true", help="Look up and report; change nothing.")
 
@@ -41,10 +44,12 @@ class Command(BaseCommand):
         self.stdout.write(_summary(results, dry_run=dry_run))
         flagged = [r for r in results if r.verdict == "flagged"]
         if flagged:
-            self.stdout.write(self.style.WARNING(
-                f"{len(flagged)} need a person (marked !): resolve them in the admin (External operations, "
-                "filter “needs attention”) once you know the outcome."
-            ))
+            self.stdout.write(
+                self.style.WARNING(
+                    f"{len(flagged)} need a person (marked !): resolve them in the admin (External operations, "
+                    "filter “needs attention”) once you know the outcome."
+                )
+            )
 
 
 def _row(result: ReconcileResult) -> list[str]:
@@ -54,8 +59,11 @@ def _row(result: ReconcileResult) -> list[str]:
 
 
 def _summary(results: list[ReconcileResult], *, dry_run: bool) -> str:
-    counts = {verdict: sum(1 for r in results if r.verdict == verdict)
-              for verdict in ("resolved", "flagged", "skipped")}
-    text = (f"{len(results)} operation(s): {counts['resolved']} resolved, {counts['flagged']} flagged, "
-            f"{counts['skipped']} skipped.")
+    counts = {
+        verdict: sum(1 for r in results if r.verdict == verdict) for verdict in ("resolved", "flagged", "skipped")
+    }
+    text = (
+        f"{len(results)} operation(s): {counts['resolved']} resolved, {counts['flagged']} flagged, "
+        f"{counts['skipped']} skipped."
+    )
     return f"Dry run, nothing changed. {text.replace('resolved', 'would be resolved')}" if dry_run else text

@@ -4,6 +4,7 @@ Thin over the services, the selectors and the sweeper. Bad input (an unknown id,
 an unknown workflow, a refused transition) ends in a CommandError with the reason, before or
 instead of any write: every write is one service call that either commits or raises.
 """
+
 from __future__ import annotations
 
 import json
@@ -103,8 +104,14 @@ class Command(BaseCommand):
             self.stdout.write("No runs match.")
             return
         rows = [
-            [str(run.id), run.workflow, _status(run), str(run.attempt), describe_wait(run) or "-",
-             _time(run.created_at)]
+            [
+                str(run.id),
+                run.workflow,
+                _status(run),
+                str(run.attempt),
+                describe_wait(run) or "-",
+                _time(run.created_at),
+            ]
             for run in page[:limit]
         ]
         self.stdout.write(table(["ID", "WORKFLOW", "STATUS", "ATTEMPT", "WAITING FOR", "CREATED"], rows))
@@ -225,19 +232,32 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def steps_table(run: WorkflowRun) -> str:
     rows = [
-        [str(s["attempt"]), str(s["position"]), s["name"], s["kind"], s["status"], str(s["tries"]),
-         _time(s["started_at"]), _time(s["finished_at"]), _step_outcome(s)]
+        [
+            str(s["attempt"]),
+            str(s["position"]),
+            s["name"],
+            s["kind"],
+            s["status"],
+            str(s["tries"]),
+            _time(s["started_at"]),
+            _time(s["finished_at"]),
+            _step_outcome(s),
+        ]
         for s in run_timeline(run=run)
     ]
-    return table(["ATTEMPT", "POS", "NAME", "KIND", "STATUS", "TRIES", "STARTED", "FINISHED", "RESULT / ERROR"],
-                 rows)
+    return table(["ATTEMPT", "POS", "NAME", "KIND", "STATUS", "TRIES", "STARTED", "FINISHED", "RESULT / ERROR"], rows)
 
 
 def events_table(events: list[RunEvent]) -> str:
     rows = [
-        [str(e.pk), e.type, e.idempotency_key or "-", _time(e.created_at),
-         f"attempt {e.consumed_attempt} step {e.consumed_position}" if e.consumed_at else "not consumed",
-         json.dumps(e.payload, default=str)]
+        [
+            str(e.pk),
+            e.type,
+            e.idempotency_key or "-",
+            _time(e.created_at),
+            f"attempt {e.consumed_attempt} step {e.consumed_position}" if e.consumed_at else "not consumed",
+            json.dumps(e.payload, default=str),
+        ]
         for e in events
     ]
     return table(["#", "TYPE", "KEY", "SENT", "CONSUMED BY", "PAYLOAD"], rows)

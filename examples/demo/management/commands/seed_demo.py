@@ -2,6 +2,7 @@
 
 The passwords are for a local demo only; the command says so when it prints them.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -28,10 +29,18 @@ VIEW_OPERATIONS = ["ledger.view_externaloperation", "ledger.view_operationalreco
 # (username, password, staff, permissions): the refund example's cast.
 REFUND_CAST: list[tuple[str, str, bool, list[str]]] = [
     ("bob", "bob", True, VIEW_ORDERS),
-    ("carol", "carol", True, ["approvals.view_approvalrequest", *VIEW_OPERATIONS, *VIEW_ORDERS,
-                              "workflows.view_workflowrun"]),
-    ("dave", "dave", True, ["workflows.view_workflowrun", "approvals.view_approvalrequest", *VIEW_OPERATIONS,
-                            *VIEW_ORDERS]),
+    (
+        "carol",
+        "carol",
+        True,
+        ["approvals.view_approvalrequest", *VIEW_OPERATIONS, *VIEW_ORDERS, "workflows.view_workflowrun"],
+    ),
+    (
+        "dave",
+        "dave",
+        True,
+        ["workflows.view_workflowrun", "approvals.view_approvalrequest", *VIEW_OPERATIONS, *VIEW_ORDERS],
+    ),
     ("mallory", "mallory", False, []),
 ]
 ROLES = {
@@ -70,7 +79,7 @@ class Command(BaseCommand):
             f"  Live page (signed in as alice): /runs/{run.id}/\n"
             "  Admin: /admin/workflows/workflowrun/. It asks the onboarding-approvers group (carol) for an\n"
             "  approval once provisioned: decide it as carol or admin in Admin -> Approval requests, or with\n"
-            "  POST /api/approvals/<id>/decision {\"approve\": true, \"version\": \"1\"} (alice may not: four eyes)."
+            '  POST /api/approvals/<id>/decision {"approve": true, "version": "1"} (alice may not: four eyes).'
         )
         self.seed_refunds(alice)
         from examples.suppliers.demo import seed as seed_suppliers
@@ -99,16 +108,22 @@ class Command(BaseCommand):
                     user.groups.add(approvers, onboarding)
             for number, amount, items in DEMO_ORDERS:
                 if not Order.objects.filter(number=number).exists():
-                    order_create(number=number, customer=alice, amount=amount, items=items,
-                                 shipping_address={"street": "1 Demo Lane", "postcode": "AB1 2CD"})
+                    order_create(
+                        number=number,
+                        customer=alice,
+                        amount=amount,
+                        items=items,
+                        shipping_address={"street": "1 Demo Lane", "postcode": "AB1 2CD"},
+                    )
         self.stdout.write("Refund example logins (local demo only):")
         for username, password, _staff, _perms in REFUND_CAST:
             note = "" if created[username] else "  (already existed; password left as it was)"
             self.stdout.write(f"  {username:<7} / {password:<7} {ROLES[username]}{note}")
         self.stdout.write(
-            "  alice's orders: " + ", ".join(f"{n} (£{a})" for n, a, _ in DEMO_ORDERS)
+            "  alice's orders: "
+            + ", ".join(f"{n} (£{a})" for n, a, _ in DEMO_ORDERS)
             + f"; refunds above £{settings.REFUND_APPROVAL_LIMIT} wait for {REFUND_APPROVERS}.\n"
-            "  Ask for one as alice: POST /api/orders/<number>/refunds {\"amount\": \"120.00\"};\n"
+            '  Ask for one as alice: POST /api/orders/<number>/refunds {"amount": "120.00"};\n'
             "  she reads it in words on her home page / and follows its run live from there."
         )
 
