@@ -1,4 +1,4 @@
-"""``decide``, as DESIGN.md names it, and ``supersede_pending``; thin over the services."""
+"""``decide`` and ``supersede_pending`` for other apps (docs/architecture.md#approvals); thin over the services."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def decide(
     """Approve (``approve=True``) or reject ``version`` of the request as ``by``.
 
     Returns Decided (``created`` False for the same decision again); raises ApprovalRefused when
-    DESIGN.md section 5's table refuses, and then nothing but the decision log changes.
+    a check of ``services.check_decision`` refuses, and then nothing but the decision log changes.
     """
     request_id = request.pk if isinstance(request, ApprovalRequest) else int(request)
     return services.approval_decide(

@@ -168,7 +168,7 @@ def check_decision(
     approve: bool,
     version: str,
 ) -> bool:
-    """DESIGN.md section 5's table, on locked rows. True: make the decision. False: the same
+    """The checks of a decision, in order, on locked rows. True: make the decision. False: the same
     decision was made already (answer with it). Otherwise raises ApprovalRefused."""
 
     def refused(code: RefusalCode, message: str, replacement: ApprovalRequest | None = None) -> ApprovalRefused:

@@ -127,7 +127,7 @@ LOGIN_REDIRECT_URL = "/"
 
 REDIS_URL = envstr("REDIS_URL", "redis://127.0.0.1:6379/0")
 
-# --- Celery: at-least-once delivery (DESIGN.md section 3) ---------------------------------------
+# --- Celery: at-least-once delivery (docs/architecture.md#execution) ----------------------------
 CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_ACKS_LATE = True  # a message is acknowledged after the task ran, not before
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1  # a worker holds no more messages than it runs
@@ -256,7 +256,7 @@ WORKFLOWS: dict[str, Any] = {
     "STEP_COMMIT": envstr("WORKFLOWS_STEP_COMMIT", "sync"),
 }
 
-# --- The ledger: external side effects and operational records (DESIGN.md section 4) ------------
+# --- The ledger: external side effects and operational records (docs/architecture.md#the-ledger) -
 LEDGER: dict[str, Any] = {
     # Per HTTP call to an external system. A connect timeout means nothing was sent (safe to send
     # again); a read timeout means the request may have taken effect (the outcome is unknown).

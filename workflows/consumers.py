@@ -1,7 +1,7 @@
 """WebSocket consumers: thin. They authorise, send a snapshot from the database, then forward the
 run's progress stream (``workflows.streams``) without a gap or a duplicate.
 
-Protocol of ``/ws/runs/<id>/`` (DESIGN.md section 7):
+Protocol of ``/ws/runs/<id>/`` (also in docs/architecture.md#interfaces):
 
 - server, first: ``{"type": "snapshot", "seq": S, "run": {...}}``. ``S`` is the stream's counter
   read *before* the database, so the snapshot reflects every event with ``seq <= S`` (events are

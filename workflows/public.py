@@ -1,4 +1,4 @@
-"""The engine's public functions, as DESIGN.md names them; thin over the services."""
+"""The engine's public functions (docs/architecture.md#writing-a-workflow); thin over the services."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""decide() against DESIGN.md section 5's table, expiry, re-check, cancellation, and ten concurrent
+"""decide() against its rules (docs/architecture.md#approvals), expiry, re-check, cancellation, and ten concurrent
 decisions on one request (real threads on PostgreSQL).
 
 Most tests run in one transaction each, so the decision's on-commit enqueue is never sent: the

@@ -17,7 +17,7 @@ from workflows.models import RunStatus, WorkflowRun
 if TYPE_CHECKING:
     from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
-# What the customer reads, in words (DESIGN.md section 7).
+# What the customer reads, in words (the API, the home page and the admin show these).
 BEING_PREPARED = "being prepared"
 AWAITING_APPROVAL = "awaiting approval"
 SUBMITTED = "submitted"

@@ -1,4 +1,4 @@
-"""/api/...: the refund example. No trailing slash, as in DESIGN.md section 7."""
+"""/api/...: the refund example. No trailing slash (docs/decisions/0010-api-paths-and-error-format.md)."""
 
 from django.urls import URLPattern, path
 

@@ -1,4 +1,4 @@
-"""The refund process (DESIGN.md section 1): check, approve above a limit, refund once, record.
+"""The refund process (docs/architecture.md#the-examples): check, approve above a limit, refund once, record.
 
 Payload: ``{"request_id": int, "order": str}`` plus optional waits for tests and demos:
 ``approval_timeout_seconds`` (48 h), ``retry_delay_seconds`` (2 s, the refund step's first

@@ -1,6 +1,6 @@
-"""The ``supplier-assessment`` workflow (DESIGN.md section 1: gather source records, remember their
+"""The ``supplier-assessment`` workflow (docs/architecture.md#the-examples): gather source records, remember their
 revisions, generate a versioned report, wait for an authorised reviewer's decision on that exact
-version, apply it).
+version, apply it.
 
 Payload: ``{"assessment_id": int, "requested_by_id": int, "review_timeout_seconds": float?}``;
 ``assessment_submit_input`` starts it.
