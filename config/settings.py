@@ -42,6 +42,15 @@ if HTTPS:
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
 
+# --- The examples (examples/): optional ------------------------------------------------------------
+# The demo, the refund and the supplier-assessment apps show the engine at work: their tables, admin
+# pages, API routes and workflows exist only where INSTALL_EXAMPLES is on. The run and test commands
+# turn it on (the demo's data, the sandbox payment provider and the suite need them); a production
+# project leaves it off. Every process of one deployment (web, workers, beat, manage.py) needs the
+# same value: a worker without the examples fails their runs as unknown workflows.
+INSTALL_EXAMPLES = envbool("INSTALL_EXAMPLES", False)
+EXAMPLE_APPS = ["examples.demo", "examples.refunds", "examples.suppliers"]
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -58,9 +67,7 @@ INSTALLED_APPS = [
     "workflows",
     "ledger",
     "approvals",
-    "examples.demo",
-    "examples.refunds",
-    "examples.suppliers",
+    *(EXAMPLE_APPS if INSTALL_EXAMPLES else []),
     "portal",  # the pages a signed-in person sees; may read every app listed above
 ]
 
@@ -312,7 +319,7 @@ LEDGER: dict[str, Any] = {
     "RECONCILE_CONCURRENCY": envint("LEDGER_RECONCILE_CONCURRENCY", 16),
 }
 
-# --- The refund example (examples/refunds) ------------------------------------------------------
+# --- The refund example (examples/refunds; read only where INSTALL_EXAMPLES is on) -------------
 # The payment provider the "payments" ledger adapter talks to (examples/sandbox in development).
 SANDBOX_PAYMENTS_URL = envstr("SANDBOX_PAYMENTS_URL", "http://127.0.0.1:8765")
 # Refunds above this amount wait for a person in the "refund-approvers" group.

@@ -1,8 +1,16 @@
+from django.apps import apps
 from django.contrib import admin
-from django.urls import include, path, re_path
+from django.urls import URLPattern, URLResolver, include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from workflows.apis.notfound import ApiNotFound
+
+# The examples' APIs, each routed only where its app is installed (settings.INSTALL_EXAMPLES):
+# without them their paths are the API's JSON 404, as any path no operation matches.
+EXAMPLE_APIS = {"examples.refunds": "examples.refunds.urls", "examples.suppliers": "examples.suppliers.urls"}
+example_apis: list[URLPattern | URLResolver] = [
+    path("api/", include(urls)) for app, urls in EXAMPLE_APIS.items() if apps.is_installed(app)
+]
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -11,8 +19,7 @@ urlpatterns = [
     path("api/", include("workflows.apis.urls")),
     path("api/", include("ledger.urls")),
     path("api/", include("approvals.urls")),
-    path("api/", include("examples.refunds.urls")),
-    path("api/", include("examples.suppliers.urls")),
+    *example_apis,
     re_path(r"^api/", ApiNotFound.as_view(), name="api-not-found"),  # after every api/ route: JSON 404
     path("", include("workflows.urls")),
     path("", include("portal.urls")),  # /accounts/login/, /accounts/logout/ and the home page /

@@ -12,5 +12,6 @@ from portal.selectors import home_page
 
 @login_required
 def home(request: HttpRequest) -> HttpResponse:
-    """Their refund requests, supplier assessments and runs, in words, with links to each run."""
+    """Their refund requests and supplier assessments (where the examples are installed) and runs,
+    in words, with links to each run."""
     return render(request, "home.html", {"home": home_page(user=request.user)})

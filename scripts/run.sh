@@ -2,6 +2,8 @@
 # The run command: the whole system on the embedded default (an SQLite file in var/, Redis on
 # localhost): migrations, demo data, the ASGI server, a Celery worker and beat. Ctrl-C stops it.
 # DATABASE_URL=postgres://... runs it on PostgreSQL instead; PORT changes the HTTP port.
+# The examples (the demo, refunds, supplier assessments, and the sandbox payment provider the
+# refunds call) are on here; INSTALL_EXAMPLES=0 runs the engine alone, without demo data.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
@@ -12,9 +14,13 @@ mkdir -p var
 ensure_secret_key  # var/secret_key, made once (SECRET_KEY in the environment wins)
 PORT="${PORT:-8000}"
 export DEBUG="${DEBUG:-1}"
+export INSTALL_EXAMPLES="${INSTALL_EXAMPLES:-1}"  # every process below inherits it
+examples_on() { [[ "${INSTALL_EXAMPLES,,}" =~ ^(1|true|yes|on)$ ]]; }
 
 .venv/bin/python manage.py migrate --noinput
-.venv/bin/python manage.py seed_demo
+if examples_on; then
+    .venv/bin/python manage.py seed_demo
+fi
 
 pids=()
 stop() {
@@ -29,12 +35,15 @@ setsid .venv/bin/celery -A config worker -c 2 -l INFO --without-gossip --without
 pids+=($!)
 setsid .venv/bin/celery -A config beat -l INFO -s var/celerybeat-schedule >var/beat.log 2>&1 &
 pids+=($!)
-setsid .venv/bin/python -m examples.sandbox --port 8765 --data var/sandbox.sqlite3 >var/sandbox.log 2>&1 &
-pids+=($!)
+if examples_on; then
+    setsid .venv/bin/python -m examples.sandbox --port 8765 --data var/sandbox.sqlite3 >var/sandbox.log 2>&1 &
+    pids+=($!)
+fi
 setsid .venv/bin/daphne -b 127.0.0.1 -p "$PORT" config.asgi:application >var/web.log 2>&1 &
 pids+=($!)
 
-cat <<INFO
+if examples_on; then
+    cat <<INFO
 
   The system is running (logs in var/web.log, var/worker.log, var/beat.log, var/sandbox.log).
 
@@ -49,5 +58,20 @@ cat <<INFO
 
   Ctrl-C stops everything.
 INFO
+else
+    cat <<INFO
+
+  The engine is running without the examples (INSTALL_EXAMPLES=0; logs in var/web.log,
+  var/worker.log, var/beat.log). No demo data: make a login with
+  DEBUG=1 .venv/bin/python manage.py createsuperuser
+
+  Sign in          http://127.0.0.1:$PORT/accounts/login/
+  Admin            http://127.0.0.1:$PORT/admin/
+  API docs         http://127.0.0.1:$PORT/api/docs/
+  Runs (API)       http://127.0.0.1:$PORT/api/runs
+
+  Ctrl-C stops everything.
+INFO
+fi
 wait -n "${pids[@]}"
 echo "a process exited; see var/*.log" >&2

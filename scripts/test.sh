@@ -2,6 +2,7 @@
 # The test command: installs what it needs, makes sure PostgreSQL and Redis are up, type-checks,
 # lints, then runs the whole suite on PostgreSQL with real Celery workers and a real ASGI server.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k recovery).
+# The suite runs with the examples installed (tests/testenv.py sets INSTALL_EXAMPLES=1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh

@@ -1,8 +1,10 @@
 """Settings refuse the public development SECRET_KEY outside DEBUG, and the run command brings
-its own key. Each case imports the settings in a fresh interpreter, as a process starting would."""
+its own key; the examples are installed only when asked, as the run and test commands do. Each
+case imports the settings in a fresh interpreter, as a process starting would."""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -116,3 +118,52 @@ def test_the_run_command_generates_a_key_once_keeps_it_private_and_reuses_it(tmp
 def test_a_key_in_the_environment_wins_over_the_generated_one(tmp_path: Path) -> None:
     assert ensure_secret_key(tmp_path, SECRET_KEY="from-the-environment") == "from-the-environment"
     assert not (tmp_path / "var" / "secret_key").exists()
+
+
+EXAMPLE_APPS = ["examples.demo", "examples.refunds", "examples.suppliers"]
+
+
+@pytest.mark.parametrize(
+    ("env", "installed"),
+    [
+        pytest.param({}, [], id="off by default"),
+        pytest.param({"INSTALL_EXAMPLES": "0"}, [], id="off"),
+        pytest.param({"INSTALL_EXAMPLES": "1"}, EXAMPLE_APPS, id="on"),
+    ],
+)
+def test_the_examples_are_installed_only_when_asked(env: dict[str, str], installed: list[str]) -> None:
+    code = "import json, config.settings as s; print(json.dumps([s.INSTALL_EXAMPLES, s.INSTALLED_APPS]))"
+    base = {key: value for key, value in os.environ.items() if key not in ("INSTALL_EXAMPLES", "DEBUG")}
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        timeout=60,
+        capture_output=True,
+        text=True,
+        env={**base, "PYTHONPATH": str(ROOT), "SECRET_KEY": "k" * 50, **env},
+    )
+
+    assert result.returncode == 0, result.stderr
+    on, apps = json.loads(result.stdout)
+    assert on is bool(installed)
+    assert [app for app in apps if app.startswith("examples.")] == installed
+    assert apps[-1] == "portal"  # the top layer stays last, after the examples it reads
+
+
+def test_the_run_test_and_type_check_commands_install_the_examples() -> None:
+    # the run command exports it to every process it starts, unless told otherwise
+    assert 'export INSTALL_EXAMPLES="${INSTALL_EXAMPLES:-1}"' in (ROOT / "scripts" / "run.sh").read_text()
+    # the test process (and the workers and servers it starts, which inherit its environment)
+    assert os.environ["INSTALL_EXAMPLES"] == "1"
+    from django.conf import settings
+
+    assert settings.INSTALL_EXAMPLES is True
+    assert all(app in settings.INSTALLED_APPS for app in EXAMPLE_APPS)
+    # and mypy's settings, since it checks the examples' code against their models
+    code = "import config.typecheck_settings as s; print(s.INSTALL_EXAMPLES)"
+    base = {key: value for key, value in os.environ.items() if key not in ("INSTALL_EXAMPLES", "SECRET_KEY")}
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, timeout=60, capture_output=True, text=True, env=base
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "True"

@@ -7,6 +7,8 @@ import secrets
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/durable")
 # Settings refuse the public development key with DEBUG off (as tests run): a key of the session's own.
 os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
+# The suite tests the examples too (tests/test_without_examples.py starts a process without them).
+os.environ["INSTALL_EXAMPLES"] = "1"
 os.environ.setdefault("WORKFLOWS_MODULES", "tests.workflows_fixtures,approvals.tests.workflows")
 os.environ.setdefault("WORKFLOWS_QUEUE", f"test-{os.getpid()}")
 os.environ.setdefault("WORKFLOWS_LEASE_SECONDS", "2")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,25 @@ class Sleep(Workflow):
         step.sleep("nap", timedelta(seconds=event.payload.get("seconds", 1)))
         after = step.do("after", time.time)
         return {"slept": after - before}
+
+
+def mark(path: str, line: str) -> float:
+    append(path, line)
+    return time.time()
+
+
+@workflow("test.sleep_until")
+class SleepUntil(Workflow):
+    """Sleeps until the time in the payload (ISO 8601), between two steps that write to ``path``;
+    then naps ``nap`` seconds, so that the run replays once more through the finished sleep."""
+
+    def run(self, event: Event, step: Any) -> Any:
+        p = event.payload
+        before = step.do("before", mark, p["path"], "before")
+        step.sleep_until("until", datetime.fromisoformat(p["until"]))
+        step.sleep("nap", timedelta(seconds=p.get("nap", 0)))
+        after = step.do("after", mark, p["path"], "after")
+        return {"before": before, "after": after}
 
 
 @workflow("test.wait", public=True)

@@ -36,11 +36,6 @@ class Fault:
     kind: FaultKind
     seconds: float | None = None  # delay and timeout only; None means the server's default
 
-    @property
-    def before_commit(self) -> bool:
-        """Faults that act before the request is processed (delay, error, reject)."""
-        return self.kind in ("delay", "error", "reject")
-
     def __str__(self) -> str:
         if self.seconds is None:
             return self.kind
