@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/approvals.py [--waiters K] [--operations N] [--stored S] ...
 
-Self-contained like bench/engine.py (whose helpers it imports): its own PostgreSQL database (dropped
+Self-contained like bench/engine.py (through bench/harness.py): its own PostgreSQL database (dropped
 at the end), Redis db 11, a private Celery queue with one ``celery worker -P prefork -c 2``, and its
 own sandbox payment provider process (examples/sandbox) on a free port with a temporary data file.
 
@@ -37,23 +37,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[0] = str(ROOT)  # as in bench/engine.py: bench/ first would shadow the workflows package
+sys.path[0] = str(Path(__file__).resolve().parent.parent)  # as in bench/engine.py: bench/ would shadow workflows
 
-from bench.engine import (  # noqa: E402
+from bench.harness import (  # noqa: E402
     CREATED,
     Row,
-    Worker,
+    Statements,
+    add_session_arguments,
     bench_session,
     ms,
+    parse_phases,
     percentile,
     print_table,
     probe_environment,
     run_main,
     say,
+    server_settings,
+    timed_statements,
     wait_for_runs,
     wait_until,
 )
+from tests.support import Worker  # noqa: E402
 
 SYSTEM = "bench-sandbox"
 SAMPLE_SYSTEM = "bench-sandbox-shipped"  # the operations reconciled (through the adapter as shipped)
@@ -76,19 +80,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--operations", "-N", type=int, default=10_000, help="unknown operations (default 10,000)")
     p.add_argument("--stored", type=int, default=None, help="of which stored at the sandbox beforehand (default half)")
     p.add_argument("--post-threads", type=int, default=8, help="threads POSTing the stored refunds (default 8)")
-    p.add_argument("--concurrency", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL, no database")
-    p.add_argument("--database", default="durable_bench_appr", help="database to create and drop")
-    p.add_argument("--redis", default="redis://127.0.0.1:6379/11", help="Redis URL (default db 11)")
     p.add_argument(
         "--phases", default="latency,reconcile", help="comma-separated subset of latency,reconcile (default both)"
     )
-    p.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
+    add_session_arguments(p, database="durable_bench_appr", redis="redis://127.0.0.1:6379/11")
     args = p.parse_args(argv)
-    args.phases = {x.strip() for x in args.phases.split(",") if x.strip()}
-    unknown = args.phases - {"latency", "reconcile"}
-    if unknown:
-        p.error(f"unknown phases: {', '.join(sorted(unknown))}")
+    args.phases = parse_phases(p, args.phases, {"latency", "reconcile"})
     if args.stored is None:
         args.stored = args.operations // 2
     if not 0 <= args.stored <= args.operations:
@@ -168,7 +165,7 @@ def decision_latencies(args: argparse.Namespace, worker: Worker) -> list[Series]
             send(request_id)
             single.call.append(time.time() - sent[run_id])
             done = WorkflowRun.objects.filter(pk=run_id, status="completed")
-            wait_until(done.exists, timeout=60, what=f"run {run_id} to resume", check=worker.check)
+            wait_until(done.exists, timeout=60, what=f"run {run_id} to resume", worker=worker)
         say(f"{label}: {args.waiters} decisions at {rate}")
         next_at = time.monotonic()
         for run_id, request_id in parked[args.single :]:
@@ -300,7 +297,7 @@ class Reconcile:
     verdicts: Counter[str]
     statuses: Counter[str]
     lookup_seconds: float
-    sql: dict[str, list[float]] = field(default_factory=dict)  # label -> [count, seconds] (sequential only)
+    sql: Statements = field(default_factory=dict)  # (sequential only)
 
     @property
     def rate(self) -> float:
@@ -319,24 +316,11 @@ def statuses(system: str = SYSTEM) -> Counter[str]:
 def reconcile_sequential(adapter: TimedAdapter, system: str, label: str) -> Reconcile:
     """``operations_reconcile``, as ``manage.py reconcile --system bench-sandbox`` runs it, with its
     SQL statements timed (a connection.execute_wrapper; its cost is in the figure, ~µs each)."""
-    from django.db import connection
-
-    from bench.engine import classify
     from ledger.services import operations_reconcile
 
-    sql: dict[str, list[float]] = {}
-
-    def wrapper(execute: Callable[..., Any], query: str, params: Any, many: bool, context: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return execute(query, params, many, context)
-        finally:
-            entry = sql.setdefault(classify(query), [0, 0.0])
-            entry[0] += 1
-            entry[1] += time.perf_counter() - t0
-
+    sql: Statements = {}
     adapter.reset()
-    with connection.execute_wrapper(wrapper):
+    with timed_statements(sql):
         t0 = time.perf_counter()
         results = operations_reconcile(system=system)
         seconds = time.perf_counter() - t0
@@ -415,11 +399,7 @@ def reconcile_part(args: argparse.Namespace, data_dir: Path) -> ReconcilePart:
 
 # --- output --------------------------------------------------------------------------------------
 def report(args: argparse.Namespace, probes: list[str], series: list[Series], rec: ReconcilePart | None) -> None:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('server_version'), current_setting('synchronous_commit')")
-        version, sync_commit = cursor.fetchone()
+    version, sync_commit = server_settings("server_version", "synchronous_commit")
     print(
         f"\nApprovals and reconciliation benchmark  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
         f"PostgreSQL {version.split()[0]} synchronous_commit={sync_commit}; one celery worker -P prefork "
@@ -521,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with bench_session(args) as session:
         probes = [probe_environment("before")]
         if "latency" in args.phases:
-            series = decision_latencies(args, session.start_worker(args.concurrency))
+            series = decision_latencies(args, session.start_worker())
             session.stop_worker()
         if "reconcile" in args.phases:
             with tempfile.TemporaryDirectory(prefix="bench-sandbox-") as data_dir:

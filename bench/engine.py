@@ -20,16 +20,10 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import math
 import os
 import platform
 import pstats
-import re
-import secrets
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
@@ -39,16 +33,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
 # Run as a script, Python puts bench/ first on sys.path, where bench/workflows.py would shadow the
 # workflows package: the project root goes there instead.
-sys.path[0] = str(ROOT)
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-TERMINAL = ("completed", "failed", "terminated")
-CREATED: list[Any] = []  # ids of the runs this bench made (their Redis stream keys are removed at the end)
+from bench.harness import (  # noqa: E402
+    CPU_PARTS,
+    CREATED,
+    TERMINAL,
+    CpuMeter,
+    Row,
+    Session,
+    Statements,
+    add_session_arguments,
+    bench_session,
+    median,
+    ms,
+    parse_phases,
+    percentile,
+    print_table,
+    probe_environment,
+    run_main,
+    say,
+    scratch_key,
+    server_settings,
+    timed_statements,
+    wait_for_runs,
+    wait_until,
+)
+from tests.support import Worker  # noqa: E402
+
+PHASES = {"throughput", "async", "events", "breakdown", "sweep"}
 
 
-# --- arguments and environment -------------------------------------------------------------------
+# --- arguments -----------------------------------------------------------------------------------
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--runs", "-M", type=int, default=100, help="runs (and chains) per round (default 100)")
@@ -66,10 +84,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--finished", type=int, default=200_000, help="finished runs in the table for the sweep")
     p.add_argument("--sweeps", type=int, default=30, help="sweeps timed (default 30)")
     p.add_argument("--breakdown-runs", type=int, default=30, help="runs advanced in-process for the breakdown")
-    p.add_argument("--concurrency", type=int, default=2, help="worker processes (default 2)")
-    p.add_argument("--pg", default="postgres://postgres@127.0.0.1:5432", help="PostgreSQL server URL, no database")
-    p.add_argument("--database", default="durable_bench", help="database to create and drop (default durable_bench)")
-    p.add_argument("--redis", default="redis://127.0.0.1:6379/6", help="Redis URL (default db 6)")
     p.add_argument(
         "--phases",
         default="throughput,async,events,breakdown,sweep",
@@ -77,184 +91,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "async: one more durable and plain round with WORKFLOWS_STEP_COMMIT=async workers",
     )
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the in-process breakdown")
-    p.add_argument("--keep-db", action="store_true", help="do not drop the database at the end")
+    add_session_arguments(p, database="durable_bench", redis="redis://127.0.0.1:6379/6")
     args = p.parse_args(argv)
     if args.steps < 1 or args.runs < 1 or args.rounds < 1:
         p.error("--runs, --steps and --rounds must be at least 1")
-    args.phases = {x.strip() for x in args.phases.split(",") if x.strip()}
-    unknown = args.phases - {"throughput", "async", "events", "breakdown", "sweep"}
-    if unknown:
-        p.error(f"unknown phases: {', '.join(sorted(unknown))}")
+    args.phases = parse_phases(p, args.phases, PHASES)
     return args
-
-
-def configure_environment(args: argparse.Namespace) -> None:
-    """Set before Django reads its settings; the worker processes inherit the same environment."""
-    tag = f"bench-{os.getpid()}"
-    os.environ.update(
-        {
-            "DJANGO_SETTINGS_MODULE": "config.settings",
-            "DATABASE_URL": f"{args.pg.rstrip('/')}/{args.database}",
-            "REDIS_URL": args.redis,
-            "WORKFLOWS_QUEUE": tag,
-            "WORKFLOWS_MODULES": "bench.workflows",
-            "CHANNELS_PREFIX": f"asgi-{tag}",
-            # Per-task INFO lines would cost the plain chain (N log lines per run) more than the engine.
-            "LOG_LEVEL": "WARNING",
-            "PYTHONPATH": str(ROOT),
-            # Settings refuse to start without one (DEBUG is off here, as in production).
-            "SECRET_KEY": os.environ.get("SECRET_KEY") or secrets.token_urlsafe(50),
-        }
-    )
-
-
-def recreate_database(args: argparse.Namespace, *, drop_only: bool = False) -> None:
-    import psycopg
-
-    with psycopg.connect(f"{args.pg.rstrip('/')}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{args.database}" WITH (FORCE)')
-        if not drop_only:
-            conn.execute(f'CREATE DATABASE "{args.database}"')
-
-
-# --- small helpers -------------------------------------------------------------------------------
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (q in 0..1)."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = (len(s) - 1) * q
-    lo = math.floor(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
-
-def median(values: Sequence[float]) -> float:
-    return percentile(values, 0.5)
-
-
-def wait_until(predicate: Callable[[], bool], *, timeout: float, what: str, check: Callable[[], None]) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        check()
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.02)
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-# --- the worker ----------------------------------------------------------------------------------
-class Worker:
-    """One ``celery worker -P prefork -c 2`` process group on the bench's own queue."""
-
-    def __init__(self, concurrency: int) -> None:
-        queue = os.environ["WORKFLOWS_QUEUE"]
-        fd, name = tempfile.mkstemp(prefix="bench-worker-", suffix=".log")
-        os.close(fd)
-        self.log = Path(name)
-        cmd = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "config",
-            "worker",
-            "-P",
-            "prefork",
-            "-c",
-            str(concurrency),
-            "-Q",
-            queue,
-            "-n",
-            f"{queue}@%h",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "-l",
-            "WARNING",
-        ]
-        with self.log.open("wb") as out:
-            self.process = subprocess.Popen(
-                cmd, cwd=ROOT, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def check(self) -> None:
-        if self.process.poll() is not None:
-            raise RuntimeError(f"the worker exited ({self.process.returncode}):\n{self.log.read_text()[-4000:]}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-
-
-# --- CPU accounting: what a step costs, whatever else this shared machine is doing ----------------
-CPU_PARTS = ("worker", "postgres", "redis", "bench")
-_CLK = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_stat(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()  # fields from the 3rd (state) on
-
-
-def _proc_cpu(pid: int) -> float:
-    try:
-        fields = _proc_stat(pid)
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _CLK  # utime + stime
-
-
-def _process_tree(root: int) -> list[int]:
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                parents[int(entry)] = int(_proc_stat(int(entry))[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    tree, frontier = [root], [root]
-    while frontier:
-        frontier = [pid for pid, ppid in parents.items() if ppid in frontier]
-        tree += frontier
-    return tree
-
-
-class CpuMeter:
-    """CPU seconds used by the worker's processes, this database's PostgreSQL backends, the Redis
-    server (all its clients: shared) and this process. Differences of two snapshots are one round's cost."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-
-    def snapshot(self) -> dict[str, float]:
-        from django.db import connection
-
-        from workflows.streams import redis_client
-
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
-            backends = [row[0] for row in cursor.fetchall()]
-        info = redis_client().info("cpu")
-        own = os.times()
-        return {
-            "worker": sum(_proc_cpu(pid) for pid in _process_tree(self.worker.process.pid)),
-            "postgres": sum(_proc_cpu(pid) for pid in backends),
-            "redis": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
-            "bench": own.user + own.system,
-        }
-
-    @staticmethod
-    def per_unit(before: dict[str, float], after: dict[str, float], units: int) -> dict[str, float]:
-        return {part: max(0.0, after[part] - before[part]) / units for part in CPU_PARTS}
 
 
 # --- durable runs and plain chains ---------------------------------------------------------------
@@ -267,20 +109,6 @@ def start_runs(workflow: str, payload: dict[str, Any], count: int) -> list[Any]:
     ids = [wf.start(workflow, payload).id for _ in range(count)]
     CREATED.extend(ids)
     return ids
-
-
-def wait_for_runs(ids: list[Any], worker: Worker, *, status: str | None = None, timeout: float = 600) -> None:
-    from workflows.models import WorkflowRun
-
-    statuses = (status,) if status else TERMINAL
-
-    def done() -> bool:
-        return WorkflowRun.objects.filter(id__in=ids, status__in=statuses).count() == len(ids)
-
-    wait_until(done, timeout=timeout, what=f"{len(ids)} runs to be {'/'.join(statuses)}", check=worker.check)
-    failed = WorkflowRun.objects.filter(id__in=ids, status__in=("failed", "terminated")).first()
-    if failed is not None:
-        raise RuntimeError(f"run {failed.id} {failed.status}: {failed.error}")
 
 
 def durable_round(runs: int, steps: int, worker: Worker) -> tuple[float, list[Any]]:
@@ -309,7 +137,7 @@ def plain_round(runs: int, steps: int, worker: Worker, key: str) -> float:
     for _ in range(runs):
         tasks = [noop_task.si() for _ in range(steps - 1)] + [noop_task.si(key)]
         chain(*tasks).apply_async()
-    wait_until(lambda: client.llen(key) >= runs, timeout=600, what=f"{runs} chains", check=worker.check)
+    wait_until(lambda: client.llen(key) >= runs, timeout=600, what=f"{runs} chains", worker=worker)
     end = max(float(v) for v in client.lrange(key, 0, -1))
     client.delete(key)
     return end - t0
@@ -370,7 +198,7 @@ def event_latencies(waiters: int, interval: float, worker: Worker) -> tuple[list
         sent[run_id] = time.time()
         wf.send_event(run_id, WAIT_EVENT, {})
         completed = WorkflowRun.objects.filter(pk=run_id, status="completed")
-        wait_until(completed.exists, timeout=60, what=f"run {run_id} to resume", check=worker.check)
+        wait_until(completed.exists, timeout=60, what=f"run {run_id} to resume", worker=worker)
     next_at = time.monotonic()
     for run_id in ids[single:]:
         sent[run_id] = time.time()
@@ -484,38 +312,13 @@ def time_sweeps(count: int) -> tuple[list[float], list[str]]:
 
 
 # --- where the time goes: in-process breakdown ---------------------------------------------------
-_SET_COLUMNS = re.compile(r'"(\w+)" = ')
-
-
-def classify(sql: str) -> str:
-    """A short label for a statement: verb, table, and for an UPDATE the columns it sets."""
-    words = sql.split()
-    verb = words[0].upper()
-    text = sql.replace('"', "")
-    if verb == "SELECT":
-        m = re.search(r"\bFROM (\w+)", text)
-        label = f"SELECT {m.group(1) if m else '?'}"
-        return label + (" FOR UPDATE" if "FOR UPDATE" in sql else "")
-    if verb == "UPDATE":
-        head = sql.split(" WHERE ")[0]
-        cols = _SET_COLUMNS.findall(head)
-        shown = ",".join(cols[:3]) + (",..." if len(cols) > 3 else "")
-        return f"UPDATE {words[1].strip(chr(34))} SET {shown}"
-    if verb == "INSERT":
-        return f"INSERT {words[2].strip(chr(34))}" + (" ON CONFLICT" if "ON CONFLICT" in sql else "")
-    if verb == "WITH":
-        writes = re.findall(r"\b(UPDATE|INSERT INTO|DELETE FROM) (\w+)", text)
-        return "WITH " + ", ".join(f"{v.split()[0]} {t}" for v, t in writes)
-    return verb
-
-
 @dataclass
 class Breakdown:
     steps: int
     runs: int
     seconds: float
     cpu: float  # CPU seconds this process used (the advancing thread and any helper threads)
-    sql: dict[str, list[float]]  # label -> [count, seconds]
+    sql: Statements
     publish: list[float]  # [count, seconds] of publish_status (SELECT + Redis + Channels)
     group_send: list[float]  # [count, seconds] of its async_to_sync(channel_layer.group_send)
     gaps: list[float]
@@ -562,7 +365,7 @@ def _timed(fn: Callable[..., Any], into: list[float]) -> Callable[..., Any]:
 
 
 @contextmanager
-def timed_commits(sql: dict[str, list[float]]) -> Iterator[None]:
+def timed_commits(sql: Statements) -> Iterator[None]:
     """Count the COMMIT that ends each atomic() block (autocommit statements commit inside their own
     time; a transaction's BEGIN is sent by psycopg inside its first statement's time)."""
     from django.db import connections
@@ -575,7 +378,7 @@ def timed_commits(sql: dict[str, list[float]]) -> Iterator[None]:
         try:
             original()
         finally:
-            entry = sql["COMMIT (end of an atomic block)"]
+            entry = sql.setdefault("COMMIT (end of an atomic block)", [0, 0.0])
             entry[0] += 1
             entry[1] += time.perf_counter() - t0
 
@@ -610,26 +413,18 @@ def breakdown(
     from workflows import engine
 
     ids = create_unqueued_runs(runs, steps)
-    sql: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    sql: Statements = {}
     publish = [0, 0.0, 0]
     group_send = [0, 0.0, 0]
 
-    def wrapper(execute: Callable[..., Any], query: str, params: Any, many: bool, context: Any) -> Any:
-        if publish[2] or threading.current_thread() is not threading.main_thread():
-            # publish_status's own SELECT is counted in its row
-            return execute(query, params, many, context)
-        t0 = time.perf_counter()
-        try:
-            return execute(query, params, many, context)
-        finally:
-            entry = sql[classify(query)]
-            entry[0] += 1
-            entry[1] += time.perf_counter() - t0
+    def elsewhere() -> bool:
+        """publish_status's own SELECT is counted in its row; other threads are off the advancing path."""
+        return bool(publish[2]) or threading.current_thread() is not threading.main_thread()
 
     with connection.cursor() as cursor:
         cursor.execute(f"SET synchronous_commit TO {'on' if synchronous_commit else 'off'}")
     try:
-        with connection.execute_wrapper(wrapper), timed_publish(publish, group_send), timed_commits(sql):
+        with timed_statements(sql, skip=elsewhere), timed_publish(publish, group_send), timed_commits(sql):
             if profiler:
                 profiler.enable()
             t0, c0 = time.perf_counter(), time.process_time()
@@ -643,7 +438,7 @@ def breakdown(
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SET synchronous_commit TO on")
-    return Breakdown(steps, runs, seconds, cpu, dict(sql), publish, group_send, step_overhead(ids).gaps)
+    return Breakdown(steps, runs, seconds, cpu, sql, publish, group_send, step_overhead(ids).gaps)
 
 
 def print_breakdown(b: Breakdown, title: str) -> None:
@@ -685,27 +480,6 @@ def print_breakdown(b: Breakdown, title: str) -> None:
     )
 
 
-# --- output --------------------------------------------------------------------------------------
-@dataclass
-class Row:
-    figure: str
-    value: str
-    target: str = ""
-    ok: bool | None = None
-
-
-def print_table(rows: list[Row]) -> None:
-    print(f"\n{'figure':<48} {'value':>16}   {'target':<22} result")
-    print("-" * 96)
-    for r in rows:
-        result = "" if r.ok is None else ("PASS" if r.ok else "MISS")
-        print(f"{r.figure:<48} {r.value:>16}   {r.target:<22} {result}")
-
-
-def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.3f} ms" if seconds < 0.01 else f"{seconds * 1000:.1f} ms"
-
-
 # --- main ----------------------------------------------------------------------------------------
 @dataclass
 class Results:
@@ -727,43 +501,16 @@ class Results:
     probes: list[str] = field(default_factory=list)
 
 
-def probe_environment(when: str) -> str:
-    """How slow this shared machine is right now: a read round trip, a committed write (its WAL
-    flush), and a Redis round trip, 50 each, p50."""
-    from django.db import connection
-
-    from workflows.streams import redis_client
-
-    def p50(fn: Callable[[], Any]) -> float:
-        samples = []
-        for _ in range(50):
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-        return percentile(samples, 0.5)
-
-    client = redis_client()
-    with connection.cursor() as cursor:
-        cursor.execute("CREATE TABLE IF NOT EXISTS bench_probe (id int PRIMARY KEY, n int)")
-        cursor.execute("INSERT INTO bench_probe VALUES (1, 0) ON CONFLICT DO NOTHING")
-        read = p50(lambda: cursor.execute("SELECT 1"))
-        write = p50(lambda: cursor.execute("UPDATE bench_probe SET n = n + 1 WHERE id = 1"))
-    ping = p50(client.ping)
-    load = os.getloadavg()[0]
-    return (
-        f"{when}: SELECT 1 {ms(read)}, autocommit UPDATE (WAL flush) {ms(write)}, "
-        f"Redis PING {ms(ping)}, load average {load:.2f}"
-    )
-
-
-def run(args: argparse.Namespace, worker: Worker | None) -> None:
+def run(args: argparse.Namespace, session: Session) -> None:
     res = Results()
+    worker = session.start_worker() if args.phases & {"throughput", "events"} else None
     res.probes.append(probe_environment("before"))
     if worker is not None:
         run_with_worker(args, worker, res)
-        worker.stop()
+        session.stop_worker()
     if "async" in args.phases:
-        async_round(args, res)
+        async_round(args, session.start_worker(WORKFLOWS_STEP_COMMIT="async"), res)
+        session.stop_worker()
     N = args.steps
     # CPU time, not wall: waiting on PostgreSQL is in the statement table; this shows what burns CPU.
     profiler = cProfile.Profile(time.process_time) if args.profile else None
@@ -790,7 +537,7 @@ def run_with_worker(args: argparse.Namespace, worker: Worker, res: Results) -> N
     say("warming up the worker (the first runs and chains also prove it is up)")
     warm = start_runs("bench.noop", {"steps": N}, 4)
     wait_for_runs(warm, worker, timeout=120)
-    plain_round(4, N, worker, f"bench:{os.getpid()}:warm")
+    plain_round(4, N, worker, scratch_key("warm"))
     if "throughput" in args.phases:
         durable_ids: list[Any] = []
         meter = CpuMeter(worker)
@@ -802,7 +549,7 @@ def run_with_worker(args: argparse.Namespace, worker: Worker, res: Results) -> N
             durable_ids += ids
             say(f"round {r + 1}: durable {M * N / seconds:,.0f} steps/s ({seconds:.2f} s)")
             before = meter.snapshot()
-            seconds = plain_round(M, N, worker, f"bench:{os.getpid()}:done")
+            seconds = plain_round(M, N, worker, scratch_key("done"))
             res.plain_cpu.append(meter.per_unit(before, meter.snapshot(), M * N))
             res.plain_s.append(seconds)
             say(f"round {r + 1}: plain chain {M * N / seconds:,.0f} tasks/s ({seconds:.2f} s)")
@@ -812,35 +559,25 @@ def run_with_worker(args: argparse.Namespace, worker: Worker, res: Results) -> N
         res.single_latencies, res.latencies = event_latencies(args.waiters, args.event_interval, worker)
 
 
-def async_round(args: argparse.Namespace, res: Results) -> None:
-    """The what-if: workers whose step-result commits do not wait for the WAL flush."""
+def async_round(args: argparse.Namespace, worker: Worker, res: Results) -> None:
+    """The what-if: one more durable and plain round on a worker whose step-result commits do not
+    wait for the WAL flush."""
     M, N = args.runs, args.steps
-    os.environ["WORKFLOWS_STEP_COMMIT"] = "async"
-    worker = Worker(args.concurrency)
-    try:
-        warm = start_runs("bench.noop", {"steps": N}, 4)
-        wait_for_runs(warm, worker, timeout=120)
-        res.async_durable_s, ids = durable_round(M, N, worker)
-        res.async_overhead = step_overhead(ids)
-        res.async_plain_s = plain_round(M, N, worker, f"bench:{os.getpid()}:async")
-        say(
-            f"async step commits: durable {M * N / res.async_durable_s:,.0f} steps/s, "
-            f"plain chain {M * N / res.async_plain_s:,.0f} tasks/s"
-        )
-    finally:
-        worker.stop()
-        del os.environ["WORKFLOWS_STEP_COMMIT"]
+    warm = start_runs("bench.noop", {"steps": N}, 4)
+    wait_for_runs(warm, worker, timeout=120)
+    res.async_durable_s, ids = durable_round(M, N, worker)
+    res.async_overhead = step_overhead(ids)
+    res.async_plain_s = plain_round(M, N, worker, scratch_key("async"))
+    say(
+        f"async step commits: durable {M * N / res.async_durable_s:,.0f} steps/s, "
+        f"plain chain {M * N / res.async_plain_s:,.0f} tasks/s"
+    )
 
 
-def server_line(args: argparse.Namespace) -> str:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT current_setting('server_version'), current_setting('synchronous_commit'), "
-            "current_setting('fsync'), current_setting('shared_buffers')"
-        )
-        version, sync_commit, fsync, shared_buffers = cursor.fetchone()
+def server_line() -> str:
+    version, sync_commit, fsync, shared_buffers = server_settings(
+        "server_version", "synchronous_commit", "fsync", "shared_buffers"
+    )
     return (
         f"Durable engine benchmark  ({time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}, PostgreSQL {version.split()[0]} synchronous_commit={sync_commit} "
@@ -933,7 +670,7 @@ def print_cpu(res: Results) -> None:
 
 def report(args: argparse.Namespace, res: Results) -> None:
     M, N = args.runs, args.steps
-    print("\n" + server_line(args))
+    print("\n" + server_line())
     print(
         f"shape: {M} runs x {N} no-op steps per round, {args.rounds} rounds alternating durable/plain; one "
         f"celery worker -P prefork -c {args.concurrency}, prefetch 1, acks_late, Redis broker {args.redis}"
@@ -1005,92 +742,11 @@ def print_method(args: argparse.Namespace, res: Results) -> None:
             print(f"    {plan}")
 
 
-def cleanup(args: argparse.Namespace) -> None:
-    """Drop the database and the Redis keys this run made (queue, bindings, streams, channel groups)."""
-    queue = os.environ.get("WORKFLOWS_QUEUE", "")
-    try:
-        from django.db import connections
-
-        from workflows.streams import redis_client
-
-        client = redis_client()
-        keys = [
-            queue,
-            f"_kombu.binding.{queue}",
-            f"_kombu.binding_permanent.{queue}",
-            f"bench:{os.getpid()}:done",
-            f"bench:{os.getpid()}:warm",
-        ]
-        keys += [f"wf:run:{run_id.hex}:{part}" for run_id in CREATED for part in ("seq", "events")]
-        keys += list(client.scan_iter(match=f"{os.environ['CHANNELS_PREFIX']}*", count=1000))
-        if keys:
-            client.delete(*keys)
-        connections.close_all()
-    except Exception as exc:  # cleanup is best effort; the database is dropped regardless
-        say(f"redis cleanup skipped: {exc}")
-    if args.keep_db:
-        say(f"kept database {args.database}")
-    else:
-        recreate_database(args, drop_only=True)
-        say(f"dropped database {args.database}")
-
-
-class Session:
-    """What a bench made that must be undone: its worker (stopped; its log kept if the bench failed)."""
-
-    def __init__(self) -> None:
-        self.worker: Worker | None = None
-
-    def start_worker(self, concurrency: int) -> Worker:
-        self.worker = Worker(concurrency)
-        return self.worker
-
-    def stop_worker(self, *, keep_log: bool = False) -> None:
-        if self.worker is None:
-            return
-        self.worker.stop()
-        if keep_log:
-            say(f"worker log kept: {self.worker.log}")
-        else:
-            self.worker.log.unlink(missing_ok=True)
-
-
-@contextmanager
-def bench_session(args: argparse.Namespace) -> Iterator[Session]:
-    """The bench's own database, created and migrated, with Django set up; on the way out its
-    worker is stopped and its database and Redis keys removed, whether the bench finished or not."""
-    configure_environment(args)
-    say(f"creating database {args.database}")
-    recreate_database(args)
-    session, ok = Session(), False
-    try:
-        import django
-
-        django.setup()
-        from django.core.management import call_command
-
-        call_command("migrate", verbosity=0)
-        yield session
-        ok = True
-    finally:
-        session.stop_worker(keep_log=not ok)
-        cleanup(args)
-
-
-def run_main(main: Callable[[], int]) -> None:
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        say("interrupted")
-        sys.exit(130)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Always 0 once the figures are printed, whether they meet their targets or not."""
     args = parse_args(argv)
     with bench_session(args) as session:
-        worker = session.start_worker(args.concurrency) if args.phases & {"throughput", "events"} else None
-        run(args, worker)
+        run(args, session)
     return 0
 
 
