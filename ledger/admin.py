@@ -28,8 +28,8 @@ from ledger.selectors import (
     attention_label,
     can_resolve_operations,
     can_see_operations,
+    operation_list,
     resolvable_by_hand,
-    with_attention,
 )
 from workflows.admin import ReadOnlyInline
 from workflows.admin import pretty_json as workflows_pretty_json
@@ -142,7 +142,7 @@ class ExternalOperationAdmin(admin.ModelAdmin):
     # --- list: those needing attention first ---
     def get_queryset(self, request: HttpRequest) -> QuerySet[ExternalOperation]:
         # Not super(): it orders before we could annotate, and the order is by the annotation.
-        return with_attention(ExternalOperation.objects.all()).order_by(*self.get_ordering(request))
+        return operation_list().order_by(*self.get_ordering(request))
 
     def get_ordering(self, request: HttpRequest) -> list[str | Combinable]:
         # Here rather than in ``ordering``, which may only name model fields, not annotations.

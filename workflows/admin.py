@@ -15,15 +15,13 @@ from uuid import UUID
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
-from django.utils.timesince import timeuntil
 
 from workflows import hooks, services
 from workflows.exceptions import TransitionNotAllowed
-from workflows.models import TIMED, RunAttempt, RunEvent, RunStatus, StepResult, WorkflowRun
-from workflows.selectors import can_control_all_runs, can_see_all_runs
+from workflows.models import RunAttempt, RunEvent, RunStatus, StepResult, WorkflowRun
+from workflows.selectors import can_control_all_runs, can_see_all_runs, describe_wait, waiting_event_types
 
 # A step result may be up to 1 MiB of JSON; a page that printed all of it would be unusable.
 PREVIEW_CHARS = 4_000
@@ -54,27 +52,6 @@ def pretty_error(error: dict[str, Any] | None, *, limit: int = 50_000) -> str:
     )
 
 
-def describe_wait(run: WorkflowRun) -> str:
-    """What a suspended run waits for and until when; empty for a run that is not suspended.
-
-    Gated on status: the engine clears these fields when a worker claims the run, not when it is
-    woken, so a queued run may still carry the wait it just left.
-    """
-    if run.status not in TIMED:
-        return ""
-    if run.status == RunStatus.WAITING and run.wait_event_type:
-        what = f"event “{run.wait_event_type}”"
-    elif run.status == RunStatus.RETRYING:
-        what = f"retry of “{run.wait_step}”"
-    else:
-        what = f"{'sleep' if run.status == RunStatus.SLEEPING else 'step'} “{run.wait_step}”"
-    if run.wake_at is None:
-        return what
-    until = timezone.localtime(run.wake_at).strftime("%Y-%m-%d %H:%M:%S")
-    when = "overdue" if run.wake_at <= timezone.now() else f"in {timeuntil(run.wake_at)}"
-    return f"{what} until {until} ({when})"
-
-
 class WaitingForFilter(admin.SimpleListFilter):
     """Waiting runs by the event type they wait for."""
 
@@ -82,14 +59,7 @@ class WaitingForFilter(admin.SimpleListFilter):
     parameter_name = "waiting_for"
 
     def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]) -> list[tuple[str, str]]:
-        types = (
-            WorkflowRun.objects.filter(status=RunStatus.WAITING)
-            .exclude(wait_event_type="")
-            .order_by("wait_event_type")
-            .values_list("wait_event_type", flat=True)
-            .distinct()
-        )
-        return [(event_type, f"event “{event_type}”") for event_type in types]
+        return [(event_type, f"event “{event_type}”") for event_type in waiting_event_types()]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> QuerySet[WorkflowRun]:
         if self.value():

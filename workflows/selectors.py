@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, TypedDict
 from uuid import UUID
 
 from django.contrib.auth.models import AbstractUser, AnonymousUser
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
+from django.utils import timezone
+from django.utils.timesince import timeuntil
 
 from workflows.exceptions import UnknownWorkflow
-from workflows.models import TERMINAL, RunAttempt, WorkflowRun
+from workflows.models import TERMINAL, TIMED, RunAttempt, RunEvent, RunStatus, WorkflowRun
 from workflows.registry import get_workflow
 
 
@@ -41,17 +44,24 @@ def is_public(workflow: str) -> bool:
         return False
 
 
-def run_list(
-    *, user: AbstractUser | AnonymousUser, status: str | None = None, workflow: str | None = None
-) -> QuerySet[WorkflowRun]:
-    """Runs the user may see: their own, or all for staff with the view permission."""
+def run_list_all(*, status: str | None = None, workflow: str | None = None) -> QuerySet[WorkflowRun]:
+    """Every run (of ``status`` and ``workflow``, if given), newest first: for a caller who sees
+    them all, such as the command line. A person's view is ``run_list``."""
     runs = WorkflowRun.objects.all()
-    if not can_see_all_runs(user):
-        runs = runs.filter(owner_id=user.pk) if user.is_authenticated else runs.none()
     if status:
         runs = runs.filter(status=status)
     if workflow:
         runs = runs.filter(workflow=workflow)
+    return runs
+
+
+def run_list(
+    *, user: AbstractUser | AnonymousUser, status: str | None = None, workflow: str | None = None
+) -> QuerySet[WorkflowRun]:
+    """Runs the user may see: their own, or all for staff with the view permission."""
+    runs = run_list_all(status=status, workflow=workflow)
+    if not can_see_all_runs(user):
+        runs = runs.filter(owner_id=user.pk) if user.is_authenticated else runs.none()
     return runs
 
 
@@ -61,6 +71,34 @@ def run_get(*, user: AbstractUser | AnonymousUser, run_id: UUID | str) -> Workfl
         return run_list(user=user).get(pk=run_id)
     except (WorkflowRun.DoesNotExist, ValueError, ValidationError):
         return None
+
+
+def run_get_any(*, run_id: UUID) -> WorkflowRun | None:
+    """Any run, with its owner, for a caller who sees them all (the command line); None if there
+    is no such run. A person's view is ``run_get``."""
+    return WorkflowRun.objects.select_related("owner").filter(pk=run_id).first()
+
+
+def run_attempts(*, run: WorkflowRun) -> QuerySet[RunAttempt]:
+    """The run's attempts, oldest (number 1) first."""
+    return RunAttempt.objects.filter(run=run).order_by("number")
+
+
+def run_events(*, run: WorkflowRun) -> QuerySet[RunEvent]:
+    """The events sent to the run, in the order they arrived."""
+    return RunEvent.objects.filter(run=run).order_by("created_at", "id")
+
+
+def waiting_event_types() -> list[str]:
+    """The event types waiting runs wait for, each once, sorted."""
+    types = (
+        WorkflowRun.objects.filter(status=RunStatus.WAITING)
+        .exclude(wait_event_type="")
+        .order_by("wait_event_type")
+        .values_list("wait_event_type", flat=True)
+        .distinct()
+    )
+    return list(types)
 
 
 class StatusSummary(TypedDict):
@@ -82,6 +120,34 @@ def waiting_for(run: WorkflowRun) -> dict[str, Any] | None:
         "event_type": run.wait_event_type or None,
         "until": run.wake_at.isoformat() if run.wake_at else None,
     }
+
+
+def describe_wait(run: WorkflowRun, *, terminal: bool = False, now: datetime | None = None) -> str:
+    """What a suspended run waits for and until when, in words; empty for a run that is not
+    suspended. For a page (the admin): ``event “reply” until 2030-01-01 12:00:00 (in 5 minutes)``.
+    For a ``terminal`` (``manage.py workflows``): ``event 'reply' until 2030-01-01 12:00:00``, the
+    name as a Python literal (a control character in it shows escaped) and short enough for a
+    table cell.
+
+    Gated on the status, not on the wait fields: only a sleeping, retrying or waiting run waits
+    for anything, whatever its fields still hold.
+    """
+    if run.status not in TIMED:
+        return ""
+    if run.status == RunStatus.WAITING and run.wait_event_type:
+        kind, name = "event", run.wait_event_type
+    else:
+        kind = {RunStatus.SLEEPING: "sleep", RunStatus.RETRYING: "retry of"}.get(RunStatus(run.status), "step")
+        name = run.wait_step
+    what = f"{kind} {name!r}" if terminal else f"{kind} “{name}”"
+    if run.wake_at is None:
+        return what
+    until = timezone.localtime(run.wake_at).strftime("%Y-%m-%d %H:%M:%S")
+    if terminal:
+        return f"{what} until {until}"
+    now = now or timezone.now()
+    when = "overdue" if run.wake_at <= now else f"in {timeuntil(run.wake_at, now)}"
+    return f"{what} until {until} ({when})"
 
 
 def run_status_summary(*, run_id: UUID | str) -> StatusSummary | None:
@@ -149,9 +215,9 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def _attempt_status(run: WorkflowRun, attempt: RunAttempt) -> str:
-    # The engine records an attempt's status when it ends; until then the run's status is the
-    # attempt's, and showing the stored "queued" beside a waiting run would be wrong.
+def attempt_status(run: WorkflowRun, attempt: RunAttempt) -> str:
+    """The attempt's status: the engine records it when the attempt ends; until then the run's
+    status is the attempt's, and showing the stored "queued" beside a waiting run would be wrong."""
     if attempt.number == run.attempt and attempt.finished_at is None:
         return str(run.status)
     return attempt.status
@@ -191,12 +257,12 @@ def run_snapshot(*, run: WorkflowRun, user: AbstractUser | AnonymousUser) -> Run
         "attempts": [
             {
                 "number": a.number,
-                "status": _attempt_status(run, a),
+                "status": attempt_status(run, a),
                 "error": public_error(a.error, user=user),
                 "started_at": _iso(a.started_at),
                 "finished_at": _iso(a.finished_at),
             }
-            for a in run.attempts.order_by("number")
+            for a in run_attempts(run=run)
         ],
         "timeline": timeline,
     }

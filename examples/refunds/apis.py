@@ -13,8 +13,8 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from examples.refunds.models import Order, RefundRequest
-from examples.refunds.selectors import refund_request_get, refund_status
+from examples.refunds.models import RefundRequest
+from examples.refunds.selectors import order_get, refund_request_get, refund_status
 from examples.refunds.services import BalanceExceeded, TooManyOpenRequests, refund_request_create
 from workflows.apis.common import ApiBase, StrictCharField, StrictSerializer, idempotency_key_header
 from workflows.apis.converters import id_parameter, name_parameter
@@ -71,7 +71,7 @@ class RefundCreateApi(ApiBase):
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data: dict[str, Any] = serializer.validated_data
-        order = Order.objects.filter(number=number, customer_id=request.user.pk).first()
+        order = order_get(user=request.user, number=number)
         if order is None:
             raise exceptions.NotFound()
         try:

@@ -132,6 +132,13 @@ def run_pending_operations(run: WorkflowRun) -> QuerySet[ExternalOperation]:
     return ExternalOperation.objects.filter(key__in=keys, status__in=open_states).order_by("created_at")
 
 
+def order_get(*, user: AbstractBaseUser | AnonymousUser, number: str) -> Order | None:
+    """The customer's own order; None for anyone else's (an API answers 404, never 403)."""
+    if not user.is_authenticated:
+        return None
+    return Order.objects.filter(number=number, customer_id=user.pk).first()
+
+
 def refund_request_get(*, user: AbstractBaseUser | AnonymousUser, request_id: int) -> RefundRequest | None:
     """The customer's own request; None for anyone else's (an API answers 404, never 403)."""
     if not user.is_authenticated:

@@ -14,8 +14,6 @@ assessment's state, a stale report version: "review the current version"), with 
 
 from __future__ import annotations
 
-import re
-
 from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
@@ -26,7 +24,7 @@ from approvals.exceptions import FORBIDDEN, ApprovalRefused
 from approvals.models import NOTE_MAX, DecisionChannel
 from examples.suppliers import services
 from examples.suppliers.models import AssessmentStatus, SupplierAssessment
-from examples.suppliers.selectors import assessment_data, assessment_get, assessment_list
+from examples.suppliers.selectors import assessment_data, assessment_get, assessment_list, assessment_status
 from workflows.apis.common import (
     CURSOR,
     ApiBase,
@@ -49,7 +47,6 @@ TAGS = ["supplier assessments"]
 # version label longer than any column takes, a 500 when the refused decision was logged.
 REPORT_VERSION_MAX = 2**31 - 1
 ASSESSMENT_ID = id_parameter("assessment_id", "The assessment's id.")
-SOURCE_NAME_MAX = 100  # SourceRecord.source
 
 
 # --- Shapes ---------------------------------------------------------------------------------------
@@ -116,8 +113,9 @@ def detail_response(request: Request, assessment_id: int, *, http_status: int = 
 
 
 def state_error(exc: services.AssessmentStateError, assessment_id: int) -> Response:
-    current = SupplierAssessment.objects.filter(pk=assessment_id).values_list("status", flat=True).first()
-    return error_response("invalid_state", str(exc), status.HTTP_409_CONFLICT, {"status": current})
+    return error_response(
+        "invalid_state", str(exc), status.HTTP_409_CONFLICT, {"status": assessment_status(assessment_id)}
+    )
 
 
 # --- Operations -----------------------------------------------------------------------------------
@@ -128,7 +126,7 @@ class AssessmentListCreateApi(ApiBase):
         sources = JsonObjectField(
             allow_empty=False,
             key_pattern=NOT_BLANK,
-            key_max_length=SOURCE_NAME_MAX,
+            key_max_length=services.SOURCE_NAME_MAX,
             child=JsonValueField(),  # each is a source record's content: not null
             help_text="{source name: content}: revision 1 of each. A name is 1 to 100 "
             "characters, not only whitespace; a content any JSON but null.",
@@ -176,15 +174,12 @@ class AssessmentListCreateApi(ApiBase):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         check_json_size(data["sources"], what="sources")  # first: a NUL in a name is invalid_payload, as anywhere
-        names = [name for name in data["sources"] if len(name) > SOURCE_NAME_MAX or not re.fullmatch(NOT_BLANK, name)]
-        if names:
-            raise exceptions.ValidationError(
-                {"sources": ["Source names are 1 to 100 characters, not only whitespace."]}
-            )
         try:
             assessment = services.assessment_create(
                 supplier_name=data["supplier_name"], requested_by=authenticated_user(request), sources=data["sources"]
             )
+        except services.InvalidSourceName as exc:
+            raise exceptions.ValidationError({"sources": [str(exc)]}) from None
         except ValueError as exc:
             raise exceptions.ValidationError({"supplier_name": [str(exc)]}) from None
         response = detail_response(request, assessment.pk, http_status=status.HTTP_201_CREATED)
@@ -209,7 +204,7 @@ class AssessmentSourceApi(ApiBase):
     @extend_schema_serializer(component_name="AssessmentSourceInput")
     class InputSerializer(StrictSerializer):
         source = StrictCharField(  # type: ignore[assignment]  # a field, not Field.source
-            max_length=SOURCE_NAME_MAX,
+            max_length=services.SOURCE_NAME_MAX,
             pattern=NOT_BLANK,
             help_text="e.g. companies-house, sanctions, credit; not only whitespace",
         )

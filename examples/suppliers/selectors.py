@@ -46,6 +46,11 @@ def assessment_get(*, user: User, assessment_id: int) -> SupplierAssessment | No
     return assessment_list(user=user).filter(pk=assessment_id).first()
 
 
+def assessment_status(assessment_id: int) -> str | None:
+    """The assessment's status as it is now (a refusal reports it); None if there is no such assessment."""
+    return SupplierAssessment.objects.filter(pk=assessment_id).values_list("status", flat=True).first()
+
+
 def latest_sources(assessment: SupplierAssessment) -> list[dict[str, Any]]:
     """The latest revision of each source, by source name."""
     latest: dict[str, Any] = {}

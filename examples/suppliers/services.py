@@ -40,10 +40,22 @@ WORKFLOW = "supplier-assessment"
 
 User = AbstractUser | AnonymousUser
 MAX_REVIEW_TIMEOUT_SECONDS = 90 * 24 * 3600
+SOURCE_NAME_MAX = 100  # SourceRecord.source
 
 
 class AssessmentStateError(Exception):
     """The assessment's state does not allow this (e.g. revising evidence of a closed assessment)."""
+
+
+class InvalidSourceName(ValueError):
+    """A source name that is empty, only whitespace, or longer than SOURCE_NAME_MAX."""
+
+
+def check_source_name(source: str) -> None:
+    """A source is named by 1 to SOURCE_NAME_MAX characters, not only whitespace (the API's schema
+    states the same as a pattern), or InvalidSourceName."""
+    if not source.strip() or len(source) > SOURCE_NAME_MAX:
+        raise InvalidSourceName(f"Source names are 1 to {SOURCE_NAME_MAX} characters, not only whitespace.")
 
 
 def _locked(assessment_id: int) -> SupplierAssessment:
@@ -71,9 +83,12 @@ def assessment_create(
     requested_by: DjangoUser,
     sources: dict[str, Any] | None = None,
 ) -> SupplierAssessment:
-    """A new assessment awaiting input, with revision 1 of each of ``sources`` ({source: content})."""
+    """A new assessment awaiting input, with revision 1 of each of ``sources`` ({source: content}).
+    ValueError for an empty name; InvalidSourceName (a ValueError) for a bad source name."""
     if not supplier_name.strip():
         raise ValueError("the supplier's name may not be empty")
+    for source in sources or {}:
+        check_source_name(source)
     with transaction.atomic():
         assessment = SupplierAssessment.objects.create(supplier_name=supplier_name.strip(), requested_by=requested_by)
         for source, content in (sources or {}).items():
@@ -92,8 +107,7 @@ def source_record_add(*, assessment_id: int, source: str, content: Any, by: User
     the next report version and asks for a review of that, and a reviewer's page still showing the
     older report is refused.
     """
-    if not source:
-        raise ValueError("a source record needs a source name")
+    check_source_name(source)
     with transaction.atomic():
         assessment = _locked(assessment_id)
         if not (is_requester(assessment, by) or is_reviewer(assessment, by)):

@@ -1,5 +1,5 @@
-"""What every API class shares: authentication, strict input fields, pagination and the
-API's own read helpers (who may see or control which run)."""
+"""What every API class shares: authentication, strict input fields, pagination, and the
+selectors' answers (who may see or control which run) as the API's 404 and 403."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from django.contrib.auth.models import AbstractUser, AnonymousUser
-from django.db.models import QuerySet
 from django.utils.dateparse import parse_datetime
 from rest_framework import exceptions, serializers
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
@@ -20,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
-from workflows.models import RunAttempt, WorkflowRun
+from workflows.models import WorkflowRun
 from workflows.selectors import can_control_run, run_get
 from workflows.storable import text_problem
 
@@ -193,7 +192,7 @@ def idempotency_key_header(request: Request) -> str | None:
     return key
 
 
-# --- The API's selectors ------------------------------------------------------------------------
+# --- Runs and callers, as the API answers for them (404, 403) -------------------------------------
 def visible_run(*, user: AbstractUser | AnonymousUser, run_id: str) -> WorkflowRun:
     """The run if the user may see it, else NotFound: also for another owner's run, so that the
     answer does not confirm the run exists."""
@@ -229,7 +228,3 @@ def authenticated_user(request: Request) -> _User:
     if isinstance(user, AnonymousUser) or not user.is_authenticated:
         raise exceptions.NotAuthenticated()
     return user
-
-
-def run_attempts(*, run: WorkflowRun) -> QuerySet[RunAttempt]:
-    return RunAttempt.objects.filter(run=run).order_by("number")

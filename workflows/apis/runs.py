@@ -39,13 +39,12 @@ from workflows.apis.common import (
     authenticated_user,
     controllable_run,
     idempotency_key_header,
-    run_attempts,
     visible_run,
 )
 from workflows.apis.errors import error_responses
 from workflows.conf import conf
 from workflows.models import RunStatus, WorkflowRun
-from workflows.selectors import public_error, run_list, run_timeline, waiting_for
+from workflows.selectors import attempt_status, public_error, run_attempts, run_list, run_timeline, waiting_for
 
 RUN_ID = OpenApiParameter("run_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The run's id.")
 TAGS = ["runs"]
@@ -148,9 +147,7 @@ def run_detail_data(*, run: WorkflowRun, user: AbstractUser | AnonymousUser) -> 
     attempts = [
         {
             "number": a.number,
-            # The attempt row's status is only written when the attempt ends; while it is the
-            # current one, the run's status is the truth about it.
-            "status": run.status if a.number == run.attempt and a.finished_at is None else a.status,
+            "status": attempt_status(run, a),
             "result": a.result,
             "error": public_error(a.error, user=user),
             "started_at": a.started_at,

@@ -56,6 +56,22 @@ def test_a_new_assessment_awaits_input_with_revision_1_of_each_source(assessment
     ]
 
 
+@pytest.mark.parametrize("name", ["", "   ", "\u00a0\t", "x" * 101])
+def test_a_source_name_is_1_to_100_characters_not_only_whitespace(
+    cast: Cast, assessment: SupplierAssessment, name: str
+) -> None:
+    before = snapshot(assessment), SupplierAssessment.objects.count()
+
+    with pytest.raises(services.InvalidSourceName, match="Source names are 1 to 100 characters"):
+        services.assessment_create(supplier_name="Globex", requested_by=cast["alice"], sources={name: {}})
+    with pytest.raises(services.InvalidSourceName):
+        services.source_record_add(assessment_id=assessment.pk, source=name, content={}, by=cast["alice"])
+
+    assert (snapshot(assessment), SupplierAssessment.objects.count()) == before
+    services.check_source_name("x" * 100)  # the longest name allowed
+    services.check_source_name(" credit ")  # taken as given: spaces around a name are part of it
+
+
 def test_the_status_cannot_be_assigned_directly(assessment: SupplierAssessment) -> None:
     with pytest.raises(AttributeError):
         assessment.status = AssessmentStatus.APPROVED

@@ -20,8 +20,8 @@ from django.utils import timezone
 
 from workflows import services, sweeper
 from workflows.exceptions import WorkflowError
-from workflows.models import TIMED, RunEvent, RunStatus, WorkflowRun
-from workflows.selectors import run_timeline
+from workflows.models import RunEvent, RunStatus, WorkflowRun
+from workflows.selectors import describe_wait, run_attempts, run_events, run_get_any, run_list_all, run_timeline
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User  # AUTH_USER_MODEL, as the django-stubs plugin resolves it
@@ -93,11 +93,7 @@ class Command(BaseCommand):
 
     # --- reads ---
     def cmd_list(self, options: dict[str, Any]) -> None:
-        runs = WorkflowRun.objects.select_related("owner")
-        if options["status"]:
-            runs = runs.filter(status=options["status"])
-        if options["workflow"]:
-            runs = runs.filter(workflow=options["workflow"])
+        runs = run_list_all(status=options["status"], workflow=options["workflow"])
         limit: int = options["limit"]
         page = list(runs[: limit + 1])  # one more tells whether there are more, without a COUNT
         if not page:
@@ -109,7 +105,7 @@ class Command(BaseCommand):
                 run.workflow,
                 _status(run),
                 str(run.attempt),
-                describe_wait(run) or "-",
+                describe_wait(run, terminal=True) or "-",
                 _time(run.created_at),
             ]
             for run in page[:limit]
@@ -126,7 +122,7 @@ class Command(BaseCommand):
             ("attempt", str(run.attempt)),
             ("owner", run.owner.get_username() if run.owner else "-"),
             ("idempotency key", run.idempotency_key or "-"),
-            ("waiting for", describe_wait(run) or "-"),
+            ("waiting for", describe_wait(run, terminal=True) or "-"),
             ("current step", run.current_step or "-"),
             ("failure reason", run.failure_reason or "-"),
             ("recoveries", str(run.recovery_count)),
@@ -147,10 +143,10 @@ class Command(BaseCommand):
         self.stdout.write("\nSteps (every attempt):")
         self.stdout.write(_indent(steps_table(run)))
         self.stdout.write("\nAttempts:")
-        attempts = [[str(a.number), a.status, _time(a.started_at), _time(a.finished_at)] for a in run.attempts.all()]
+        attempts = [[str(a.number), a.status, _time(a.started_at), _time(a.finished_at)] for a in run_attempts(run=run)]
         self.stdout.write(_indent(table(["#", "STATUS", "STARTED", "FINISHED"], attempts)))
         self.stdout.write("\nEvents:")
-        self.stdout.write(_indent(events_table(list(run.events.all()))))
+        self.stdout.write(_indent(events_table(list(run_events(run=run)))))
 
     # --- writes: one service call each ---
     def cmd_start(self, options: dict[str, Any]) -> None:
@@ -198,7 +194,7 @@ def get_run(text: str) -> WorkflowRun:
         run_id = UUID(text)
     except ValueError:
         raise CommandError(f"{text!r} is not a run id (a UUID such as the ones `workflows list` prints)") from None
-    run = WorkflowRun.objects.select_related("owner").filter(pk=run_id).first()
+    run = run_get_any(run_id=run_id)
     if run is None:
         raise CommandError(f"no run with id {run_id}")
     return run
@@ -261,18 +257,6 @@ def events_table(events: list[RunEvent]) -> str:
         for e in events
     ]
     return table(["#", "TYPE", "KEY", "SENT", "CONSUMED BY", "PAYLOAD"], rows)
-
-
-def describe_wait(run: WorkflowRun) -> str:
-    """What a suspended run waits for and until when; empty otherwise (see admin.describe_wait)."""
-    if run.status not in TIMED:
-        return ""
-    if run.status == RunStatus.WAITING and run.wait_event_type:
-        what = f"event {run.wait_event_type!r}"
-    else:
-        kind = {RunStatus.SLEEPING: "sleep", RunStatus.RETRYING: "retry"}.get(RunStatus(run.status), "step")
-        what = f"{kind} {run.wait_step!r}"
-    return f"{what} until {_time(run.wake_at)}" if run.wake_at else what
 
 
 def _step_outcome(step: dict[str, Any]) -> str:
