@@ -26,7 +26,6 @@ from workflows import statements
 from workflows import steps as step_store
 from workflows.conf import conf
 from workflows.context import in_step
-from workflows.effects import emit_status, enqueue_run, on_commit
 from workflows.exceptions import (
     NonDeterminismError,
     NotSerializable,
@@ -45,6 +44,7 @@ from workflows.models import (
     StepStatus,
     WorkflowRun,
 )
+from workflows.outbox import emit_status, enqueue_run, on_commit
 from workflows.registry import Event, get_workflow
 from workflows.retries import DEFAULT_RETRIES, DEFAULT_TIMEOUT, Retries
 

@@ -3,7 +3,7 @@
 The engine may not import them (apps import only from layers below), so an app that must act
 when a run changes registers a function here from its ``AppConfig.ready``. The hooks are called
 inside the engine's transaction, with the run row locked, and must only write to the database
-(anything that leaves it goes through ``workflows.effects.on_commit``).
+(anything that leaves it goes through ``workflows.outbox.on_commit``).
 """
 
 from __future__ import annotations

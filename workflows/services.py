@@ -13,7 +13,6 @@ from django_fsm import TransitionNotAllowed as FSMTransitionNotAllowed
 
 from workflows import hooks
 from workflows.conf import conf
-from workflows.effects import emit_status, enqueue_run
 from workflows.exceptions import (
     IdempotencyConflict,
     InvalidPayload,
@@ -23,6 +22,7 @@ from workflows.exceptions import (
     TransitionNotAllowed,
 )
 from workflows.models import PAUSABLE, TERMINAL, RunAttempt, RunEvent, RunStatus, WorkflowRun
+from workflows.outbox import emit_status, enqueue_run
 from workflows.registry import get_workflow, workflow_names
 from workflows.storable import MAX_JSON_DEPTH, json_problem
 

@@ -14,8 +14,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from workflows.conf import conf
-from workflows.effects import enqueue_run, on_commit
 from workflows.models import CLAIMABLE, TIMED, RunStatus, WorkflowRun
+from workflows.outbox import enqueue_run, on_commit
 from workflows.streams import publish_status_later
 
 

@@ -148,7 +148,7 @@ SHORT_LIMITS = {"WORKFLOWS_MAX_STEP_TIMEOUT": "2", "WORKFLOWS_STEP_TIMEOUT_GRACE
 def enqueue_from_another_process(run_id: uuid.UUID, queue: str, **env: str) -> None:
     """Send the run's message from a process started with ``env`` (as a web process would)."""
     code = (
-        "import django; django.setup(); from workflows.effects import enqueue_run; "
+        "import django; django.setup(); from workflows.outbox import enqueue_run; "
         f"enqueue_run({str(run_id)!r}, queue={queue!r})"
     )
     subprocess.run(

@@ -1,4 +1,4 @@
-"""The one way anything leaves the database: deferred to commit.
+"""The outbox: the one way anything leaves the database, deferred to commit.
 
 A Celery enqueue or a stream push sent from inside an open transaction could announce a row that
 is then rolled back, or arrive before the row is visible. Everything goes through ``on_commit``;
