@@ -22,8 +22,7 @@ from uuid import UUID
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 
-from workflows import statements
-from workflows import steps as step_store
+from workflows import statements, step_store
 from workflows.conf import conf
 from workflows.context import in_step
 from workflows.exceptions import (

@@ -24,7 +24,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from workflows.conf import conf
 from workflows.models import CLAIMABLE, TIMED, RunAttempt, RunStatus, WorkflowRun
-from workflows.steps import StepWrite, adapt, json_param, upsert_params, upsert_sql
+from workflows.step_store import StepWrite, adapt, json_param, upsert_params, upsert_sql
 
 RUNS = WorkflowRun._meta.db_table
 ATTEMPTS = RunAttempt._meta.db_table

@@ -10,9 +10,8 @@ import pytest
 
 from tests.support import race
 from tests.workflows_fixtures import lines
-from workflows import engine
+from workflows import engine, step_store
 from workflows import public as wf
-from workflows import steps as step_store
 from workflows.models import RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
