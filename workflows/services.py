@@ -263,7 +263,7 @@ def run_terminate(*, run_id: UUID) -> WorkflowRun:
         run.pause_requested = False
         run.save()
         RunAttempt.objects.filter(run=run, number=run.attempt).update(status=run.status, finished_at=now)
-        hooks.run_terminated(run)  # e.g. approvals cancels the run's pending requests
+        hooks.fire_run_terminated(run)  # e.g. approvals cancels the run's pending requests
         emit_status(run)
     return run
 
@@ -289,7 +289,7 @@ def run_restart(*, run_id: UUID) -> WorkflowRun:
         run.enqueued_at = now
         run.save()
         RunAttempt.objects.create(run=run, number=run.attempt)
-        hooks.run_restarted(run)
+        hooks.fire_run_restarted(run)
         enqueue_run(run.id, queue=run.queue)
         emit_status(run)
     return run
