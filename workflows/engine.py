@@ -30,6 +30,7 @@ from workflows.exceptions import (
     NotSerializable,
     ResultTooLarge,
     StepError,
+    StepTimeout,
     UnknownWorkflow,
     WaitTimeout,
 )
@@ -173,7 +174,10 @@ class Step:
                 self._store(key, position, StepKind.WAIT, StepStatus.COMPLETED, result_json=text, finished_at=now)
                 outcome["value"] = value
             elif stored is not None and stored.wake_at is not None and stored.wake_at <= now:
-                error = {"type": "WaitTimeout", "message": f"no {type!r} event before {stored.wake_at.isoformat()}"}
+                error = {
+                    "type": WaitTimeout.__name__,
+                    "message": f"no {type!r} event before {stored.wake_at.isoformat()}",
+                }
                 self._store(key, position, StepKind.WAIT, StepStatus.FAILED, error=error, finished_at=now)
                 outcome["timeout"] = error
             else:
@@ -443,7 +447,7 @@ class Step:
             assert stored.wake_at is not None
             if stored.wake_at <= now:  # the task never reported back in time: a failed try
                 error = {
-                    "type": "StepTimeout",
+                    "type": StepTimeout.__name__,
                     "message": f"step {key!r} try {stored.tries} sent to "
                     f"queue {queue!r} did not finish within {limit:g}s",
                 }
