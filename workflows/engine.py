@@ -44,7 +44,7 @@ from workflows.models import (
     StepStatus,
     WorkflowRun,
 )
-from workflows.outbox import emit_status, enqueue_run, on_commit
+from workflows.outbox import emit_status, enqueue_run, enqueue_step
 from workflows.registry import Event, get_workflow
 from workflows.retries import DEFAULT_RETRIES, DEFAULT_TIMEOUT, Retries
 
@@ -464,15 +464,7 @@ class Step:
                 key, position, StepKind.DO, StepStatus.RUNNING, call=call, tries=tries, wake_at=deadline, started_at=now
             )
             self._set_suspended(run, RunStatus.WAITING, wake_at=deadline, wait_step=key)
-            run_id, attempt = run.id, run.attempt
-
-            def send() -> None:
-                from workflows.tasks import run_step
-
-                # The try number lets the task refuse a late or redelivered message of an earlier try.
-                run_step.apply_async((str(run_id), attempt, position, tries), queue=queue)
-
-            on_commit(send)
+            enqueue_step(run.id, run.attempt, position, tries, queue=queue)
         raise _Suspended
 
 

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import partial
 
 from django.db.models import Q
 from django.utils import timezone
 
 from workflows.conf import conf
 from workflows.models import CLAIMABLE, TIMED, RunStatus, WorkflowRun
-from workflows.outbox import enqueue_run, on_commit
-from workflows.streams import publish_status_later
+from workflows.outbox import emit_stored_status, enqueue_run
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ def _fire_due_timers(now: datetime, batch: int) -> int:
     )
     for run_id, queue in due:
         enqueue_run(run_id, queue=queue)
-        on_commit(partial(publish_status_later, run_id))
+        emit_stored_status(run_id)
     return len(due)
 
 
