@@ -231,8 +231,7 @@ class Step:
             if not run.pause_requested:
                 raise _LeaseLost
             run.pause()
-            run.pause_requested = False
-            self._release(run)
+            self._save(run)
         raise _Suspended
 
     def _hand_back(self) -> None:
@@ -243,9 +242,8 @@ class Step:
         child stuck for good is killed without killing a healthy long run.
         """
         with self._owned() as run:
-            run.hand_back()
-            run.enqueued_at = timezone.now()
-            self._release(run)
+            run.hand_back(now=timezone.now())
+            self._save(run)
             enqueue_run(run.id, queue=run.queue)
         raise _HandedBack
 
@@ -276,22 +274,21 @@ class Step:
         write, self._pending = self._pending, None
         return write
 
-    def _release(self, run: WorkflowRun) -> None:
-        run.lease_owner = ""
-        run.lease_expires_at = None
-        run.current_step = ""
+    def _save(self, run: WorkflowRun) -> None:
+        """Store the run after a transition that released it, and push its status on commit."""
         run.save()
         emit_status(run)
 
     def _set_suspended(
         self, run: WorkflowRun, status: str, *, wake_at: datetime, wait_step: str = "", wait_event_type: str = ""
     ) -> None:
-        transitions = {RunStatus.SLEEPING: run.sleep, RunStatus.WAITING: run.wait, RunStatus.RETRYING: run.retry_later}
-        transitions[RunStatus(status)]()
-        run.wake_at = wake_at
-        run.wait_step = wait_step
-        run.wait_event_type = wait_event_type
-        self._release(run)
+        if status == RunStatus.WAITING:
+            run.wait(until=wake_at, step=wait_step, event_type=wait_event_type)
+        elif status == RunStatus.SLEEPING:
+            run.sleep(until=wake_at, step=wait_step)
+        else:
+            run.retry_later(until=wake_at, step=wait_step)
+        self._save(run)
         seconds = (wake_at - timezone.now()).total_seconds()
         if status != RunStatus.WAITING and seconds <= COUNTDOWN_MAX_SECONDS:
             enqueue_run(run.id, queue=run.queue, countdown=max(seconds, 0.0))
@@ -630,17 +627,13 @@ def _end(
 ) -> WorkflowRun | None:
     """Write the run's end; the ended run, or None if it was no longer this worker's to end."""
     now = timezone.now()
+    # The FSM checks the transition on the claimed (running) run; statements.finish writes what it set.
     if failed is None:
-        run.complete()  # the FSM checks the transition on the claimed (running) run
-        run.result = result
+        run.complete(result=result, now=now)
     else:
-        run.fail()
-        run.error, run.failure_reason = failed, reason
+        run.fail(error=failed, reason=reason, now=now)
     finished, _ = _reconnecting(lambda: statements.finish(run=run, owner=owner, now=now, write=write))
     if not finished:
         return None
-    run.finished_at = now
-    run.lease_owner, run.lease_expires_at, run.current_step = "", None, ""
-    run.wake_at, run.wait_step, run.wait_event_type = None, "", ""
     emit_status(run)
     return run
