@@ -9,7 +9,7 @@ A decision that locked the request first and then waited for the run could deadl
 these; with one order they simply queue.
 
 Each service is one transaction. The only thing that leaves the database, the Celery enqueue that
-wakes the run, is deferred to commit by ``run_send_event`` (workflows.effects.on_commit).
+wakes the run, is deferred to commit by ``run_send_event`` (workflows.outbox.on_commit).
 """
 
 from __future__ import annotations

@@ -2,12 +2,13 @@
 engine's): the ledger may not import them, so an app that must act when an operation's outcome
 becomes known registers a function here from its ``AppConfig.ready``.
 
-``on_operation_settled(hook)``: ``hook(op)`` is called when an operation becomes succeeded or
-failed, whoever settled it (a submit's answer, a lookup by ``perform`` or ``reconcile``, a person in
-the admin), inside the transaction that records it, with the operation's row locked. Hooks only
-write to the database. The usual reader of an outcome is the run that performed the operation; a
-hook is for what must happen when that run has ended and will never read it (a refund whose run
-was terminated while its outcome was unknown, then reconciled as paid).
+``on_operation_settled(hook)`` registers; the ledger's services call ``fire_operation_settled(op)``,
+which calls ``hook(op)``, when an operation becomes succeeded or failed, whoever settled it (a
+submit's answer, a lookup by ``perform`` or ``reconcile``, a person in the admin), inside the
+transaction that records it, with the operation's row locked. Hooks only write to the database.
+The usual reader of an outcome is the run that performed the operation; a hook is for what must
+happen when that run has ended and will never read it (a refund whose run was terminated while its
+outcome was unknown, then reconciled as paid).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def on_operation_settled(hook: SettledHook) -> SettledHook:
     return hook
 
 
-def operation_settled(op: ExternalOperation) -> None:
+def fire_operation_settled(op: ExternalOperation) -> None:
     """Call the hooks for ``op``, which is now succeeded or failed (call inside atomic(), row locked)."""
     for hook in _on_settled:
         hook(op)

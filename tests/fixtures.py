@@ -65,6 +65,31 @@ def worker(django_db_setup: None, django_db_blocker: object) -> Iterator[Worker]
     process.stop()
 
 
+class NoEnqueue:
+    """Drops every Celery message a run or a step would be sent, until ``stop()``: a run committed
+    without its message (as after a crash between commit and send), or one that only the test's own
+    threads advance. Every enqueue, the services', the engine's and the sweeper's, goes through
+    ``workflows.outbox.send_on_commit``, which is what this replaces."""
+
+    def __init__(self) -> None:
+        from workflows import outbox
+
+        self._patch = pytest.MonkeyPatch()
+        self._patch.setattr(outbox, "send_on_commit", lambda task, args, **options: None)
+
+    def stop(self) -> None:
+        """Send messages again from here on."""
+        self._patch.undo()
+
+
+@pytest.fixture
+def no_enqueue() -> Iterator[NoEnqueue]:
+    """No run or step is sent to Celery during the test (or until ``no_enqueue.stop()``)."""
+    dropping = NoEnqueue()
+    yield dropping
+    dropping.stop()
+
+
 @pytest.fixture(scope="session")
 def asgi_server(django_db_setup: None) -> Iterator[AsgiServer]:
     server = AsgiServer()

@@ -18,7 +18,7 @@ from uuid import UUID
 from django.db import transaction
 from django.utils import timezone
 
-from workflows import steps as step_store
+from workflows import step_store
 from workflows.context import in_step
 from workflows.models import RunStatus, StepResult, StepStatus, WorkflowRun
 from workflows.services import wake_locked_run

@@ -22,16 +22,15 @@ from uuid import UUID
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 
-from workflows import statements
-from workflows import steps as step_store
+from workflows import statements, step_store
 from workflows.conf import conf
 from workflows.context import in_step
-from workflows.effects import emit_status, enqueue_run, on_commit
 from workflows.exceptions import (
     NonDeterminismError,
     NotSerializable,
     ResultTooLarge,
     StepError,
+    StepTimeout,
     UnknownWorkflow,
     WaitTimeout,
 )
@@ -45,6 +44,7 @@ from workflows.models import (
     StepStatus,
     WorkflowRun,
 )
+from workflows.outbox import emit_status, enqueue_run, enqueue_step
 from workflows.registry import Event, get_workflow
 from workflows.retries import DEFAULT_RETRIES, DEFAULT_TIMEOUT, Retries
 
@@ -174,7 +174,10 @@ class Step:
                 self._store(key, position, StepKind.WAIT, StepStatus.COMPLETED, result_json=text, finished_at=now)
                 outcome["value"] = value
             elif stored is not None and stored.wake_at is not None and stored.wake_at <= now:
-                error = {"type": "WaitTimeout", "message": f"no {type!r} event before {stored.wake_at.isoformat()}"}
+                error = {
+                    "type": WaitTimeout.__name__,
+                    "message": f"no {type!r} event before {stored.wake_at.isoformat()}",
+                }
                 self._store(key, position, StepKind.WAIT, StepStatus.FAILED, error=error, finished_at=now)
                 outcome["timeout"] = error
             else:
@@ -228,8 +231,7 @@ class Step:
             if not run.pause_requested:
                 raise _LeaseLost
             run.pause()
-            run.pause_requested = False
-            self._release(run)
+            self._save(run)
         raise _Suspended
 
     def _hand_back(self) -> None:
@@ -240,9 +242,8 @@ class Step:
         child stuck for good is killed without killing a healthy long run.
         """
         with self._owned() as run:
-            run.hand_back()
-            run.enqueued_at = timezone.now()
-            self._release(run)
+            run.hand_back(now=timezone.now())
+            self._save(run)
             enqueue_run(run.id, queue=run.queue)
         raise _HandedBack
 
@@ -273,22 +274,21 @@ class Step:
         write, self._pending = self._pending, None
         return write
 
-    def _release(self, run: WorkflowRun) -> None:
-        run.lease_owner = ""
-        run.lease_expires_at = None
-        run.current_step = ""
+    def _save(self, run: WorkflowRun) -> None:
+        """Store the run after a transition that released it, and push its status on commit."""
         run.save()
         emit_status(run)
 
     def _set_suspended(
         self, run: WorkflowRun, status: str, *, wake_at: datetime, wait_step: str = "", wait_event_type: str = ""
     ) -> None:
-        transitions = {RunStatus.SLEEPING: run.sleep, RunStatus.WAITING: run.wait, RunStatus.RETRYING: run.retry_later}
-        transitions[RunStatus(status)]()
-        run.wake_at = wake_at
-        run.wait_step = wait_step
-        run.wait_event_type = wait_event_type
-        self._release(run)
+        if status == RunStatus.WAITING:
+            run.wait(until=wake_at, step=wait_step, event_type=wait_event_type)
+        elif status == RunStatus.SLEEPING:
+            run.sleep(until=wake_at, step=wait_step)
+        else:
+            run.retry_later(until=wake_at, step=wait_step)
+        self._save(run)
         seconds = (wake_at - timezone.now()).total_seconds()
         if status != RunStatus.WAITING and seconds <= COUNTDOWN_MAX_SECONDS:
             enqueue_run(run.id, queue=run.queue, countdown=max(seconds, 0.0))
@@ -444,7 +444,7 @@ class Step:
             assert stored.wake_at is not None
             if stored.wake_at <= now:  # the task never reported back in time: a failed try
                 error = {
-                    "type": "StepTimeout",
+                    "type": StepTimeout.__name__,
                     "message": f"step {key!r} try {stored.tries} sent to "
                     f"queue {queue!r} did not finish within {limit:g}s",
                 }
@@ -461,15 +461,7 @@ class Step:
                 key, position, StepKind.DO, StepStatus.RUNNING, call=call, tries=tries, wake_at=deadline, started_at=now
             )
             self._set_suspended(run, RunStatus.WAITING, wake_at=deadline, wait_step=key)
-            run_id, attempt = run.id, run.attempt
-
-            def send() -> None:
-                from workflows.tasks import run_step
-
-                # The try number lets the task refuse a late or redelivered message of an earlier try.
-                run_step.apply_async((str(run_id), attempt, position, tries), queue=queue)
-
-            on_commit(send)
+            enqueue_step(run.id, run.attempt, position, tries, queue=queue)
         raise _Suspended
 
 
@@ -635,17 +627,13 @@ def _end(
 ) -> WorkflowRun | None:
     """Write the run's end; the ended run, or None if it was no longer this worker's to end."""
     now = timezone.now()
+    # The FSM checks the transition on the claimed (running) run; statements.finish writes what it set.
     if failed is None:
-        run.complete()  # the FSM checks the transition on the claimed (running) run
-        run.result = result
+        run.complete(result=result, now=now)
     else:
-        run.fail()
-        run.error, run.failure_reason = failed, reason
+        run.fail(error=failed, reason=reason, now=now)
     finished, _ = _reconnecting(lambda: statements.finish(run=run, owner=owner, now=now, write=write))
     if not finished:
         return None
-    run.finished_at = now
-    run.lease_owner, run.lease_expires_at, run.current_step = "", None, ""
-    run.wake_at, run.wait_step, run.wait_event_type = None, "", ""
     emit_status(run)
     return run

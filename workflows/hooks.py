@@ -1,9 +1,10 @@
 """Explicit extension points for the apps above the engine.
 
 The engine may not import them (apps import only from layers below), so an app that must act
-when a run changes registers a function here from its ``AppConfig.ready``. The hooks are called
+when a run changes registers a function here from its ``AppConfig.ready`` (``on_run_terminated``,
+``on_run_restarted``); the engine's services fire them (``fire_run_terminated``, ...). They are called
 inside the engine's transaction, with the run row locked, and must only write to the database
-(anything that leaves it goes through ``workflows.effects.on_commit``).
+(anything that leaves it goes through ``workflows.outbox.on_commit``).
 """
 
 from __future__ import annotations
@@ -81,11 +82,13 @@ def on_run_restarted(hook: RunHook) -> RunHook:
     return hook
 
 
-def run_terminated(run: WorkflowRun) -> None:
+def fire_run_terminated(run: WorkflowRun) -> None:
+    """Call the hooks registered with ``on_run_terminated`` (inside atomic(), the run row locked)."""
     for hook in _on_terminated:
         hook(run)
 
 
-def run_restarted(run: WorkflowRun) -> None:
+def fire_run_restarted(run: WorkflowRun) -> None:
+    """Call the hooks registered with ``on_run_restarted`` (inside atomic(), the run row locked)."""
     for hook in _on_restarted:
         hook(run)

@@ -6,6 +6,8 @@ Timers live here too: a run that sleeps, retries or waits has ``wake_at``; the s
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -32,6 +34,9 @@ TIMED = [RunStatus.SLEEPING, RunStatus.RETRYING, RunStatus.WAITING]
 # States a worker may claim (through a conditional UPDATE, see engine.claim).
 CLAIMABLE = [RunStatus.QUEUED, RunStatus.RUNNING]
 PAUSABLE = [RunStatus.QUEUED, RunStatus.SLEEPING, RunStatus.WAITING, RunStatus.RETRYING]
+# The wait fields of a run that waits for nothing: WorkflowRun.clear_wait sets them, and the writes
+# that clear them in SQL (statements.py, the sweeper) take them from here.
+NO_WAIT: dict[str, Any] = {"wake_at": None, "wait_step": "", "wait_event_type": ""}
 
 
 class FailureReason(models.TextChoices):
@@ -99,53 +104,102 @@ class WorkflowRun(FSMModelMixin, models.Model):
         return self.status in TERMINAL
 
     # --- Transitions: database only; services call them inside atomic() and emit on commit. ---
+    # Each sets the fields that go with its state; the caller saves the whole row. statements.py
+    # and the sweeper write the same in SQL (one statement, no prior read) on the hot paths.
     @transition(field=status, source=[RunStatus.QUEUED, RunStatus.RUNNING], target=RunStatus.RUNNING)
-    def begin(self) -> None:
-        pass
+    def begin(self, *, owner: str, lease_until: datetime, now: datetime) -> None:
+        """A worker takes the run (statements.claim). A lease that still names an owner means that
+        worker died mid-run: one recovery more."""
+        if self.lease_owner:
+            self.recovery_count += 1
+        self.lease_owner, self.lease_expires_at = owner, lease_until
+        self.started_at = self.started_at or now
+        self.clear_wait()
 
     @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.SLEEPING)
-    def sleep(self) -> None:
-        pass
+    def sleep(self, *, until: datetime, step: str) -> None:
+        self._suspend(until=until, step=step)
 
     @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.RETRYING)
-    def retry_later(self) -> None:
-        pass
+    def retry_later(self, *, until: datetime, step: str) -> None:
+        self._suspend(until=until, step=step)
 
     @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.WAITING)
-    def wait(self) -> None:
-        pass
+    def wait(self, *, until: datetime, step: str, event_type: str = "") -> None:
+        """For an event of ``event_type``, or (none) for a step sent to another queue."""
+        self._suspend(until=until, step=step, event_type=event_type)
 
     @transition(field=status, source=TIMED, target=RunStatus.QUEUED)
-    def wake(self) -> None:
-        pass
+    def wake(self, *, now: datetime) -> None:
+        """Its timer fired or its event came: back on the queue (the caller enqueues it)."""
+        self.clear_wait()
+        self.enqueued_at = now
 
     @transition(field=status, source=[RunStatus.RUNNING, *PAUSABLE], target=RunStatus.PAUSED)
     def pause(self) -> None:
-        pass
+        """At once between steps, or by its worker at a step boundary once asked (pause_requested)."""
+        self.pause_requested = False
+        self.release()
 
     @transition(field=status, source=RunStatus.PAUSED, target=RunStatus.QUEUED)
-    def resume(self) -> None:
-        pass
+    def resume(self, *, now: datetime) -> None:
+        self.pause_requested = False
+        self.enqueued_at = now
 
     @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.QUEUED)
-    def hand_back(self) -> None:
+    def hand_back(self, *, now: datetime) -> None:
         """The worker's task used its time budget; the run waits on the queue for the next task."""
+        self.release()
+        self.enqueued_at = now
 
     @transition(field=status, source=RunStatus.RUNNING, target=RunStatus.COMPLETED)
-    def complete(self) -> None:
-        pass
+    def complete(self, *, result: Any, now: datetime) -> None:
+        self.result = result
+        self._end(now)
 
     @transition(field=status, source=[RunStatus.QUEUED, RunStatus.RUNNING], target=RunStatus.FAILED)
-    def fail(self) -> None:
-        pass
+    def fail(self, *, error: dict[str, Any], reason: str, now: datetime) -> None:
+        self.error, self.failure_reason = error, reason
+        self._end(now)
 
     @transition(field=status, source=NON_TERMINAL, target=RunStatus.TERMINATED)
-    def terminate(self) -> None:
-        pass
+    def terminate(self, *, now: datetime) -> None:
+        """Stopped for good. What it waited for and its current step stay shown; its timer is off."""
+        self.finished_at = now
+        self.lease_owner, self.lease_expires_at, self.wake_at = "", None, None
+        self.pause_requested = False
 
     @transition(field=status, source=list(RunStatus), target=RunStatus.QUEUED)
-    def restart(self) -> None:
-        pass
+    def restart(self, *, now: datetime) -> None:
+        """A new attempt from the first step: everything the last one left is cleared."""
+        self.attempt += 1
+        self.result, self.error, self.failure_reason = None, None, ""
+        self.finished_at = None
+        self.release()
+        self.clear_wait()
+        self.pause_requested = False
+        self.recovery_count = 0
+        self.progress = None
+        self.enqueued_at = now
+
+    # --- The fields the transitions share. ---
+    def clear_wait(self) -> None:
+        """The run waits for nothing: no timer, no step, no event (NO_WAIT, as the SQL writes it)."""
+        for field, value in NO_WAIT.items():
+            setattr(self, field, value)
+
+    def release(self) -> None:
+        """No worker holds the run or runs a step of it."""
+        self.lease_owner, self.lease_expires_at, self.current_step = "", None, ""
+
+    def _suspend(self, *, until: datetime, step: str, event_type: str = "") -> None:
+        self.wake_at, self.wait_step, self.wait_event_type = until, step, event_type
+        self.release()
+
+    def _end(self, now: datetime) -> None:
+        self.finished_at = now
+        self.release()
+        self.clear_wait()
 
 
 class RunAttempt(models.Model):

@@ -13,7 +13,6 @@ from django_fsm import TransitionNotAllowed as FSMTransitionNotAllowed
 
 from workflows import hooks
 from workflows.conf import conf
-from workflows.effects import emit_status, enqueue_run
 from workflows.exceptions import (
     IdempotencyConflict,
     InvalidPayload,
@@ -23,6 +22,7 @@ from workflows.exceptions import (
     TransitionNotAllowed,
 )
 from workflows.models import PAUSABLE, TERMINAL, RunAttempt, RunEvent, RunStatus, WorkflowRun
+from workflows.outbox import emit_status, enqueue_run
 from workflows.registry import get_workflow, workflow_names
 from workflows.storable import MAX_JSON_DEPTH, json_problem
 
@@ -199,9 +199,7 @@ def run_send_event(
 
 def wake_locked_run(run: WorkflowRun) -> None:
     """Call inside atomic() with the run row locked."""
-    run.wake()
-    run.wake_at, run.wait_step, run.wait_event_type = None, "", ""
-    run.enqueued_at = timezone.now()
+    run.wake(now=timezone.now())
     run.save()
     enqueue_run(run.id, queue=run.queue)
     emit_status(run)
@@ -238,9 +236,7 @@ def run_resume(*, run_id: UUID) -> WorkflowRun:
         if run.status == RunStatus.RUNNING and run.pause_requested:
             run.pause_requested = False
         elif run.status == RunStatus.PAUSED:
-            run.resume()
-            run.pause_requested = False
-            run.enqueued_at = timezone.now()
+            run.resume(now=timezone.now())
             enqueue_run(run.id, queue=run.queue)
         else:
             raise _refuse(run, "resume")
@@ -253,17 +249,14 @@ def run_terminate(*, run_id: UUID) -> WorkflowRun:
     """Stop the run for good. A step in flight finishes its body, but no later step starts."""
     with transaction.atomic():
         run = _locked(run_id)
+        now = timezone.now()
         try:
-            run.terminate()
+            run.terminate(now=now)
         except FSMTransitionNotAllowed:
             raise _refuse(run, "terminate") from None
-        now = timezone.now()
-        run.finished_at = now
-        run.lease_owner, run.lease_expires_at, run.wake_at = "", None, None
-        run.pause_requested = False
         run.save()
         RunAttempt.objects.filter(run=run, number=run.attempt).update(status=run.status, finished_at=now)
-        hooks.run_terminated(run)  # e.g. approvals cancels the run's pending requests
+        hooks.fire_run_terminated(run)  # e.g. approvals cancels the run's pending requests
         emit_status(run)
     return run
 
@@ -277,19 +270,10 @@ def run_restart(*, run_id: UUID) -> WorkflowRun:
             RunAttempt.objects.filter(run=run, number=run.attempt).update(
                 status=RunStatus.TERMINATED, finished_at=now, error={"type": "Restarted", "message": "restarted"}
             )
-        run.restart()
-        run.attempt += 1
-        run.result, run.error, run.failure_reason = None, None, ""
-        run.finished_at = None
-        run.lease_owner, run.lease_expires_at = "", None
-        run.wake_at, run.wait_step, run.wait_event_type, run.current_step = None, "", "", ""
-        run.pause_requested = False
-        run.recovery_count = 0
-        run.progress = None
-        run.enqueued_at = now
+        run.restart(now=now)
         run.save()
         RunAttempt.objects.create(run=run, number=run.attempt)
-        hooks.run_restarted(run)
+        hooks.fire_run_restarted(run)
         enqueue_run(run.id, queue=run.queue)
         emit_status(run)
     return run

@@ -7,7 +7,8 @@ statement (data-modifying CTEs); elsewhere (the SQLite demo) they run in one tra
 
 The status they set follows the transitions declared on ``WorkflowRun``: ``claim`` is ``begin``
 or ``wake``+``begin``, ``finish`` is ``complete`` or ``fail``, and the engine checks those
-transitions on its in-memory run before calling ``finish``.
+transitions on its in-memory run before calling ``finish``. The fields they write are the ones
+those transitions set (the wait fields from ``NO_WAIT`` itself); test_models holds the two alike.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from workflows.conf import conf
-from workflows.models import CLAIMABLE, TIMED, RunAttempt, RunStatus, WorkflowRun
-from workflows.steps import StepWrite, adapt, json_param, upsert_params, upsert_sql
+from workflows.models import CLAIMABLE, NO_WAIT, TIMED, RunAttempt, RunStatus, WorkflowRun
+from workflows.step_store import StepWrite, adapt, json_param, upsert_params, upsert_sql
 
 RUNS = WorkflowRun._meta.db_table
 ATTEMPTS = RunAttempt._meta.db_table
@@ -94,6 +95,20 @@ def _in(values: list[RunStatus]) -> str:
     return ", ".join(f"'{v}'" for v in values)
 
 
+def _set(values: dict[str, Any]) -> str:
+    """``column = value, ...`` for WorkflowRun fields set to constants (None or a plain string)."""
+
+    def literal(value: Any) -> str:
+        if value is None:
+            return "NULL"
+        if isinstance(value, str) and "'" not in value:
+            return f"'{value}'"
+        raise ValueError(f"not a constant this SQL writes: {value!r}")
+
+    column = dict(zip(RUN_ATTNAMES, RUN_COLUMNS, strict=True))
+    return ", ".join(f"{column[name]} = {literal(value)}" for name, value in values.items())
+
+
 @functools.cache
 def _sql(vendor: str) -> dict[str, str]:
     """The statements, built once per database vendor."""
@@ -105,8 +120,7 @@ def _sql(vendor: str) -> dict[str, str]:
     """
     finish = f"""
         UPDATE {RUNS} SET status = %s, result = {j}, error = {j}, failure_reason = %s, finished_at = %s,
-            updated_at = %s, lease_owner = '', lease_expires_at = NULL, current_step = '',
-            wake_at = NULL, wait_step = '', wait_event_type = ''
+            updated_at = %s, lease_owner = '', lease_expires_at = NULL, current_step = '', {_set(NO_WAIT)}
         WHERE id = %s AND lease_owner = %s AND status = '{RunStatus.RUNNING}'
         RETURNING attempt
     """
@@ -119,8 +133,7 @@ def _sql(vendor: str) -> dict[str, str]:
             UPDATE {RUNS} SET
                 status = '{RunStatus.RUNNING}', lease_owner = %s, lease_expires_at = %s,
                 recovery_count = CASE WHEN lease_owner <> '' THEN recovery_count + 1 ELSE recovery_count END,
-                started_at = COALESCE(started_at, %s), updated_at = %s,
-                wake_at = NULL, wait_event_type = '', wait_step = ''
+                started_at = COALESCE(started_at, %s), updated_at = %s, {_set(NO_WAIT)}
             WHERE id = %s
               AND (lease_expires_at IS NULL OR lease_expires_at < %s)
               AND (status IN ({_in(CLAIMABLE)}) OR (status IN ({_in(TIMED)}) AND wake_at <= %s))

@@ -153,15 +153,6 @@ def publish_later(run_id: UUID | str, kind: str, data: Any) -> None:
     publisher.submit(run_id, kind, data)
 
 
-def publish_status_later(run_id: UUID | str) -> None:
-    """Publish the run's status as the database has it (for callers without the run in memory)."""
-    from workflows.selectors import run_status_summary
-
-    summary = run_status_summary(run_id=run_id)
-    if summary is not None:
-        publish_later(run_id, "status", summary)
-
-
 def publish_progress(run_id: UUID | str, data: Any) -> None:
     from workflows.models import WorkflowRun
 

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import partial
 
 from django.db.models import Q
 from django.utils import timezone
 
 from workflows.conf import conf
-from workflows.effects import enqueue_run, on_commit
-from workflows.models import CLAIMABLE, TIMED, RunStatus, WorkflowRun
-from workflows.streams import publish_status_later
+from workflows.models import CLAIMABLE, NO_WAIT, TIMED, RunStatus, WorkflowRun
+from workflows.outbox import emit_stored_status, enqueue_run
 
 
 @dataclass(frozen=True)
@@ -43,12 +41,13 @@ def _fire_due_timers(now: datetime, batch: int) -> int:
     if not due:
         return 0
     # The conditions are repeated in the UPDATE: a run that changed since the SELECT is left alone.
+    # WorkflowRun.wake in one UPDATE for the batch.
     WorkflowRun.objects.filter(id__in=[run_id for run_id, _ in due], status__in=TIMED, wake_at__lte=now).update(
-        status=RunStatus.QUEUED, wake_at=None, wait_step="", wait_event_type="", enqueued_at=now
+        status=RunStatus.QUEUED, enqueued_at=now, **NO_WAIT
     )
     for run_id, queue in due:
         enqueue_run(run_id, queue=queue)
-        on_commit(partial(publish_status_later, run_id))
+        emit_stored_status(run_id)
     return len(due)
 
 

@@ -30,6 +30,7 @@ from approvals.services import (
 from approvals.tests.conftest import Cast
 from approvals.tests.support import GROUP, assert_still_waiting, state, waiting_request
 from approvals.types import Proposal
+from tests.fixtures import NoEnqueue
 from workflows import services as wf_services
 from workflows.exceptions import InvalidPayload, NonRetryableError
 from workflows.models import RunEvent, RunStatus, WorkflowRun
@@ -414,11 +415,9 @@ def test_the_command_lists_the_queue(cast: Cast, capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.django_db(transaction=True)
-def test_ten_concurrent_decisions_make_exactly_one_transition_and_one_event(
-    cast: Cast, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_ten_concurrent_decisions_make_exactly_one_transition_and_one_event(cast: Cast, no_enqueue: NoEnqueue) -> None:
     # given ten reviewers in the group, five approving and five rejecting at the same instant
-    monkeypatch.setattr(wf_services, "enqueue_run", lambda run_id, **kw: None)  # no worker advances the run
+    # (no_enqueue: no worker advances the run)
     group = Group.objects.get(name=GROUP)
     reviewers = [User.objects.create_user(f"reviewer{i}", password="pw") for i in range(10)]
     group.user_set.add(*reviewers)
@@ -528,10 +527,10 @@ class TestSupersedePending:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_decision_and_a_supersession_at_once_make_one_transition_and_one_event(
-    cast: Cast, monkeypatch: pytest.MonkeyPatch
+    cast: Cast, no_enqueue: NoEnqueue
 ) -> None:
     # given a pending request that carol decides in the very instant the subject changes
-    monkeypatch.setattr(wf_services, "enqueue_run", lambda run_id, **kw: None)  # no worker advances the run
+    # (no_enqueue: no worker advances the run)
     request = waiting_request(requested_by=cast["bob"])
     barrier = threading.Barrier(2)
     outcomes: dict[str, Any] = {}

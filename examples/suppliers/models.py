@@ -37,16 +37,26 @@ class AssessmentStatus(models.TextChoices):
 TERMINAL = frozenset({AssessmentStatus.APPROVED, AssessmentStatus.REJECTED, AssessmentStatus.FAILED})
 
 
-# --- who may move an assessment (django-fsm-2 calls these with the instance and the user) --------
-def is_requester(instance: Any, user: Any) -> bool:
-    return bool(user is not None and user.is_authenticated and user.pk == instance.requested_by_id)
+# --- who may move an assessment ----------------------------------------------------------------
+# Predicates take the user first, as approvals.selectors' do; django-fsm-2 calls a transition's
+# permission with the instance first, so the transitions name the *_only functions below.
+def is_requester(user: Any, assessment: Any) -> bool:
+    return bool(user is not None and user.is_authenticated and user.pk == assessment.requested_by_id)
 
 
-def is_reviewer(instance: Any, user: Any) -> bool:
+def is_reviewer(user: Any, assessment: Any) -> bool:
     """In the reviewers group (or may decide any approval), and not the requester (four eyes)."""
-    if user is None or not user.is_authenticated or not user.is_active or is_requester(instance, user):
+    if user is None or not user.is_authenticated or not user.is_active or is_requester(user, assessment):
         return False
     return bool(user.has_perm(DECIDE_ANY) or user.groups.filter(name=REVIEWERS).exists())
+
+
+def requester_only(instance: Any, user: Any) -> bool:
+    return is_requester(user, instance)
+
+
+def reviewer_only(instance: Any, user: Any) -> bool:
+    return is_reviewer(user, instance)
 
 
 def engine_only(instance: Any, user: Any) -> bool:
@@ -95,7 +105,7 @@ class SupplierAssessment(FSMModelMixin, models.Model):
         source=AssessmentStatus.AWAITING_INPUT,
         target=AssessmentStatus.AWAITING_INPUT,
         conditions=[has_no_run],
-        permission=is_requester,
+        permission=requester_only,
     )
     def submit_input(self, *, data: dict[str, Any]) -> None:
         self.input = data
@@ -120,13 +130,19 @@ class SupplierAssessment(FSMModelMixin, models.Model):
         pass
 
     @transition(
-        field=status, source=AssessmentStatus.READY_FOR_REVIEW, target=AssessmentStatus.APPROVED, permission=is_reviewer
+        field=status,
+        source=AssessmentStatus.READY_FOR_REVIEW,
+        target=AssessmentStatus.APPROVED,
+        permission=reviewer_only,
     )
     def approve(self, *, by_id: int, version: int) -> None:
         self.decided_by_id, self.decided_version = by_id, version
 
     @transition(
-        field=status, source=AssessmentStatus.READY_FOR_REVIEW, target=AssessmentStatus.REJECTED, permission=is_reviewer
+        field=status,
+        source=AssessmentStatus.READY_FOR_REVIEW,
+        target=AssessmentStatus.REJECTED,
+        permission=reviewer_only,
     )
     def reject(self, *, by_id: int, version: int) -> None:
         self.decided_by_id, self.decided_version = by_id, version

@@ -110,7 +110,7 @@ def source_record_add(*, assessment_id: int, source: str, content: Any, by: User
     check_source_name(source)
     with transaction.atomic():
         assessment = _locked(assessment_id)
-        if not (is_requester(assessment, by) or is_reviewer(assessment, by)):
+        if not (is_requester(by, assessment) or is_reviewer(by, assessment)):
             raise PermissionDenied(f"{by} may not change the evidence of assessment {assessment.pk}")
         if assessment.is_closed:
             raise AssessmentStateError(f"assessment {assessment.pk} is {assessment.status}: its evidence is final")

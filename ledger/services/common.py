@@ -139,7 +139,7 @@ def apply_lookup(op: ExternalOperation, outcome: LookupOutcome, *, now: datetime
     op.save()
     event.save()
     if op.status in FINAL:
-        hooks.operation_settled(op)
+        hooks.fire_operation_settled(op)
     return note
 
 
@@ -222,7 +222,7 @@ def abandon(op: ExternalOperation, *, now: datetime, why: str) -> str:
     op.note = f"abandoned: {why}"
     op.save()
     record_event(op, kind=EventKind.ABANDON, outcome=EventOutcome.FAILED, before=OperationStatus.PENDING, note=op.note)
-    hooks.operation_settled(op)
+    hooks.fire_operation_settled(op)
     return op.note
 
 

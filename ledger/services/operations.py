@@ -308,7 +308,7 @@ def _record_submit(op: ExternalOperation, outcome: SubmitOutcome) -> Plan:
             note=current.note,
         )
         if current.status in FINAL:
-            hooks.operation_settled(current)
+            hooks.fire_operation_settled(current)
         return plan
 
 

@@ -136,7 +136,7 @@ def _recheck_failed_by_hand(op: ExternalOperation, *, dry_run: bool) -> Reconcil
             detail=outcome_detail(outcome),
             note=note,
         )
-        hooks.operation_settled(current)
+        hooks.fire_operation_settled(current)
     logger.error("%s %s %s: %s", current.system, current.action, current.key, note)
     return _result(current, current.status, "flagged", note, before=OperationStatus.FAILED)
 
@@ -225,7 +225,7 @@ def _record_batch(pairs: list[tuple[ExternalOperation, LookupOutcome]]) -> list[
         OperationEvent.objects.bulk_create(events)
         for op in changed:
             if op.status in FINAL:
-                hooks.operation_settled(op)
+                hooks.fire_operation_settled(op)
     return results
 
 
@@ -463,5 +463,5 @@ def operation_resolve(
         record_event(
             op, kind=EventKind.RESOLVE, outcome=outcome, before=before, note=f"{username}: {note}", log_note=False
         )
-        hooks.operation_settled(op)
+        hooks.fire_operation_settled(op)
     return op

@@ -19,11 +19,11 @@ from workflows.exceptions import (
     IdempotencyConflict,
     InvalidPayload,
     NotStartable,
+    PayloadTooLarge,
     TooManyRuns,
     TransitionNotAllowed,
     UnknownWorkflow,
 )
-from workflows.exceptions import PayloadTooLarge as PayloadTooLargeError
 from workflows.storable import MAX_JSON_DEPTH, json_too_deep
 
 
@@ -56,7 +56,10 @@ def error_responses(*statuses: int) -> dict[int, OpenApiResponse]:
     return {code: OpenApiResponse(ErrorSerializer, description=descriptions[code]) for code in statuses}
 
 
-class PayloadTooLarge(exceptions.APIException):
+class RequestBodyTooLarge(exceptions.APIException):
+    """The body itself is over the limit (refused before parsing); a payload over
+    WORKFLOWS_MAX_PAYLOAD_BYTES inside a body that fits is ``workflows.exceptions.PayloadTooLarge``."""
+
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_code = "payload_too_large"
     default_detail = "The request body is too large."
@@ -76,7 +79,7 @@ class LimitedJSONParser(JSONParser):
         limit = body_limit()
         body = stream.read(limit + 1) if stream is not None else b""
         if len(body) > limit:
-            raise PayloadTooLarge(f"The request body is larger than {limit:,} bytes.")
+            raise RequestBodyTooLarge(f"The request body is larger than {limit:,} bytes.")
         depth = MAX_JSON_DEPTH + 1  # room for the envelope: {"payload": <MAX_JSON_DEPTH levels>}
         too_deep = exceptions.ParseError(f"JSON parse error - nested more than {depth} levels deep")
         try:
@@ -103,7 +106,7 @@ DOMAIN_ERRORS: dict[type[Exception], int] = {
     TooManyRuns: status.HTTP_429_TOO_MANY_REQUESTS,
     IdempotencyConflict: status.HTTP_409_CONFLICT,
     TransitionNotAllowed: status.HTTP_409_CONFLICT,
-    PayloadTooLargeError: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,  # before its base class
+    PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,  # before its base class
     InvalidPayload: status.HTTP_400_BAD_REQUEST,
 }
 

@@ -334,8 +334,7 @@ def test_a_run_end_postgresql_refuses_fails_the_run_and_runs_no_step_again(
 ) -> None:
     # given an encoder that lets everything through (as one with a gap would), and a run advanced
     # here on a queue no worker listens on
-    from workflows import engine
-    from workflows import steps as step_store
+    from workflows import engine, step_store
     from workflows.sweeper import sweep
 
     settings.WORKFLOWS = {**settings.WORKFLOWS, "QUEUE": f"nobody-{uuid.uuid4().hex[:8]}"}

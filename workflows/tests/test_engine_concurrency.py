@@ -8,20 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures import NoEnqueue
 from tests.support import race
 from tests.workflows_fixtures import lines
-from workflows import engine
+from workflows import engine, step_store
 from workflows import public as wf
-from workflows import steps as step_store
 from workflows.models import RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_two_workers_on_one_run_run_each_step_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from workflows import services
-
-    monkeypatch.setattr(services, "enqueue_run", lambda run_id, **kw: None)  # only the threads advance
+def test_two_workers_on_one_run_run_each_step_once(tmp_path: Path, no_enqueue: NoEnqueue) -> None:
+    # no_enqueue: only the threads advance
     for i in range(10):
         path = str(tmp_path / f"lines-{i}")
         run = wf.start("test.lines", {"path": path, "steps": 5})
@@ -34,10 +32,8 @@ def test_two_workers_on_one_run_run_each_step_once(tmp_path: Path, monkeypatch: 
         assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.COMPLETED
 
 
-def test_the_loser_of_a_store_race_adopts_the_winners_result(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workflows import services
-
-    monkeypatch.setattr(services, "enqueue_run", lambda run_id, **kw: None)  # no worker stores it first
+def test_the_loser_of_a_store_race_adopts_the_winners_result(no_enqueue: NoEnqueue) -> None:
+    # no_enqueue: no worker stores it first
     run = wf.start("test.echo", {})
 
     def write(result_json: str) -> step_store.StepWrite:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import Group
 
+from tests.fixtures import NoEnqueue
 from tests.support import ROOT, Worker, service_env, wait_for, wait_for_terminal
 from tests.workflows_fixtures import lines
 from workflows import public as wf
-from workflows import services
 from workflows.models import RunStatus, StepResult, StepStatus, WorkflowRun
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -69,13 +69,12 @@ def test_killed_worker_mid_step_loses_nothing_and_repeats_nothing(
 
 
 def test_a_lost_enqueue_is_recovered_by_the_sweeper(
-    queue: str, workers: list[Worker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    queue: str, workers: list[Worker], tmp_path: Path, no_enqueue: NoEnqueue
 ) -> None:
     # given a run committed without its Celery message (a crash between commit and send)
     path = str(tmp_path / "lines")
-    monkeypatch.setattr(services, "enqueue_run", lambda run_id, **kw: None)
     run = wf.start("test.lines", {"path": path, "steps": 2})
-    monkeypatch.undo()
+    no_enqueue.stop()
     workers.append(Worker(queue=queue, beat=False))
     assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.QUEUED
 
@@ -148,7 +147,7 @@ SHORT_LIMITS = {"WORKFLOWS_MAX_STEP_TIMEOUT": "2", "WORKFLOWS_STEP_TIMEOUT_GRACE
 def enqueue_from_another_process(run_id: uuid.UUID, queue: str, **env: str) -> None:
     """Send the run's message from a process started with ``env`` (as a web process would)."""
     code = (
-        "import django; django.setup(); from workflows.effects import enqueue_run; "
+        "import django; django.setup(); from workflows.outbox import enqueue_run; "
         f"enqueue_run({str(run_id)!r}, queue={queue!r})"
     )
     subprocess.run(
@@ -190,15 +189,14 @@ def test_a_body_stuck_past_its_timeout_loses_its_lease_and_the_run_is_recovered(
 
 
 def test_a_worker_process_stuck_in_c_code_is_replaced_at_the_hard_time_limit(
-    queue: str, workers: list[Worker], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    queue: str, workers: list[Worker], tmp_path: Path, no_enqueue: NoEnqueue
 ) -> None:
     # given one worker process, and a run whose message a process with the worker's settings sent
     # (Celery's hard time limit travels in the message: the sender's settings decide it)
     workers.append(Worker(queue=queue, beat=True, concurrency=1, **SHORT_LIMITS))
     path = str(tmp_path / "lines")
-    monkeypatch.setattr(services, "enqueue_run", lambda run_id, **kw: None)
     run = wf.start("test.stuck", {"how": "blocked", "path": path, "hold": 3600, "timeout": 1})
-    monkeypatch.undo()
+    no_enqueue.stop()
     started = time.monotonic()
 
     # when a step's first try blocks in C code with SIGALRM masked for an hour

@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from workflows import StepTimeout
-from workflows import steps as step_store
+from workflows import StepTimeout, step_store
 from workflows.exceptions import NotSerializable
 from workflows.storable import json_problem
 
