@@ -101,10 +101,16 @@ def sent_and_orphaned(op: ExternalOperation) -> bool:
     return op.status == OperationStatus.PENDING and op.submit_count > 0 and run_ended(op)
 
 
+def in_doubt(op: ExternalOperation, *, now: datetime | None = None, age: timedelta | None = None) -> bool:
+    """Nobody knows whether ``op`` happened and nobody running will find out: unknown, a submit gone
+    stale (``is_stale``, with ``age``), or sent and orphaned (``sent_and_orphaned``). Reconcile looks
+    these up; a person may settle them by hand."""
+    return op.status == OperationStatus.UNKNOWN or is_stale(op, now=now, age=age) or sent_and_orphaned(op)
+
+
 def resolvable_by_hand(op: ExternalOperation, *, now: datetime | None = None) -> bool:
-    """Whether a person may settle ``op`` with a note: unknown, a submit gone stale, or sent and
-    orphaned (``sent_and_orphaned``)."""
-    return op.status == OperationStatus.UNKNOWN or is_stale(op, now=now) or sent_and_orphaned(op)
+    """Whether a person may settle ``op`` with a note: whenever its outcome is in doubt."""
+    return in_doubt(op, now=now)
 
 
 def run_ended(op: ExternalOperation) -> bool:

@@ -40,6 +40,7 @@ from ledger.models import (
 from ledger.selectors import (
     can_resolve_operations,
     failed_by_hand_to_recheck,
+    in_doubt,
     is_stale,
     operations_to_reconcile,
     resolvable_by_hand,
@@ -152,8 +153,7 @@ def _reconcile_guarded(operation_id: int, older_than: timedelta | None, dry_run:
 
 def _looked_up_in_batch(op: ExternalOperation, older_than: timedelta | None) -> bool:
     """Due for a lookup now, at a system whose adapter can look up (the common case)."""
-    due = op.status == OperationStatus.UNKNOWN or is_stale(op, age=older_than) or sent_and_orphaned(op)
-    return due and has_adapter(op.system) and get_adapter(op.system).can_lookup
+    return in_doubt(op, age=older_than) and has_adapter(op.system) and get_adapter(op.system).can_lookup
 
 
 BATCH = 200
