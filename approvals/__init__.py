@@ -8,7 +8,7 @@ The functions are imported lazily so that importing this package does not need D
 registry to be ready (workflow modules import it at app-loading time).
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from approvals.exceptions import (
     ApprovalError,
@@ -19,6 +19,13 @@ from approvals.exceptions import (
     RefusalCode,
 )
 from approvals.types import ApprovalDecision, Proposal
+
+if TYPE_CHECKING:  # what __getattr__ below returns, for the type checker ("as": exported)
+    from approvals.public import decide as decide
+    from approvals.public import decision_details as decision_details
+    from approvals.public import supersede_pending as supersede_pending
+    from approvals.waits import approve_current as approve_current
+    from approvals.waits import wait_for_approval as wait_for_approval
 
 _WAITS = ("wait_for_approval", "approve_current")
 _PUBLIC = ("decide", "supersede_pending", "decision_details")

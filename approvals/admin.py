@@ -62,7 +62,7 @@ class StatusFilter(admin.SimpleListFilter):
             }
 
 
-class DecisionLogInline(ReadOnlyInline):
+class DecisionLogInline(ReadOnlyInline[DecisionLog, ApprovalRequest]):
     model = DecisionLog
     verbose_name = "decision"
     verbose_name_plural = "decision log (every attempt, refusals included)"
@@ -78,7 +78,7 @@ class DecisionLogInline(ReadOnlyInline):
         "channel",
     )
 
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_view_permission(self, request: HttpRequest, obj: ApprovalRequest | None = None) -> bool:
         return True  # whoever may see the request (checked by the parent admin) sees its log
 
 
@@ -98,10 +98,8 @@ TIME_FIELDS = ("created_at", "age", "expires_at", "expiry", "decided_by", "decid
 RUN_FIELDS = ("run_link", "attempt", "step_name")
 
 
-# Not ModelAdmin[ApprovalRequest]: generic admin classes are subscriptable only after
-# django_stubs_ext.monkeypatch(), which the settings do not call.
 @admin.register(ApprovalRequest)
-class ApprovalRequestAdmin(admin.ModelAdmin):
+class ApprovalRequestAdmin(admin.ModelAdmin[ApprovalRequest]):
     list_display = ("id", "summary", "subject", "version", "status", "requested_by", "approvers", "age", "expiry")
     list_filter = (StatusFilter, "approvers")
     list_select_related = ("requested_by",)
@@ -254,7 +252,7 @@ class ApprovalRequestAdmin(admin.ModelAdmin):
 
 
 @admin.register(DecisionLog)
-class DecisionLogAdmin(admin.ModelAdmin):
+class DecisionLogAdmin(admin.ModelAdmin[DecisionLog]):
     """Every attempt to decide, and what the system did to requests: read-only, for audit."""
 
     list_display = ("created_at", "request", "actor_name", "action", "version", "result", "code", "channel")

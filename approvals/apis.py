@@ -61,13 +61,13 @@ class StrictBooleanField(serializers.BooleanField):
 
 
 @extend_schema_serializer(component_name="ApprovalSubject")
-class SubjectSerializer(serializers.Serializer):
+class SubjectSerializer(serializers.Serializer[dict[str, Any]]):
     type = serializers.CharField(help_text="app_label.model, or the type the workflow named")
     id = serializers.CharField()
 
 
 @extend_schema_serializer(component_name="ApprovalSummary")
-class ApprovalSummarySerializer(serializers.Serializer):
+class ApprovalSummarySerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     status = ApprovalStatusField()
     subject = SubjectSerializer()
@@ -145,7 +145,7 @@ class ApprovalListApi(ApiBase):
         )
 
     @extend_schema_serializer(component_name="ApprovalPage")
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[dict[str, Any]]):
         next = serializers.URLField(allow_null=True)
         previous = serializers.URLField(allow_null=True)
         results = ApprovalSummarySerializer(many=True)

@@ -104,7 +104,7 @@ class ApprovalRequest(FSMModelMixin, models.Model):
 
     @property
     def is_pending(self) -> bool:
-        return self.status == ApprovalStatus.PENDING
+        return bool(self.status == ApprovalStatus.PENDING)  # FSMField reads as Any
 
     def is_overdue(self, now: datetime | None = None) -> bool:
         return self.expires_at <= (now or timezone.now())

@@ -70,7 +70,7 @@ class ApprovalThenStep(Workflow):
 _redis: redis.Redis | None = None
 
 
-@shared_task(name="bench.noop_task")
+@shared_task(name="bench.noop_task")  # type: ignore[untyped-decorator]  # celery has no types
 def noop_task(done_key: str | None = None) -> None:
     """A plain Celery no-op; the last of a chain records when it ran."""
     global _redis

@@ -10,8 +10,8 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
-@signals.task_prerun.connect
-@signals.task_postrun.connect
+@signals.task_prerun.connect  # type: ignore[untyped-decorator]  # celery has no types
+@signals.task_postrun.connect  # type: ignore[untyped-decorator]  # celery has no types
 def close_old_connections(task: Task | None = None, **kwargs: Any) -> None:
     """Around each task, what Django does around each request: close a database connection that is
     past CONN_MAX_AGE or errored and is no longer usable; keep the others (settings.CELERY_DB_REUSE_MAX

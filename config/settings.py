@@ -6,9 +6,14 @@ from pathlib import Path
 from typing import Any
 
 import dj_database_url
+import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import envbool, envfloat, envint, envlist, envstr
+
+# Django's classes that the type stubs make generic (ModelAdmin, ModelForm, ...) accept their type
+# arguments at run time too, as the code writes them: `class RunAdmin(admin.ModelAdmin[WorkflowRun])`.
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 

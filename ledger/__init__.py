@@ -7,7 +7,7 @@ The services are imported lazily so that importing this package does not need Dj
 registry to be ready (an app's ready() registers its adapters through it).
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ledger.adapters import (
     Adapter,
@@ -34,6 +34,13 @@ from ledger.exceptions import (
 )
 from ledger.http import HttpAdapter
 from ledger.redaction import redact
+
+if TYPE_CHECKING:  # what __getattr__ below returns, for the type checker ("as": exported)
+    from ledger.services import operation_perform, operation_prepare
+    from ledger.services import record_create as record_create
+
+    perform = operation_perform
+    prepare = operation_prepare
 
 _LAZY = {
     "perform": ("ledger.services", "operation_perform"),

@@ -55,7 +55,7 @@ class AttentionFilter(admin.SimpleListFilter):
         return queryset
 
 
-class OperationEventInline(ReadOnlyInline):
+class OperationEventInline(ReadOnlyInline[OperationEvent, ExternalOperation]):
     """The audit trail: every submit, lookup and manual resolution, oldest first."""
 
     model = OperationEvent
@@ -75,7 +75,7 @@ class OperationEventInline(ReadOnlyInline):
     def detail_pretty(self, event: OperationEvent) -> str:
         return pretty_json(event.detail, limit=4_000)
 
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_view_permission(self, request: HttpRequest, obj: ExternalOperation | None = None) -> bool:
         return can_see_operations(request.user)
 
 
@@ -93,9 +93,8 @@ RESOLUTION_FIELDS = ("resolved_by", "resolved_at", "resolution_note")
 TIME_FIELDS = ("created_at", "submitted_at", "looked_up_at", "finished_at", "updated_at")
 
 
-# Not ModelAdmin[ExternalOperation]: see workflows.admin (subscripting needs django_stubs_ext).
 @admin.register(ExternalOperation)
-class ExternalOperationAdmin(admin.ModelAdmin):
+class ExternalOperationAdmin(admin.ModelAdmin[ExternalOperation]):
     list_display = (
         "key",
         "system",
@@ -216,7 +215,7 @@ class ExternalOperationAdmin(admin.ModelAdmin):
 
 
 @admin.register(OperationalRecord)
-class OperationalRecordAdmin(admin.ModelAdmin):
+class OperationalRecordAdmin(admin.ModelAdmin[OperationalRecord]):
     """Read-only: records are written by record_create (redacted) and removed only by purge_records."""
 
     list_display = ("created_at", "request_id", "tool", "step", "run", "approval_pending", "observed_at")

@@ -48,7 +48,7 @@ class RedactedJSONField(serializers.JSONField):
 
 
 @extend_schema_serializer(component_name="Operation")
-class OperationSerializer(serializers.Serializer):
+class OperationSerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     key = serializers.CharField()
     system = serializers.CharField()
@@ -91,7 +91,7 @@ class OperationListApi(ApiBase):
         )
 
     @extend_schema_serializer(component_name="OperationPage")
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[dict[str, Any]]):
         next = serializers.URLField(allow_null=True)
         previous = serializers.URLField(allow_null=True)
         results = OperationSerializer(many=True)

@@ -20,6 +20,8 @@ with the row locked (``select_for_update``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -47,6 +49,12 @@ class ExternalOperation(ConcurrentTransitionMixin, models.Model):
     """One side effect in an external system, identified by its key (also the provider's
     idempotency key). ConcurrentTransitionMixin makes every save an ``UPDATE ... WHERE status =
     <as loaded>``: a belt to the services' row locks."""
+
+    if TYPE_CHECKING:
+        # For mypy only: django-fsm-2's ConcurrentTransitionMixin.__init__ reads as untyped before
+        # Python 3.12 (its `override` falls back from typing to typing_extensions), which made the
+        # model class, its manager and every query on it Any. Django's plugin still checks the fields.
+        def __init__(self, *args: Any, **kwargs: Any) -> None: ...
 
     key = models.CharField(max_length=255, unique=True)
     system = models.CharField(max_length=100)

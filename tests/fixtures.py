@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
 from django.conf import settings
 
 from tests.support import AsgiServer, Worker
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -105,7 +108,7 @@ def _fast_password_hashing(settings: Any) -> None:
 
 
 @pytest.fixture
-def users(db: None) -> dict[str, object]:
+def users(db: None) -> dict[str, User]:
     """The cast: alice the customer, bob her colleague, carol staff, mallory another tenant."""
     from django.contrib.auth.models import Permission, User
 

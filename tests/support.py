@@ -37,7 +37,7 @@ def service_env(**overrides: str) -> dict[str, str]:
     return env
 
 
-def wait_for(predicate: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.05, what: str = "") -> T:
+def wait_for(predicate: Callable[[], T | None], *, timeout: float = 30.0, interval: float = 0.05, what: str = "") -> T:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

@@ -42,6 +42,7 @@ def post_json(client: APIClient, url: str, body: Any, **headers: str) -> Any:
     """POST ``body`` as JSON with every non-ASCII character escaped (the only way to send a lone
     surrogate; DRF's test renderer would fail to encode it)."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    # bytes, not str: some bodies are deliberately not UTF-8 (the stubs say str; DRF takes both)
     return client.generic("POST", url, data, content_type="application/json", headers=headers)  # type: ignore[arg-type]
 
 
@@ -244,13 +245,14 @@ def test_services_refuse_what_postgresql_cannot_store_whoever_calls_them(db: Non
     deep: Any = 1
     for _ in range(5_000):
         deep = [deep]
-    for payload, message in [
+    cases: list[tuple[dict[str, Any], str | None]] = [
         ({"a": SURROGATE}, "unpaired surrogate (\\ud800)"),
         ({SURROGATE: 1}, "unpaired surrogate"),
         ({"a": [NUL]}, "NUL character"),
         ({"a": deep}, "nested more than"),
-        ({"a": "\U0001f600 é \\ud800"}, None),
-    ]:  # an emoji's pair, text that looks like one
+        ({"a": "\U0001f600 é \\ud800"}, None),  # an emoji's pair, text that looks like one
+    ]
+    for payload, message in cases:
         if message is None:
             services.check_payload(payload)
             continue
@@ -283,7 +285,7 @@ def test_a_malformed_id_is_the_apis_json_404(users: Users, method: str, path: st
     client = caller(users["carol"])
     before = written()
     for bad in BAD_IDS:
-        response = client.generic(method, path.format(id=bad), b"{}", content_type="application/json")
+        response = client.generic(method, path.format(id=bad), "{}", content_type="application/json")
 
         assert response.status_code == 404, (bad, response.status_code, response.content[:300])
         assert error_of(response)["code"] == "not_found"
@@ -329,7 +331,7 @@ def test_an_unknown_api_path_is_the_json_404_whatever_the_method_and_whoever_ask
 ) -> None:
     client = caller(users[who]) if who else APIClient()
 
-    response = client.generic(method, path, b"{}", content_type="application/json")
+    response = client.generic(method, path, "{}", content_type="application/json")
 
     assert response.status_code == 404, response.content[:300]
     assert response["Content-Type"] == "application/json"

@@ -41,8 +41,14 @@ from rest_framework.authtoken.models import Token
 from approvals.tests.support import GROUP, waiting_request
 from examples.refunds.models import RefundRequest
 from examples.refunds.services import order_create
-from examples.suppliers.models import REVIEWERS, AssessmentReport, AssessmentStatus, SourceRecord, SupplierAssessment
-from examples.suppliers.services import SUBJECT_TYPE
+from examples.suppliers.models import (
+    REVIEWERS,
+    SUBJECT_TYPE,
+    AssessmentReport,
+    AssessmentStatus,
+    SourceRecord,
+    SupplierAssessment,
+)
 from ledger.models import ExternalOperation
 from workflows.models import RunAttempt, RunStatus, WorkflowRun
 

@@ -7,7 +7,7 @@ The services are imported lazily so that importing this package does not need Dj
 registry to be ready (workflow modules import it at app-loading time).
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workflows.context import StepContext, current_step
 from workflows.exceptions import (
@@ -22,6 +22,14 @@ from workflows.exceptions import (
 )
 from workflows.registry import Event, Workflow, workflow
 from workflows.retries import Retries
+
+if TYPE_CHECKING:  # what __getattr__ below returns, for the type checker ("as": exported)
+    from workflows.public import pause as pause
+    from workflows.public import restart as restart
+    from workflows.public import resume as resume
+    from workflows.public import send_event as send_event
+    from workflows.public import start as start
+    from workflows.public import terminate as terminate
 
 _SERVICES = ("start", "send_event", "pause", "resume", "terminate", "restart")
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -22,6 +22,10 @@ from workflows import hooks, services
 from workflows.exceptions import TransitionNotAllowed
 from workflows.models import RunAttempt, RunEvent, RunStatus, StepResult, WorkflowRun
 from workflows.selectors import can_control_all_runs, can_see_all_runs, describe_wait, waiting_event_types
+
+# An inline's rows, and the object whose page shows them.
+_Row = TypeVar("_Row", bound=Model)
+_Page = TypeVar("_Page", bound=Model)
 
 # A step result may be up to 1 MiB of JSON; a page that printed all of it would be unusable.
 PREVIEW_CHARS = 4_000
@@ -67,7 +71,7 @@ class WaitingForFilter(admin.SimpleListFilter):
         return queryset
 
 
-class ReadOnlyInline(admin.TabularInline):
+class ReadOnlyInline(admin.TabularInline[_Row, _Page]):
     """Rows written by services (an audit trail, a timeline), shown and never edited here. The
     apps' admins subclass it and say who may view them."""
 
@@ -75,24 +79,24 @@ class ReadOnlyInline(admin.TabularInline):
     can_delete = False
     show_change_link = False
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: _Page | None = None) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: _Page | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: _Page | None = None) -> bool:
         return False
 
 
-class _ReadOnlyInline(ReadOnlyInline):
+class _ReadOnlyInline(ReadOnlyInline[_Row, WorkflowRun]):
     """Rows the engine writes, shown to whoever may see the run (no separate per-model permission)."""
 
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+    def has_view_permission(self, request: HttpRequest, obj: WorkflowRun | None = None) -> bool:
         return can_see_all_runs(request.user)
 
 
-class StepResultInline(_ReadOnlyInline):
+class StepResultInline(_ReadOnlyInline[StepResult]):
     """The step timeline of every attempt, oldest attempt first."""
 
     model = StepResult
@@ -122,7 +126,7 @@ class StepResultInline(_ReadOnlyInline):
         return pretty_error(step.error, limit=PREVIEW_CHARS)
 
 
-class RunAttemptInline(_ReadOnlyInline):
+class RunAttemptInline(_ReadOnlyInline[RunAttempt]):
     model = RunAttempt
     verbose_name = "attempt"
     ordering = ("number",)
@@ -137,7 +141,7 @@ class RunAttemptInline(_ReadOnlyInline):
         return pretty_error(attempt.error, limit=PREVIEW_CHARS)
 
 
-class RunEventInline(_ReadOnlyInline):
+class RunEventInline(_ReadOnlyInline[RunEvent]):
     model = RunEvent
     verbose_name = "event"
     ordering = ("created_at", "id")
@@ -175,10 +179,8 @@ TIME_FIELDS = ("created_at", "updated_at", "started_at", "finished_at")
 Control = Callable[..., WorkflowRun]
 
 
-# Not ModelAdmin[WorkflowRun]: generic admin classes are subscriptable only after
-# django_stubs_ext.monkeypatch(), which the settings do not call.
 @admin.register(WorkflowRun)
-class WorkflowRunAdmin(admin.ModelAdmin):
+class WorkflowRunAdmin(admin.ModelAdmin[WorkflowRun]):
     list_display = (
         "id",
         "workflow",

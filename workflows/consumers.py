@@ -90,7 +90,7 @@ class Cursor:
             self.missing.discard(seq)
 
 
-class NotFoundConsumer(AsyncWebsocketConsumer):
+class NotFoundConsumer(AsyncWebsocketConsumer):  # type: ignore[misc]  # channels has no types: its classes are Any
     """A socket path that matches no route: closed with 4404 like an unknown run, instead of the
     router's ValueError (an HTTP 500 and a logged traceback for a path anyone may send)."""
 
@@ -107,7 +107,7 @@ class ClientError(Exception):
     """A message from the client that the protocol does not allow; answered, never fatal."""
 
 
-class RunConsumer(AsyncJsonWebsocketConsumer):
+class RunConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels has no types: its classes are Any
     """Snapshot, then the run's live events; ``resume`` replays what a reconnecting client missed."""
 
     run_id: UUID
@@ -223,7 +223,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
     def _visible(self) -> bool:
         return run_get(user=self.scope["user"], run_id=self.run_id) is not None
 
-    @database_sync_to_async
+    @database_sync_to_async  # type: ignore[untyped-decorator]  # channels has no types
     def _snapshot(self) -> dict[str, Any] | None:
         seq = streams.current_seq(self.run_id)  # before the database: see the module docstring
         run = run_get(user=self.scope["user"], run_id=self.run_id)

@@ -32,7 +32,8 @@ class Retries:
             return self.delay
         if self.backoff == "linear":
             return self.delay * retry
-        return self.delay * (2 ** (retry - 1))
+        factor: float = 2 ** (retry - 1)  # typed, as int ** int is Any (a negative power gives a float)
+        return self.delay * factor
 
 
 DEFAULT_RETRIES = Retries()

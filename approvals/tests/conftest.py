@@ -20,7 +20,7 @@ Cast = dict[str, User]
 @pytest.fixture
 def cast(users: dict[str, User]) -> Cast:
     group = Group.objects.create(name=GROUP)
-    people: Cast = dict(users)  # type: ignore[arg-type]
+    people: Cast = dict(users)
     people["carol"].groups.add(group)
     people["bob"].groups.add(group)
     people["dave"] = User.objects.create_user("dave", "dave@example.com", "pw-dave", is_staff=True)

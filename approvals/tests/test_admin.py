@@ -36,8 +36,8 @@ def decide_url(request: ApprovalRequest) -> str:
     return reverse("admin:approvals_approvalrequest_decide", args=[request.pk])
 
 
-def login(user: User, **kwargs: bool) -> Client:
-    client = Client(**kwargs)
+def login(user: User, *, enforce_csrf_checks: bool = False) -> Client:
+    client = Client(enforce_csrf_checks=enforce_csrf_checks)
     client.force_login(user)
     return client
 
@@ -276,5 +276,6 @@ def test_an_approval_in_the_admin_resumes_the_run(worker: Worker, cast: Cast) ->
     # then the worker resumes the run with her decision
     run = wait_for_terminal(run.id, timeout=WAIT)
     assert run.status == RunStatus.COMPLETED, run.error
+    assert run.result is not None, run.error
     assert run.result["outcome"] == "approved" and run.result["by"] == "carol"
     assert run.result["note"] == "from the admin"

@@ -298,4 +298,5 @@ def test_a_decision_over_the_api_resumes_the_run(worker: Worker, cast: Cast) -> 
 
     assert response.status_code == 200
     run = wait_for_terminal(run.id, timeout=WAIT)
+    assert run.result is not None, run.error
     assert run.status == RunStatus.COMPLETED and run.result["by"] == "carol"

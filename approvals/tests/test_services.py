@@ -340,6 +340,7 @@ class TestWorkflowSide:
     def test_proposals_from_load_are_checked(self) -> None:
         assert Proposal.of(("2", {"a": 1}, "s")) == Proposal(version="2", content={"a": 1}, summary="s")
         assert Proposal.of({"version": "2"}) == Proposal(version="2")
+        bad: object
         for bad in [("2", {}), (2, {}, "s"), ("", None, ""), None]:
             with pytest.raises(TypeError):
                 Proposal.of(bad)  # type: ignore[arg-type]

@@ -123,6 +123,7 @@ def test_a_version_changed_after_approval_is_superseded_and_asked_again(
     document.write_text(json.dumps({"version": "1", "title": "Q3 report", "body": "draft"}))
     run = wf.start("approvals.test.current", {"approvers": GROUP, "path": str(document)})
     first = waiting_for_approval(run)
+    assert first.content is not None
     assert (first.version, first.summary, first.content["body"]) == ("1", "Publish Q3 report", "draft")
 
     # when the document changes while carol reviews, and she approves the version she saw
@@ -133,6 +134,7 @@ def test_a_version_changed_after_approval_is_superseded_and_asked_again(
     second = waiting_for_approval(run, pending=2)
     first.refresh_from_db()
     assert first.status == ApprovalStatus.SUPERSEDED
+    assert second.content is not None
     assert (second.status, second.version, second.content["body"], second.replaces_id) == (
         ApprovalStatus.PENDING,
         "2",
@@ -180,6 +182,7 @@ def test_a_version_changed_while_pending_is_superseded_at_once_and_asked_again(
     assert info.value.code == RefusalCode.NOT_PENDING and "superseded" in str(info.value)
     # and the run, woken without any decision, asks for version 2
     second = waiting_for_approval(run, pending=2)
+    assert second.content is not None
     assert (second.version, second.content["body"], second.replaces_id) == ("2", "final", first.pk)
     assert ApprovalRequest.objects.get(pk=first.pk).status == ApprovalStatus.SUPERSEDED
     with pytest.raises(ApprovalRefused) as info:

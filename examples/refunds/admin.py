@@ -15,7 +15,7 @@ from examples.refunds.selectors import refund_status, run_pending_operations
 from examples.refunds.services import CHANGEABLE, StaleOrder, order_change
 
 
-class OrderForm(forms.ModelForm):
+class OrderForm(forms.ModelForm[Order]):
     """Carries the version the page showed: a save against an order that changed since is refused
     (another edit, or the refund workflow marking it refunded) instead of writing the page's stale
     values over the new ones."""
@@ -58,7 +58,7 @@ _REFUSAL = "_order_admin_refusal"  # the request attribute that carries it to th
 
 
 @admin.register(Order)
-class OrderAdmin(admin.ModelAdmin):
+class OrderAdmin(admin.ModelAdmin[Order]):
     """An edit here is a change like any other: through ``order_change``, which bumps the version
     and supersedes a refund approval pending on the order in the same commit. Saving the form
     directly would change the data under the version a reviewer is approving."""
@@ -118,7 +118,7 @@ class OrderAdmin(admin.ModelAdmin):
 
 
 @admin.register(RefundRequest)
-class RefundRequestAdmin(admin.ModelAdmin):
+class RefundRequestAdmin(admin.ModelAdmin[RefundRequest]):
     list_display = ["id", "order", "customer", "amount", "status_in_words", "run", "created_at"]
     readonly_fields = [
         "order",

@@ -29,7 +29,7 @@ REFUND_ID = id_parameter("refund_id", "The refund request's id.")
 AMOUNT = "[1-9][0-9]{0,9}(?:\\.[0-9]{1,2})?|0\\.(?:[1-9][0-9]?|0[1-9])"
 
 
-class RefundSerializer(serializers.Serializer):
+class RefundSerializer(serializers.Serializer[RefundRequest]):
     id = serializers.IntegerField()
     order = serializers.CharField(source="order.number")
     amount = serializers.DecimalField(max_digits=12, decimal_places=2)

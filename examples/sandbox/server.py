@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -250,7 +251,7 @@ class Handler(BaseHTTPRequestHandler):
     # -- routes -----------------------------------------------------------------------------
 
     def _route(self, method: str, path: str, query: dict[str, list[str]], body: bytes) -> Reply:
-        routes = {
+        routes: dict[str, dict[str, Callable[[], Reply]]] = {
             "/v1/refunds": {"POST": lambda: self._create(body), "GET": lambda: self._refunds(query)},
             "/v1/refunds/lookup": {"POST": lambda: self._lookup_many(body)},
             "/v1/stats": {"GET": lambda: Reply(200, self.server.store.stats(), "stats")},

@@ -17,23 +17,22 @@ from examples.suppliers.models import AssessmentReport, SourceRecord, SupplierAs
 from workflows.admin import ReadOnlyInline
 
 
-class SourceRecordInline(ReadOnlyInline):
+class SourceRecordInline(ReadOnlyInline[SourceRecord, SupplierAssessment]):
     model = SourceRecord
     fields = ("source", "revision", "content", "created_by", "created_at")
     readonly_fields = fields
     ordering = ("source", "-revision")
 
 
-class AssessmentReportInline(ReadOnlyInline):
+class AssessmentReportInline(ReadOnlyInline[AssessmentReport, SupplierAssessment]):
     model = AssessmentReport
     fields = ("version", "source_revisions", "body", "created_at")
     readonly_fields = fields
     ordering = ("-version",)
 
 
-# Not ModelAdmin[...]: generic admin classes are subscriptable only after django_stubs_ext.monkeypatch().
 @admin.register(SupplierAssessment)
-class SupplierAssessmentAdmin(admin.ModelAdmin):
+class SupplierAssessmentAdmin(admin.ModelAdmin[SupplierAssessment]):
     list_display = ("id", "supplier_name", "status", "requested_by", "latest_report", "run_link", "created_at")
     list_filter = ("status",)
     list_select_related = ("requested_by",)

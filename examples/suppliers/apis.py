@@ -14,6 +14,8 @@ assessment's state, a stale report version: "review the current version"), with 
 
 from __future__ import annotations
 
+from typing import Any
+
 from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
@@ -51,7 +53,7 @@ ASSESSMENT_ID = id_parameter("assessment_id", "The assessment's id.")
 
 # --- Shapes ---------------------------------------------------------------------------------------
 @extend_schema_serializer(component_name="AssessmentSummary")
-class AssessmentSummarySerializer(serializers.Serializer):
+class AssessmentSummarySerializer(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     supplier_name = serializers.CharField()
     status = serializers.ChoiceField(choices=AssessmentStatus.choices)
@@ -65,7 +67,7 @@ class AssessmentSummarySerializer(serializers.Serializer):
 
 
 @extend_schema_serializer(component_name="AssessmentSource")
-class SourceSerializer(serializers.Serializer):
+class SourceSerializer(serializers.Serializer[dict[str, Any]]):
     source = serializers.CharField()  # type: ignore[assignment]  # a field, not Field.source
     revision = serializers.IntegerField()
     content = serializers.JSONField()
@@ -74,7 +76,7 @@ class SourceSerializer(serializers.Serializer):
 
 
 @extend_schema_serializer(component_name="AssessmentReport")
-class ReportSerializer(serializers.Serializer):
+class ReportSerializer(serializers.Serializer[dict[str, Any]]):
     version = serializers.IntegerField()
     source_revisions = serializers.DictField(
         child=serializers.IntegerField(), help_text="{source: revision} the report was built from."
@@ -84,7 +86,7 @@ class ReportSerializer(serializers.Serializer):
 
 
 @extend_schema_serializer(component_name="AssessmentReview")
-class ReviewSerializer(serializers.Serializer):
+class ReviewSerializer(serializers.Serializer[dict[str, Any]]):
     request = serializers.IntegerField(help_text="The approval request (also at /api/approvals/<id>).")
     report_version = serializers.IntegerField(help_text="The report version under review; send it back to decide.")
     expires_at = serializers.DateTimeField()
@@ -141,7 +143,7 @@ class AssessmentListCreateApi(ApiBase):
         page_size = serializers.IntegerField(required=False, min_value=1, max_value=RunCursorPagination.max_page_size)
 
     @extend_schema_serializer(component_name="AssessmentPage")
-    class PageSerializer(serializers.Serializer):
+    class PageSerializer(serializers.Serializer[dict[str, Any]]):
         next = serializers.URLField(allow_null=True)
         previous = serializers.URLField(allow_null=True)
         results = AssessmentSummarySerializer(many=True)

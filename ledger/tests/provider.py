@@ -60,9 +60,9 @@ class FakeProvider:
     def __post_init__(self) -> None:
         self._faults: dict[tuple[str, str], deque[Fault]] = {}
         self._lock = threading.Lock()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.daemon_threads = True  # a handler asleep in accept_then_hang must not block stop()
-        self._server.provider = self  # type: ignore[attr-defined]
+        self._server.provider = self
         self._thread = threading.Thread(target=self._server.serve_forever, name="fake-provider", daemon=True)
         self._thread.start()
 
@@ -129,12 +129,16 @@ class FakeProvider:
             return record, True
 
 
+class _Server(ThreadingHTTPServer):
+    provider: FakeProvider  # the one it serves, set by FakeProvider
+
+
 class _Handler(BaseHTTPRequestHandler):
-    server: ThreadingHTTPServer
+    server: _Server
 
     @property
     def provider(self) -> FakeProvider:
-        return self.server.provider  # type: ignore[attr-defined]
+        return self.server.provider
 
     def log_message(self, format: str, *args: Any) -> None:
         pass  # quiet: pytest shows failures, not every request

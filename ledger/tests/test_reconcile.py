@@ -65,7 +65,8 @@ def test_reconcile_resolves_what_the_provider_knows_and_flags_the_rest(
     assert status_of(scene["paid"]) == OperationStatus.SUCCEEDED
     assert ExternalOperation.objects.get(key="paid").response == payments.records["paid"]
     assert status_of(scene["declined"]) == OperationStatus.FAILED
-    assert ExternalOperation.objects.get(key="declined").error["reason"] == "card_declined"
+    declined = ExternalOperation.objects.get(key="declined")
+    assert declined.error is not None and declined.error["reason"] == "card_declined"
     assert status_of(scene["never-sent"]) == OperationStatus.PENDING  # the next perform sends it
     assert status_of(scene["provider-down"]) == OperationStatus.UNKNOWN
     assert status_of(scene["fresh"]) == OperationStatus.SUBMITTED  # its worker may still answer
@@ -247,6 +248,7 @@ def test_a_pending_operation_of_an_ended_run_is_abandoned_and_listed_until_then(
 
     # then nobody will send it: it is failed as abandoned (the key is spent), and nothing was sent
     op = ExternalOperation.objects.get(pk=orphan.pk)
+    assert op.error is not None
     assert (op.status, op.error["reason"]) == (OperationStatus.FAILED, "abandoned")
     assert "abandoned" in row_of(output, "orphan")
     assert status_of(live) == OperationStatus.PENDING
@@ -267,6 +269,7 @@ def test_a_not_found_of_an_ended_runs_operation_never_settles_it(payments: FakeP
 
     # when the send is older than the window: still unknown, for a person (a provider may act on a
     # request long after our call gave up; nobody will send this one again)
+    assert op.submitted_at is not None
     ExternalOperation.objects.filter(pk=op.pk).update(submitted_at=op.submitted_at - timedelta(minutes=5))
     output = reconcile()
     assert status_of(op) == OperationStatus.UNKNOWN

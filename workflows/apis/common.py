@@ -116,7 +116,7 @@ class JsonObjectField(serializers.DictField):
         self.key_max_length = key_max_length
 
 
-class StrictSerializer(serializers.Serializer):
+class StrictSerializer(serializers.Serializer[Any]):
     """Refuses fields it does not declare, so a typo or a bare object is a 400, not ignored."""
 
     def to_internal_value(self, data: Any) -> Any:

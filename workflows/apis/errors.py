@@ -28,14 +28,14 @@ from workflows.storable import MAX_JSON_DEPTH, json_too_deep
 
 
 @extend_schema_serializer(component_name="ErrorBody")
-class ErrorBodySerializer(serializers.Serializer):
+class ErrorBodySerializer(serializers.Serializer[dict[str, Any]]):
     code = serializers.CharField(help_text="Stable, machine-readable: unknown_workflow, parse_error, ...")
     message = serializers.CharField(help_text="For people; may change.")
     detail = serializers.JSONField(allow_null=True, help_text="Per-field errors, the run's status, or null.")
 
 
 @extend_schema_serializer(component_name="Error")
-class ErrorSerializer(serializers.Serializer):
+class ErrorSerializer(serializers.Serializer[dict[str, Any]]):
     """Every error response of the API (for the OpenAPI schema; responses are built below)."""
 
     error = ErrorBodySerializer()

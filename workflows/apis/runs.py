@@ -43,7 +43,7 @@ from workflows.apis.common import (
 )
 from workflows.apis.errors import error_responses
 from workflows.conf import conf
-from workflows.models import RunStatus, WorkflowRun
+from workflows.models import RunEvent, RunStatus, WorkflowRun
 from workflows.selectors import attempt_status, public_error, run_attempts, run_list, run_timeline, waiting_for
 
 RUN_ID = OpenApiParameter("run_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The run's id.")
@@ -80,7 +80,7 @@ class RunStatusField(serializers.ChoiceField):
 
 
 @extend_schema_serializer(component_name="RunSummary")
-class RunSummarySerializer(serializers.Serializer):
+class RunSummarySerializer(serializers.Serializer[Any]):
     id = serializers.UUIDField()
     workflow = serializers.CharField()
     workflow_version = serializers.CharField()
@@ -94,7 +94,7 @@ class RunSummarySerializer(serializers.Serializer):
 
 
 @extend_schema_serializer(component_name="RunStep")
-class RunStepSerializer(serializers.Serializer):
+class RunStepSerializer(serializers.Serializer[dict[str, Any]]):
     attempt = serializers.IntegerField()
     position = serializers.IntegerField(help_text="1 for the first step of the attempt.")
     name = serializers.CharField()
@@ -109,7 +109,7 @@ class RunStepSerializer(serializers.Serializer):
 
 
 @extend_schema_serializer(component_name="RunAttempt")
-class RunAttemptSerializer(serializers.Serializer):
+class RunAttemptSerializer(serializers.Serializer[dict[str, Any]]):
     number = serializers.IntegerField()
     status = serializers.CharField()
     result = serializers.JSONField(allow_null=True)
@@ -119,7 +119,7 @@ class RunAttemptSerializer(serializers.Serializer):
 
 
 @extend_schema_serializer(component_name="RunWaitingFor")
-class RunWaitingForSerializer(serializers.Serializer):
+class RunWaitingForSerializer(serializers.Serializer[dict[str, Any]]):
     step = serializers.CharField()
     event_type = serializers.CharField(allow_null=True, help_text="null for a sleep or a retry backoff")
     until = serializers.DateTimeField(allow_null=True)
@@ -252,7 +252,7 @@ class RunListApi(ApiBase):
         page_size = serializers.IntegerField(required=False, min_value=1, max_value=RunCursorPagination.max_page_size)
 
     @extend_schema_serializer(component_name="RunPage")
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[dict[str, Any]]):
         next = serializers.URLField(allow_null=True)
         previous = serializers.URLField(allow_null=True)
         results = RunSummarySerializer(many=True)
@@ -307,7 +307,7 @@ class RunSendEventApi(ApiBase):
         )
 
     @extend_schema_serializer(component_name="RunEvent")
-    class OutputSerializer(serializers.Serializer):
+    class OutputSerializer(serializers.Serializer[RunEvent]):
         id = serializers.IntegerField()
         run = serializers.UUIDField(source="run_id")
         type = serializers.CharField()

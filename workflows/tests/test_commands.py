@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from io import StringIO
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
@@ -236,7 +236,7 @@ class TestWrites:
 def test_send_event_wakes_a_waiting_run_that_a_worker_completes(worker: Worker) -> None:
     # given: a real run, suspended by a real worker on its wait step
     run = wf.start("test.wait", {"timeout": 120})
-    waiting = cast(WorkflowRun, wait_for_status(run.id, RunStatus.WAITING, timeout=60))
+    waiting = wait_for_status(run.id, RunStatus.WAITING, timeout=60)
     assert waiting.wait_event_type == "reply"
 
     # when
@@ -246,7 +246,7 @@ def test_send_event_wakes_a_waiting_run_that_a_worker_completes(worker: Worker) 
     # then
     assert "Sent event 'reply'" in output and f"to run {run.pk}; the run is " in output
     assert "Already sent (same key)" in repeat
-    finished = cast(WorkflowRun, wait_for_terminal(run.id, timeout=60))
+    finished = wait_for_terminal(run.id, timeout=60)
     assert finished.status == RunStatus.COMPLETED, finished.error
     assert finished.result is not None
     assert finished.result["reply"] == {"text": "yes"}

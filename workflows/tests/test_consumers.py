@@ -18,6 +18,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Origin
 
 from tests.support import AsgiServer, Worker, wait_for, wait_for_status
 from workflows import public as wf
@@ -46,7 +47,7 @@ def open_socket(
     headers = {"Cookie": session_cookie(user)} if user is not None else {}
     return connect(
         f"{server.ws_url}/ws/runs/{run_id}/",
-        origin=origin or server.url,
+        origin=Origin(origin or server.url),
         additional_headers=headers,
         proxy=None,
         open_timeout=TIMEOUT,
@@ -183,7 +184,8 @@ def test_snapshot_comes_first_matches_the_database_then_status_events_follow_liv
     assert [m["data"]["status"] for m in live][-1] == "completed"
     assert "running" in [m["data"]["status"] for m in live]
     assert not any("replay" in m for m in live)
-    assert WorkflowRun.objects.get(pk=run.id).result["reply"] == {"text": "yes"}
+    result = WorkflowRun.objects.get(pk=run.id).result
+    assert result is not None and result["reply"] == {"text": "yes"}
 
 
 def test_live_progress_events_arrive_in_seq_order_without_gaps(

@@ -14,6 +14,7 @@ from channels_redis.core import RedisChannelLayer
 from django.contrib.auth.models import User
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
+from websockets.typing import Origin
 
 from tests.support import AsgiServer, Worker, wait_for_status
 from workflows import public as wf
@@ -103,7 +104,7 @@ def unrouted_paths(run_id: str) -> list[str]:
 def closed_with(url: str, cookie: str | None, origin: str) -> tuple[int | None, list[str]]:
     headers = {"Cookie": cookie} if cookie else {}
     sent: list[str] = []
-    with connect(url, origin=origin, additional_headers=headers, proxy=None, open_timeout=TIMEOUT) as ws:
+    with connect(url, origin=Origin(origin), additional_headers=headers, proxy=None, open_timeout=TIMEOUT) as ws:
         try:
             while True:
                 sent.append(str(ws.recv(timeout=TIMEOUT)))

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def queue(settings) -> Iterator[str]:
+def queue(settings: Any) -> Iterator[str]:
     """Queues nobody consumes: the run's, and the one its step is sent to."""
     name = f"dispatch-{uuid.uuid4().hex[:8]}"
     settings.WORKFLOWS = {**settings.WORKFLOWS, "QUEUE": name}
@@ -82,6 +83,7 @@ def test_a_message_of_another_try_runs_nothing(queue: str, tmp_path: Path) -> No
     assert lines(path) == ["0"]
     step.refresh_from_db()
     assert (step.status, step.tries, step.result) == (StepStatus.RUNNING, 1, None)
+    assert step.call is not None
     assert "claimed_at" not in step.call
     assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.WAITING
 

@@ -7,6 +7,7 @@ import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -44,6 +45,7 @@ def test_a_replayed_run_does_not_run_completed_steps_again(worker: Worker, tmp_p
     # its timestamp would be as late as the one after it
     before = StepResult.objects.get(run=run, name="before")
     assert run.status == RunStatus.COMPLETED
+    assert run.result is not None, run.error
     assert run.result["slept"] >= 1
     assert before.tries == 1
     assert [s.name for s in StepResult.objects.filter(run=run)] == ["before", "nap", "after"]
@@ -90,6 +92,7 @@ def test_a_step_out_of_retries_fails_the_run_with_its_error(worker: Worker, tmp_
 
     assert run.status == RunStatus.FAILED
     assert run.failure_reason == "error"
+    assert run.error is not None, run.status
     assert run.error["type"] == "ValueError"
     assert run.error["message"] == "failure 3"
     assert len(lines(path)) == 3  # the first try and two retries
@@ -114,6 +117,7 @@ def test_a_step_past_its_timeout_fails(worker: Worker) -> None:
     run = wait_for_terminal(run.id)
 
     assert run.status == RunStatus.FAILED
+    assert run.error is not None, run.status
     assert run.error["type"] == "StepTimeout"
     assert "timeout of 0.5s" in run.error["message"]
     assert time.monotonic() - started < 15
@@ -132,6 +136,7 @@ def test_non_determinism_fails_the_run_naming_both_steps(worker: Worker, tmp_pat
     # then the run fails rather than doing anything wrong
     assert run.status == RunStatus.FAILED
     assert run.failure_reason == "non_determinism"
+    assert run.error is not None, run.status
     assert "'first name'" in run.error["message"] and "'second name'" in run.error["message"]
 
 
@@ -155,6 +160,7 @@ def test_wait_for_event_resumes_with_its_payload(worker: Worker) -> None:
 
     run = wait_for_terminal(run.id)
     assert run.status == RunStatus.COMPLETED
+    assert run.result is not None, run.error
     assert run.result["reply"] == {"text": "yes"}
     assert run.events.count() == 1
 
@@ -165,6 +171,7 @@ def test_an_event_sent_before_the_wait_is_kept_for_it(worker: Worker) -> None:
 
     run = wait_for_terminal(run.id)
 
+    assert run.result is not None, run.error
     assert run.result["reply"] == {"early": True}
 
 
@@ -176,10 +183,11 @@ def test_wait_for_event_times_out(worker: Worker) -> None:
     assert run.status == RunStatus.COMPLETED
     assert run.result == {"timed_out": True}
     wait = StepResult.objects.get(run=run, name="wait for reply")
+    assert wait.error is not None
     assert wait.status == StepStatus.FAILED and wait.error["type"] == "WaitTimeout"
 
 
-def test_a_step_sent_to_another_queue_runs_there_once(worker: Worker, tmp_path: Path, settings) -> None:
+def test_a_step_sent_to_another_queue_runs_there_once(worker: Worker, tmp_path: Path, settings: Any) -> None:
     path = str(tmp_path / "lines")
     run = wf.start("test.dispatch", {"path": path, "queue": settings.WORKFLOWS["QUEUE"] + "-io"})
 
@@ -207,12 +215,13 @@ def test_results_too_large_or_not_json_fail_the_step_clearly_and_at_once(worker:
     run = wait_for_terminal(run.id)
 
     assert run.status == RunStatus.COMPLETED, run.error
+    assert run.result is not None, run.error
     assert "the limit is 1,048,576 (WORKFLOWS_MAX_RESULT_BYTES)" in run.result["too_big"]
     assert "not JSON-serialisable" in run.result["not_json"]
     assert set(StepResult.objects.filter(run=run).values_list("status", "tries")) == {(StepStatus.FAILED, 1)}
 
 
-def test_heartbeat_keeps_a_long_step_from_being_recovered(worker: Worker, tmp_path: Path, settings) -> None:
+def test_heartbeat_keeps_a_long_step_from_being_recovered(worker: Worker, tmp_path: Path, settings: Any) -> None:
     # given a step three times as long as the lease (WORKFLOWS_LEASE_SECONDS=2 in the tests)
     path = str(tmp_path / "lines")
     run = wf.start("test.lines", {"path": path, "steps": 2, "slow_step": 0, "slow_seconds": 6})
@@ -307,6 +316,7 @@ def test_an_unstorable_result_of_the_last_step_fails_the_run_without_running_any
 
     # then the run failed with that step's error; no step ran twice, no recovery
     assert run.status == RunStatus.FAILED
+    assert run.error is not None, run.status
     assert (run.failure_reason, run.error["type"]) == ("error", "NotSerializable")
     assert run.error["message"].startswith("the result of step 'unstorable' contains ")
     assert lines(path) == ["before", kind]
@@ -322,6 +332,7 @@ def test_a_run_result_postgresql_cannot_store_fails_the_run(worker: Worker, tmp_
     run = wait_for_terminal(run.id)
 
     assert run.status == RunStatus.FAILED
+    assert run.error is not None, run.status
     assert run.error["type"] == "NotSerializable"
     assert run.error["message"].startswith("the run's result contains")
     assert lines(path) == ["before"]
@@ -330,7 +341,7 @@ def test_a_run_result_postgresql_cannot_store_fails_the_run(worker: Worker, tmp_
 
 
 def test_a_run_end_postgresql_refuses_fails_the_run_and_runs_no_step_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: Any
 ) -> None:
     # given an encoder that lets everything through (as one with a gap would), and a run advanced
     # here on a queue no worker listens on
@@ -349,9 +360,11 @@ def test_a_run_end_postgresql_refuses_fails_the_run_and_runs_no_step_again(
     # is left for recovery to run again
     run.refresh_from_db()
     assert (outcome, run.status, run.failure_reason) == ("failed", RunStatus.FAILED, "error")
+    assert run.error is not None, run.status
     assert run.error["type"] == "DataError"
     assert run.error["message"].startswith("the run's end could not be stored")
     last = StepResult.objects.get(run=run, name="unstorable")
+    assert last.error is not None
     assert (last.status, last.tries, last.result, last.error["type"]) == (StepStatus.FAILED, 1, None, "DataError")
     assert (run.lease_owner, run.lease_expires_at) == ("", None)
     assert engine.advance(run.id) == "not_claimed"
@@ -367,6 +380,7 @@ def test_a_step_timeout_of_zero_or_less_is_refused(worker: Worker, timeout: floa
     run = wait_for_terminal(run.id)
 
     assert run.status == RunStatus.FAILED
+    assert run.error is not None, run.status
     assert run.error["type"] == "ValueError"
     assert run.error["message"] == f"step 'slow': timeout must be more than 0 seconds, not {float(timeout)}"
     assert not StepResult.objects.filter(run=run).exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,7 @@ def test_two_workers_on_one_run_run_each_step_once(tmp_path: Path, no_enqueue: N
         path = str(tmp_path / f"lines-{i}")
         run = wf.start("test.lines", {"path": path, "steps": 5})
 
-        outcomes = race(lambda run_id=run.id: engine.advance(run_id))
+        outcomes = race(partial(engine.advance, run.id))
 
         assert sorted(outcomes) == ["completed", "not_claimed"]
         assert Counter(lines(path)) == {str(s): 1 for s in range(5)}

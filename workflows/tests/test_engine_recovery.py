@@ -11,6 +11,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture
-def queue(settings) -> Iterator[str]:
+def queue(settings: Any) -> Iterator[str]:
     """A queue only this test's workers listen on."""
     name = f"recovery-{uuid.uuid4().hex[:8]}"
     settings.WORKFLOWS = {**settings.WORKFLOWS, "QUEUE": name}
@@ -84,7 +85,7 @@ def test_a_lost_enqueue_is_recovered_by_the_sweeper(
 
     def swept() -> bool:
         sweep()
-        return WorkflowRun.objects.get(pk=run.pk).status != RunStatus.QUEUED
+        return bool(WorkflowRun.objects.get(pk=run.pk).status != RunStatus.QUEUED)  # FSMField reads as Any
 
     wait_for(swept, timeout=15, interval=0.2, what="the sweeper to requeue the run")
 

@@ -47,12 +47,13 @@ def test_the_default_validate_payload_checks_payload_schema() -> None:
         }
 
     assert Sized.validate_payload({"size": 2}) == {"size": 2}
-    for bad, where in [
+    invalid: list[tuple[dict[str, Any], str]] = [
         ({}, "payload"),
         ({"size": 4}, "payload['size']"),
         ({"size": "2"}, "payload['size']"),
         ({"size": 1, "more": 1}, "payload"),
-    ]:
+    ]
+    for bad, where in invalid:
         with pytest.raises(InvalidPayload) as refused:
             Sized.validate_payload(bad)
         assert str(refused.value).startswith(f"{where}: "), refused.value

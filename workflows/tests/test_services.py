@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import User
 
 from tests.support import Worker, wait_for, wait_for_status, wait_for_terminal
 from tests.workflows_fixtures import lines
@@ -28,7 +29,7 @@ class TestStart:
             wf.start("test.echo", {"a": 2}, idempotency_key="k1")
         assert WorkflowRun.objects.count() == 1
 
-    def test_keys_of_different_owners_do_not_collide(self, users: dict) -> None:
+    def test_keys_of_different_owners_do_not_collide(self, users: dict[str, User]) -> None:
         a = wf.start("test.echo", {"a": 1}, idempotency_key="k", owner=users["alice"])
         m = wf.start("test.echo", {"a": 2}, idempotency_key="k", owner=users["mallory"])
         assert a.id != m.id
@@ -155,6 +156,7 @@ class TestControls:
         # then attempt 2 completed and attempt 1 is still there, failed
         assert (run.status, run.attempt, run.result) == (RunStatus.COMPLETED, 2, "ok")
         attempts = {a.number: a for a in RunAttempt.objects.filter(run=run)}
+        assert attempts[1].error is not None
         assert attempts[1].status == RunStatus.FAILED and attempts[1].error["type"] == "ValueError"
         assert attempts[2].status == RunStatus.COMPLETED
         steps = list(StepResult.objects.filter(run=run).values_list("attempt", "status"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture
-def lone_worker(settings) -> Iterator[Worker]:
+def lone_worker(settings: Any) -> Iterator[Worker]:
     """One worker process on a queue of its own, without beat: no sweeper re-enqueues a run."""
     queue = f"connections-{uuid.uuid4().hex[:8]}"
     settings.WORKFLOWS = {**settings.WORKFLOWS, "QUEUE": queue}
@@ -29,7 +30,7 @@ def lone_worker(settings) -> Iterator[Worker]:
 
 def session_of_next_run() -> dict[str, int]:
     run = wait_for_terminal(wf.start("test.database_session", {}).id, timeout=30)
-    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.status == RunStatus.COMPLETED and run.result is not None, run.error
     return dict(run.result)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from io import StringIO
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from django.contrib.auth import authenticate
@@ -43,7 +43,7 @@ def test_onboarding_completes_after_a_real_approval_its_owner_could_not_give(wor
     alice, carol = users["alice"], users["carol"]
     carol.groups.add(Group.objects.create(name=APPROVERS))
     run = wf.start("demo.onboarding", {**FAST, "approval_timeout_seconds": 300}, owner=alice)
-    waiting = cast(WorkflowRun, wait_for_status(run.id, RunStatus.WAITING, timeout=90))
+    waiting = wait_for_status(run.id, RunStatus.WAITING, timeout=90)
     request = ApprovalRequest.objects.get(run=run)
     assert waiting.wait_event_type == f"approval:{request.pk}"
     assert (request.approvers, request.requested_by, request.summary) == (
@@ -61,7 +61,7 @@ def test_onboarding_completes_after_a_real_approval_its_owner_could_not_give(wor
     decide(request, by=carol, approve=True, version="1")
 
     # then
-    done = cast(WorkflowRun, wait_for_terminal(run.id, timeout=60))
+    done = wait_for_terminal(run.id, timeout=60)
     assert done.status == RunStatus.COMPLETED, done.error
     assert done.result is not None
     assert (done.result["approved"], done.result["approval_request"]) == (True, request.pk)
@@ -74,7 +74,7 @@ def test_onboarding_completes_after_a_real_approval_its_owner_could_not_give(wor
 def test_onboarding_carries_on_unapproved_when_the_wait_times_out(worker: Worker) -> None:
     run = wf.start("demo.onboarding", {**FAST, "approval_timeout_seconds": 1})
 
-    done = cast(WorkflowRun, wait_for_terminal(run.id, timeout=90))
+    done = wait_for_terminal(run.id, timeout=90)
 
     assert done.status == RunStatus.COMPLETED, done.error
     assert done.result is not None

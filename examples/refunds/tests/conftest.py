@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 from django.conf import settings
@@ -18,11 +18,20 @@ from examples.sandbox.process import SandboxProcess
 from ledger import HttpAdapter, register_adapter
 from tests.support import Worker
 
+
+class WorkerEnv(TypedDict):  # its keys, for Worker(**env): none of them is one of Worker's own arguments
+    LEDGER_CONNECT_TIMEOUT: str
+    LEDGER_READ_TIMEOUT: str
+    LEDGER_STALE_SUBMITTED_SECONDS: str
+    LEDGER_PROVIDER_GRACE_SECONDS: str
+    REFUND_APPROVAL_LIMIT: str
+
+
 # Read timeout 1 s: a sandbox "timeout" fault makes the outcome unknown quickly. Stale after 4 s
 # (> connect 1 + 2 x read 1, ledger.E001): a killed worker's submit is looked up soon. A lookup's
 # "not found" is believed 5 s after the last send (connect 1 + 2 x read 1 + grace 2).
 LEDGER = {"CONNECT_TIMEOUT": 1.0, "READ_TIMEOUT": 1.0, "STALE_SUBMITTED_SECONDS": 4.0, "PROVIDER_GRACE_SECONDS": 2.0}
-WORKER_ENV = {
+WORKER_ENV: WorkerEnv = {
     "LEDGER_CONNECT_TIMEOUT": "1",
     "LEDGER_READ_TIMEOUT": "1",
     "LEDGER_STALE_SUBMITTED_SECONDS": "4",

@@ -77,6 +77,7 @@ def assert_confirmed(
 ) -> None:
     run = wait_for_terminal(request.run_id, timeout=timeout)  # type: ignore[arg-type]
     assert run.status == "completed", (run.status, run.error)
+    assert run.result is not None, run.error
     assert run.result["outcome"] == "refunded"
     assert status_of(request) == "confirmed"
     if provider_refunds is not None:

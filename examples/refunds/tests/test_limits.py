@@ -32,5 +32,7 @@ def test_past_the_open_requests_limit_a_refund_request_is_a_429_and_creates_noth
     assert "you have 2 refund requests in progress (the limit is 2)" in refused.json()["error"]["message"]
     assert RefundRequest.objects.filter(customer=mallory).count() == 2
     # once one is handled (its run ended), she may ask again; other customers were never limited
-    run_terminate(run_id=RefundRequest.objects.filter(customer=mallory).first().run_id)
+    handled = RefundRequest.objects.filter(customer=mallory).first()
+    assert handled is not None and handled.run_id is not None
+    run_terminate(run_id=handled.run_id)
     assert ask().status_code == 201

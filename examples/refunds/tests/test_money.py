@@ -99,6 +99,7 @@ def test_two_partial_requests_that_fit_both_pay(world: dict[str, Any]) -> None:
         ask(order, "0.01")  # nothing is left
     for request in (first, second):
         run = wait_for_terminal(request.run_id)  # type: ignore[arg-type]
+        assert run.result is not None, run.error
         assert (run.status, run.result["outcome"]) == ("completed", "refunded")
     assert refunded_at_provider(world["sandbox"], "2002") == Decimal("50.00")
     assert Order.objects.get(pk=order.pk).status == "refunded"
@@ -148,6 +149,7 @@ def test_a_terminated_run_whose_refund_reconciles_as_paid_still_counts(world: di
     # and the order says so, with the record a colleague needs, written when the outcome was settled
     assert Order.objects.get(pk=order.pk).status == "refunded"
     record = OperationalRecord.objects.get(request_id=f"refund-request:{first.pk}")
+    assert record.operation is not None
     assert (record.step, record.run_id, record.operation.key) == ("reconcile", first.run_id, first.operation_key)
     assert status_of(first) == "confirmed"
 
@@ -233,7 +235,7 @@ def stored_json(exclude: set[tuple[str, str]]) -> list[tuple[str, int, str]]:
             for f in model._meta.get_fields()
             if isinstance(f, models.JSONField) and (model._meta.label, f.name) not in exclude
         ]
-        for values in model.objects.values("pk", *fields) if fields else []:
+        for values in model._default_manager.values("pk", *fields) if fields else []:
             pk = values.pop("pk")
             rows.append((model._meta.label, pk, json.dumps(values, default=str)))
     return rows
@@ -263,6 +265,7 @@ def test_no_personal_data_or_staff_note_is_stored_outside_the_order(world: dict[
         user=type(carol).objects.get(pk=carol.pk),
     )
     run = wait_for_terminal(by_hand.run_id, timeout=60)  # type: ignore[arg-type]
+    assert run.result is not None, run.error
     assert run.result["outcome"] == "refunded"
 
     # then the address is in the order's own column and nowhere else (step results, approvals,
@@ -305,6 +308,7 @@ def test_a_refund_run_started_for_someone_elses_request_touches_nothing(world: d
 
     # then it fails on its first step, which stored nothing of alice's
     done = wait_for_terminal(run.id)
+    assert done.error is not None, done.status
     assert done.status == "failed" and "belongs to another run" in done.error["message"]
     assert not StepResult.objects.filter(run=run, status="completed").exists()
     assert status_of(alices) == "awaiting approval"
@@ -323,6 +327,7 @@ def test_splitting_a_refund_below_the_approval_limit_still_needs_a_reviewer(worl
 
     # then it waits for a reviewer: the order's refunds would come to £200
     approval = pending_approval(second)
+    assert approval.content is not None
     assert approval.content["already_refunded"] == "100.00"
     assert refunded_at_provider(world["sandbox"], "2010") == Decimal("100.00")
 
@@ -368,6 +373,7 @@ def test_a_run_restarted_after_another_request_took_the_money_ends_refused(world
 
     # then its policy check refuses it: an outcome, not a failed run, and nothing more is paid
     run = wait_for_terminal(first.run_id)  # type: ignore[arg-type]
+    assert run.result is not None, run.error
     assert (run.status, run.result["outcome"]) == ("completed", "failed"), run.error
     assert "can still refund (0.00 of 150.00)" in run.result["reason"]
     assert refunded_at_provider(sandbox, "2012") == Decimal("150.00")
@@ -400,6 +406,7 @@ def test_a_restarted_run_continues_the_refund_its_earlier_attempt_sent(world: di
 
     # then it carries on with the refund it sent: no second approval, the provider's answer recorded
     run = wait_for_terminal(first.run_id, timeout=90)  # type: ignore[arg-type]
+    assert run.result is not None, run.error
     assert (run.status, run.result["outcome"]) == ("completed", "refunded"), run.error
     assert not ApprovalRequest.objects.filter(run_id=first.run_id).exists()
     assert status_of(first) == "confirmed"

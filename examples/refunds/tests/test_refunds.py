@@ -48,6 +48,7 @@ def test_small_refund_needs_no_approval_and_is_recorded_without_personal_data(wo
     assert record.operation is not None and record.operation.key == request.operation_key
     text = json.dumps(record.response)
     assert "Baker Street" not in text and "NW1" not in text
+    assert record.response is not None
     assert "shipping_address" not in record.response["order"]  # never copied out of the order
     assert record.response["provider"]["amount"] == "20.00"
     assert Order.objects.get(pk=order.pk).version == 2  # marking it refunded is a change
@@ -61,6 +62,7 @@ def test_large_refund_waits_for_approval_then_is_confirmed(world: dict[str, Any]
     wait_status(request, "awaiting approval")
     assert approval.summary == "Refund £120.00 on order 1042"
     assert (approval.approvers, approval.version) == ("refund-approvers", "1")
+    assert approval.content is not None
     assert approval.content["refund_amount"] == "120.00"
     assert world["sandbox"].stats()["refunds"] == 0
 
@@ -73,6 +75,7 @@ def test_rejected_refund_completes_as_rejected(world: dict[str, Any]) -> None:
     approval = pending_approval(request)
     decide(approval, by=world["carol"], approve=False, version=approval.version, note="no")
     run = wait_for_terminal(request.run_id)  # type: ignore[arg-type]
+    assert run.result is not None, run.error
     assert (run.status, run.result["outcome"]) == ("completed", "rejected")
     assert status_of(request) == "rejected"
     assert world["sandbox"].stats()["refunds"] == 0
@@ -146,6 +149,7 @@ def test_an_order_change_supersedes_the_pending_approval_at_once(world: dict[str
     assert late.value.code == RefusalCode.NOT_PENDING
     # the run asks again, for the version that is current
     second = pending_approval(request, version="2")
+    assert second.content is not None
     assert second.replaces_id == first.pk and second.content["items"] == [{"sku": "KETTLE", "qty": 2}]
     assert status_of(request) == "awaiting approval"
     assert sandbox.stats()["refunds"] == 0  # nothing refunded on the old version

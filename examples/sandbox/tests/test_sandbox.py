@@ -109,6 +109,7 @@ def test_lookup_of_many_keys_in_one_request(sandbox: SandboxProcess) -> None:
     assert status == 200
     assert body == {"found": {"k-many-1": first, "k-many-2": second}, "missing": ["k-never"]}
     assert sandbox.stats()["refunds"] == 2
+    bad: dict[str, Any]
     for bad in ({"keys": []}, {"keys": "k"}, {"keys": [1]}, {}, {"keys": ["k"] * 1001}):
         assert sandbox.request("POST", "/v1/refunds/lookup", bad)[0] == 422
 

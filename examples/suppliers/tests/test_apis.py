@@ -137,6 +137,7 @@ class TestSourcesAndSubmit:
     def test_bad_source_input_is_a_400(self, cast: Cast, assessment: SupplierAssessment) -> None:
         url = f"{URL}/{assessment.pk}/sources"
         before = snapshot(assessment)
+        body: dict[str, Any]
         for body in (
             {"content": {}},
             {"source": "", "content": {}},
@@ -238,7 +239,9 @@ def test_a_review_over_http_refuses_a_stale_tab_and_approves_the_current_report(
     # the current report is approved, and the assessment records that exact version
     approved = carol.post(f"{detail}/review", {"approve": True, "report_version": 2, "note": "fine"}, format="json")
     assert approved.status_code == 200, approved.json()
-    run = wait_for_terminal(SupplierAssessment.objects.get(pk=assessment_id).run_id, timeout=WAIT)
+    run_id = SupplierAssessment.objects.get(pk=assessment_id).run_id
+    assert run_id is not None
+    run = wait_for_terminal(run_id, timeout=WAIT)
     assert run.status == RunStatus.COMPLETED, run.error
     final = carol.get(detail).json()
     assert (final["status"], final["decided_by"], final["decided_version"], final["review"]) == (

@@ -211,6 +211,7 @@ def test_a_run_started_for_someone_elses_assessment_touches_nothing(
     )
 
     done = wait_for_terminal(run.id, timeout=WAIT)
+    assert done.error is not None, done.status
     assert done.status == RunStatus.FAILED and "belongs to another run" in done.error["message"]
     assert status(assessment) == AssessmentStatus.AWAITING_INPUT  # not moved to gathering evidence
     assert not AssessmentReport.objects.filter(assessment=assessment).exists()
