@@ -9,7 +9,7 @@ from approvals import ApprovalRefused, RefusalCode, decide
 from approvals.models import ApprovalRequest, ApprovalStatus, DecisionAction, DecisionLog
 from examples.suppliers import services
 from examples.suppliers.models import AssessmentReport, AssessmentStatus, SupplierAssessment
-from examples.suppliers.tests.conftest import Cast
+from tests.factories import Users
 from tests.support import Worker, wait_for, wait_for_terminal
 from workflows import public as wf
 from workflows.models import RunStatus, WorkflowRun
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 WAIT = 120.0
 
 
-def submit(cast: Cast, assessment: SupplierAssessment, **data: object) -> WorkflowRun:
-    services.assessment_submit_input(assessment_id=assessment.pk, by=cast["alice"], data=dict(data))
+def submit(users: Users, assessment: SupplierAssessment, **data: object) -> WorkflowRun:
+    services.assessment_submit_input(assessment_id=assessment.pk, by=users.alice, data=dict(data))
     run = SupplierAssessment.objects.get(pk=assessment.pk).run
     assert run is not None
     return run
@@ -45,8 +45,8 @@ def status(assessment: SupplierAssessment) -> str:
     return str(SupplierAssessment.objects.get(pk=assessment.pk).status)
 
 
-def test_input_to_approval_of_report_v1(worker: Worker, cast: Cast, assessment: SupplierAssessment) -> None:
-    run = submit(cast, assessment, scope="tier 1")
+def test_input_to_approval_of_report_v1(worker: Worker, users: Users, assessment: SupplierAssessment) -> None:
+    run = submit(users, assessment, scope="tier 1")
 
     request = review_pending(assessment)
     # the report was built from the revisions gathered, and the request names that exact version
@@ -55,44 +55,46 @@ def test_input_to_approval_of_report_v1(worker: Worker, cast: Cast, assessment: 
     assert report.body["input"] == {"scope": "tier 1"}
     assert (request.version, request.approvers, request.content) == ("report-v1", "supplier-reviewers", report.body)
     assert (request.subject_type, request.subject_id) == ("suppliers.supplierassessment", str(assessment.pk))
-    assert request.requested_by == cast["alice"]
+    assert request.requested_by == users.alice
     assert status(assessment) == AssessmentStatus.READY_FOR_REVIEW
 
     # the requester may not review her own assessment, even as a reviewer (four eyes), nor mallory
-    cast["alice"].groups.add(*cast["carol"].groups.all())
+    users.alice.groups.add(*users.carol.groups.all())
     for who, code in (("alice", RefusalCode.FOUR_EYES), ("mallory", RefusalCode.NOT_AUTHORISED)):
         with pytest.raises(ApprovalRefused) as refused:
-            services.assessment_review(assessment_id=assessment.pk, by=cast[who], approve=True, report_version=1)
+            services.assessment_review(
+                assessment_id=assessment.pk, by=getattr(users, who), approve=True, report_version=1
+            )
         assert refused.value.code == code
     assert status(assessment) == AssessmentStatus.READY_FOR_REVIEW
 
-    services.assessment_review(assessment_id=assessment.pk, by=cast["carol"], approve=True, report_version=1)
+    services.assessment_review(assessment_id=assessment.pk, by=users.carol, approve=True, report_version=1)
 
     run = wait_for_terminal(run.id, timeout=WAIT)
     assert run.status == RunStatus.COMPLETED, run.error
     assert run.result == {"outcome": "approved", "report_version": 1}
     row = SupplierAssessment.objects.get(pk=assessment.pk)
-    assert (row.status, row.decided_by, row.decided_version) == (AssessmentStatus.APPROVED, cast["carol"], 1)
+    assert (row.status, row.decided_by, row.decided_version) == (AssessmentStatus.APPROVED, users.carol, 1)
     assert AssessmentReport.objects.filter(assessment=assessment).count() == 1
 
 
 def test_a_source_revised_during_review_supersedes_v1_and_a_stale_tab_is_refused(
     worker: Worker,
-    cast: Cast,
+    users: Users,
     assessment: SupplierAssessment,
 ) -> None:
-    run = submit(cast, assessment)
+    run = submit(users, assessment)
     first = review_pending(assessment)
     assert first.version == "report-v1"
 
     # evidence changes while the review is pending: the review of v1 is superseded in that commit
-    services.source_record_add(assessment_id=assessment.pk, source="sanctions", content={"hits": 1}, by=cast["alice"])
+    services.source_record_add(assessment_id=assessment.pk, source="sanctions", content={"hits": 1}, by=users.alice)
     assert ApprovalRequest.objects.get(pk=first.pk).status == ApprovalStatus.SUPERSEDED
     log = DecisionLog.objects.get(request=first, action=DecisionAction.SUPERSEDE)
     assert "source sanctions revised (revision 2)" in log.message
     # so bob, approving the v1 his tab shows, is refused at once
     with pytest.raises(ApprovalRefused) as late:
-        decide(first, by=cast["bob"], approve=True, version="report-v1")
+        decide(first, by=users.bob, approve=True, version="report-v1")
     assert late.value.code == RefusalCode.NOT_PENDING
 
     # the run builds report v2 from the new revision and asks for a review of that
@@ -105,19 +107,19 @@ def test_a_source_revised_during_review_supersedes_v1_and_a_stale_tab_is_refused
 
     # carol's tab was opened on report v1: her decision is refused, review the current version
     with pytest.raises(ApprovalRefused) as stale:
-        services.assessment_review(assessment_id=assessment.pk, by=cast["carol"], approve=True, report_version=1)
+        services.assessment_review(assessment_id=assessment.pk, by=users.carol, approve=True, report_version=1)
     assert stale.value.code == RefusalCode.STALE_VERSION
     assert "review the current version" in str(stale.value)
     # the same tab posting to the old request learns that it was superseded, and by which
     with pytest.raises(ApprovalRefused) as old:
-        decide(first, by=cast["carol"], approve=True, version="report-v1")
+        decide(first, by=users.carol, approve=True, version="report-v1")
     assert old.value.code == RefusalCode.NOT_PENDING and old.value.superseded_by == second.pk
     assert "review the current version" in str(old.value)
     # nothing changed: v2 still pending, the run still waits for it
     assert ApprovalRequest.objects.get(pk=second.pk).status == ApprovalStatus.PENDING
     assert review_pending(assessment, number=2).pk == second.pk
 
-    decide(second, by=cast["carol"], approve=True, version="report-v2")
+    decide(second, by=users.carol, approve=True, version="report-v2")
 
     run = wait_for_terminal(run.id, timeout=WAIT)
     assert run.status == RunStatus.COMPLETED, run.error
@@ -126,13 +128,13 @@ def test_a_source_revised_during_review_supersedes_v1_and_a_stale_tab_is_refused
     assert (row.status, row.decided_version) == (AssessmentStatus.APPROVED, 2)
 
 
-def test_a_rejection_rejects_the_assessment(worker: Worker, cast: Cast, assessment: SupplierAssessment) -> None:
-    run = submit(cast, assessment)
+def test_a_rejection_rejects_the_assessment(worker: Worker, users: Users, assessment: SupplierAssessment) -> None:
+    run = submit(users, assessment)
     review_pending(assessment)
 
     services.assessment_review(
         assessment_id=assessment.pk,
-        by=cast["bob"],
+        by=users.bob,
         approve=False,
         report_version=1,
         note="sanctions evidence is too old",
@@ -142,12 +144,12 @@ def test_a_rejection_rejects_the_assessment(worker: Worker, cast: Cast, assessme
     assert run.status == RunStatus.COMPLETED, run.error
     assert run.result == {"outcome": "rejected", "report_version": 1}
     row = SupplierAssessment.objects.get(pk=assessment.pk)
-    assert (row.status, row.decided_by, row.decided_version) == (AssessmentStatus.REJECTED, cast["bob"], 1)
+    assert (row.status, row.decided_by, row.decided_version) == (AssessmentStatus.REJECTED, users.bob, 1)
 
 
-def test_no_decision_in_time_fails_the_assessment(worker: Worker, cast: Cast, assessment: SupplierAssessment) -> None:
+def test_no_decision_in_time_fails_the_assessment(worker: Worker, users: Users, assessment: SupplierAssessment) -> None:
     # reviewers get two seconds; beat's sweeper fires the expiry timer
-    services.assessment_submit_input(assessment_id=assessment.pk, by=cast["alice"], data={}, review_timeout_seconds=2)
+    services.assessment_submit_input(assessment_id=assessment.pk, by=users.alice, data={}, review_timeout_seconds=2)
     run = SupplierAssessment.objects.get(pk=assessment.pk).run
     assert run is not None
 
@@ -159,8 +161,8 @@ def test_no_decision_in_time_fails_the_assessment(worker: Worker, cast: Cast, as
     assert ApprovalRequest.objects.get(subject_id=str(assessment.pk)).status == ApprovalStatus.EXPIRED
 
 
-def test_terminating_the_run_fails_the_assessment(worker: Worker, cast: Cast, assessment: SupplierAssessment) -> None:
-    run = submit(cast, assessment)
+def test_terminating_the_run_fails_the_assessment(worker: Worker, users: Users, assessment: SupplierAssessment) -> None:
+    run = submit(users, assessment)
     request = review_pending(assessment)
 
     wf.terminate(run)
@@ -172,10 +174,10 @@ def test_terminating_the_run_fails_the_assessment(worker: Worker, cast: Cast, as
 
 def test_a_restarted_run_gathers_again_and_asks_for_the_new_report(
     worker: Worker,
-    cast: Cast,
+    users: Users,
     assessment: SupplierAssessment,
 ) -> None:
-    run = submit(cast, assessment)
+    run = submit(users, assessment)
     first = review_pending(assessment)
 
     wf.restart(run)
@@ -189,16 +191,16 @@ def test_a_restarted_run_gathers_again_and_asks_for_the_new_report(
         "sanctions": 1,
     }
     with pytest.raises(ApprovalRefused) as old:
-        decide(first, by=cast["carol"], approve=True, version="report-v1")
+        decide(first, by=users.carol, approve=True, version="report-v1")
     assert old.value.code == RefusalCode.NOT_PENDING and "cancelled" in str(old.value)
-    decide(second, by=cast["carol"], approve=True, version="report-v2")
+    decide(second, by=users.carol, approve=True, version="report-v2")
     run = wait_for_terminal(run.id, timeout=WAIT)
     assert run.result == {"outcome": "approved", "report_version": 2}, run.error
     assert status(assessment) == AssessmentStatus.APPROVED
 
 
 def test_a_run_started_for_someone_elses_assessment_touches_nothing(
-    worker: Worker, cast: Cast, assessment: SupplierAssessment
+    worker: Worker, users: Users, assessment: SupplierAssessment
 ) -> None:
     """Even started behind the API's back (the API refuses it: not public), the workflow acts only
     on the assessment whose run it is: mallory's run naming alice's assessment fails at once."""
@@ -206,8 +208,8 @@ def test_a_run_started_for_someone_elses_assessment_touches_nothing(
 
     run, _ = run_start(
         workflow="supplier-assessment",
-        owner=cast["mallory"],
-        payload={"assessment_id": assessment.pk, "requested_by_id": cast["mallory"].pk},
+        owner=users.mallory,
+        payload={"assessment_id": assessment.pk, "requested_by_id": users.mallory.pk},
     )
 
     done = wait_for_terminal(run.id, timeout=WAIT)
