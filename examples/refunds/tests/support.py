@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
 
+from django.core.management import call_command
 from django.db import transaction
 
 from approvals.models import ApprovalRequest, ApprovalStatus
@@ -13,6 +15,7 @@ from examples.refunds.models import Order, OrderStatus, RefundRequest
 from examples.refunds.selectors import order_balance, refund_status
 from examples.refunds.services import order_create, refund_request_create
 from examples.sandbox.process import SandboxProcess
+from ledger.models import ExternalOperation
 from tests.support import wait_for, wait_for_terminal
 
 ADDRESS = {"street": "221B Baker Street", "postcode": "NW1 6XE"}
@@ -50,6 +53,23 @@ def status_of(request: RefundRequest) -> str:
 
 def wait_status(request: RefundRequest, expected: str, timeout: float = 40) -> None:
     wait_for(lambda: status_of(request) == expected, timeout=timeout, what=f"status {expected!r}")
+
+
+def operation_reaches(request: RefundRequest, status: str, *, timeout: float = 40, interval: float = 0.05) -> None:
+    """Wait until the refund's operation at the provider is in ``status``."""
+    wait_for(
+        lambda: ExternalOperation.objects.filter(key=request.operation_key, status=status).exists(),
+        timeout=timeout,
+        interval=interval,
+        what=f"the refund's operation to be {status}",
+    )
+
+
+def reconcile() -> str:
+    """``manage.py reconcile``, as staff or cron run it; its output."""
+    out = io.StringIO()
+    call_command("reconcile", stdout=out)
+    return out.getvalue()
 
 
 def pending_approval(request: RefundRequest, timeout: float = 40, *, version: str | None = None) -> ApprovalRequest:

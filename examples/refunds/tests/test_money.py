@@ -6,7 +6,6 @@ Every test counts what the sandbox provider really refunded, by its own list."""
 
 from __future__ import annotations
 
-import io
 import json
 from decimal import Decimal
 from typing import Any
@@ -15,7 +14,6 @@ import pytest
 from django.apps import apps
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.core.management import call_command
 from django.db import models
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -32,6 +30,7 @@ from examples.refunds.tests.support import (
     drain_lookup_faults,
     new_order,
     pending_approval,
+    reconcile,
     refunded_at_provider,
     status_of,
 )
@@ -44,12 +43,6 @@ from workflows import terminate
 from workflows.models import StepResult
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def reconcile() -> str:
-    out = io.StringIO()
-    call_command("reconcile", stdout=out)
-    return out.getvalue()
 
 
 def unknown_refund(world: World, customer: User, number: str, order_amount: str, amount: str) -> RefundRequest:
