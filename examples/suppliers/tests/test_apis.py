@@ -204,41 +204,56 @@ def test_the_project_schema_has_no_warnings() -> None:
     }
 
 
+def under_review(api: APIClient, detail: str, version: int) -> dict[str, Any]:
+    """The assessment as ``api``'s caller sees it, once report ``version`` is under review."""
+
+    def shown() -> dict[str, Any]:
+        body: dict[str, Any] = api.get(detail).json()
+        review = body["review"]
+        return body if review and review["report_version"] == version and body["status"] == "ready_for_review" else {}
+
+    return wait_for(shown, timeout=WAIT, what=f"report v{version} under review")
+
+
+def approve(api: APIClient, detail: str, version: int, **note: str) -> Any:
+    return api.post(f"{detail}/review", {"approve": True, "report_version": version, **note}, format="json")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_review_over_http_refuses_a_stale_tab_and_approves_the_current_report(worker: Worker, users: Users) -> None:
+    # given alice's assessment, its input submitted
     alice, carol = client(users.alice), client(users.carol)
     assessment_id = create(alice).json()["id"]
     detail = f"{URL}/{assessment_id}"
     assert alice.post(f"{detail}/submit", {"input": {"scope": "tier 1"}}, format="json").status_code == 200
 
-    def review_of(version: int) -> dict[str, Any] | None:
-        body: dict[str, Any] = carol.get(detail).json()
-        review = body["review"]
-        return body if review and review["report_version"] == version and body["status"] == "ready_for_review" else None
-
-    # carol opens the assessment: report v1 is under review, and she may decide it; alice may not
-    tab = wait_for(lambda: review_of(1), timeout=WAIT, what="report v1 under review")
+    # when carol opens it, then report v1 is under review and she may decide it; alice may not
+    tab = under_review(carol, detail, 1)
     assert tab["report"]["version"] == 1 and tab["review"]["can_decide"] is True
     assert alice.get(detail).json()["review"]["can_decide"] is False
-    own = alice.post(f"{detail}/review", {"approve": True, "report_version": 1}, format="json")
+    own = approve(alice, detail, 1)
     assert own.status_code == 403 and own.json()["error"]["code"] == "not_authorised"  # not a reviewer
 
-    # alice revises a source while carol's tab still shows v1
+    # when alice revises a source while carol's tab still shows v1
     revised = alice.post(f"{detail}/sources", {"source": "sanctions", "content": {"hits": 1}}, format="json")
     assert revised.status_code == 201
-    current = wait_for(lambda: review_of(2), timeout=WAIT, what="report v2 under review")
+
+    # then report v2 is built from the new revision and put under review
+    current = under_review(carol, detail, 2)
     assert current["report"]["source_revisions"] == {"companies-house": 1, "sanctions": 2}
 
-    # carol's stale tab is refused, with nothing changed
-    stale = carol.post(f"{detail}/review", {"approve": True, "report_version": 1}, format="json")
+    # when carol approves from her stale tab, then she is refused, with nothing changed
+    stale = approve(carol, detail, 1)
     assert stale.status_code == 409, stale.json()
     assert stale.json()["error"]["code"] == "stale_version"
     assert "review the current version" in stale.json()["error"]["message"]
     assert ApprovalRequest.objects.get(pk=current["review"]["request"]).status == ApprovalStatus.PENDING
 
-    # the current report is approved, and the assessment records that exact version
-    approved = carol.post(f"{detail}/review", {"approve": True, "report_version": 2, "note": "fine"}, format="json")
+    # when she approves the current report
+    approved = approve(carol, detail, 2, note="fine")
     assert approved.status_code == 200, approved.json()
+
+    # then the run completes, and the assessment records that exact version, decided by her
     run = wait_for_terminal(SupplierAssessment.objects.get(pk=assessment_id).run_id, timeout=WAIT)
     assert run.status == RunStatus.COMPLETED, run.error
     final = carol.get(detail).json()
