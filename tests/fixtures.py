@@ -12,7 +12,7 @@ from django.conf import settings
 from tests.support import AsgiServer, Worker
 
 if TYPE_CHECKING:
-    from django.contrib.auth.models import User
+    from tests.factories import Users
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -108,18 +108,19 @@ def _fast_password_hashing(settings: Any) -> None:
 
 
 @pytest.fixture
-def users(db: None) -> dict[str, User]:
-    """The cast: alice the customer, bob her colleague, carol staff, mallory another tenant."""
-    from django.contrib.auth.models import Permission, User
+def users(db: None) -> Users:
+    """The cast, each with one role in every test:
 
-    cast = {
-        name: User.objects.create_user(name, f"{name}@example.com", "pw-" + name)
-        for name in ("alice", "bob", "carol", "mallory")
-    }
-    carol = cast["carol"]
-    carol.is_staff = True
-    carol.save()
-    carol.user_permissions.add(
-        *Permission.objects.filter(codename__in=["view_workflowrun", "change_workflowrun", "control_workflowrun"])
-    )
-    return cast
+    - alice, the customer: owns the runs, orders, refund requests and assessments; not staff.
+    - bob, alice's colleague: not staff, and sees none of her runs. Where an app has approvers he
+      is one of them beside carol, and asks for approvals himself (four eyes keeps him off his own).
+    - carol, the approver: staff who views and controls every run; each app's tests put her in its
+      approvers' group, and the ledger's give her its permissions.
+    - dave, the auditor: staff who may view runs and approval requests, and controls or decides
+      nothing.
+    - erin, the operator: staff with approvals.decide_any, who decides any request outside its group.
+    - mallory, another customer: must see and change nothing of alice's.
+    """
+    from tests.factories import create_users
+
+    return create_users()

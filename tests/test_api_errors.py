@@ -22,11 +22,10 @@ from examples.refunds.models import Order, RefundRequest
 from examples.refunds.services import order_create
 from examples.suppliers.models import REVIEWERS, SourceRecord, SupplierAssessment
 from examples.suppliers.services import assessment_create
+from tests.factories import Users
 from workflows import services
 from workflows.models import RunEvent, WorkflowRun
 from workflows.storable import MAX_JSON_DEPTH
-
-Users = dict[str, User]
 
 NUL, SURROGATE = "a\x00b", "a\ud800b"
 
@@ -84,9 +83,9 @@ class Endpoint:
 @pytest.fixture
 def endpoints(users: Users) -> dict[str, Endpoint]:
     """One of each API that reads a body, with what it needs to exist and be visible to its caller."""
-    alice = users["alice"]
-    Group.objects.create(name=GROUP).user_set.add(users["carol"])
-    Group.objects.create(name=REVIEWERS).user_set.add(users["bob"])
+    alice = users.alice
+    Group.objects.create(name=GROUP).user_set.add(users.carol)
+    Group.objects.create(name=REVIEWERS).user_set.add(users.bob)
     run, _ = services.run_start(workflow="test.wait", payload={}, owner=alice)
     approval = waiting_request()
     order_create(number="5501", customer=alice, amount="50.00")
@@ -163,7 +162,7 @@ def test_json_nested_too_deep_is_a_parse_error(
     endpoint = endpoints[name]
     before = written()
 
-    response = post_json(caller(users[endpoint.user]), endpoint.url, body)
+    response = post_json(caller(getattr(users, endpoint.user)), endpoint.url, body)
 
     assert response.status_code == 400, response.content[:300]
     error = error_of(response)
@@ -178,7 +177,7 @@ def test_json_at_the_depth_limit_is_accepted(users: Users) -> None:
     for _ in range(MAX_JSON_DEPTH - 1):  # plus the payload object itself: exactly the limit
         nested = [nested]
 
-    response = post_json(caller(users["alice"]), "/api/workflows/test.echo/runs", {"payload": {"x": nested}})
+    response = post_json(caller(users.alice), "/api/workflows/test.echo/runs", {"payload": {"x": nested}})
 
     assert response.status_code == 201, response.content[:300]
     assert WorkflowRun.objects.get().payload == {"x": nested}
@@ -191,7 +190,7 @@ def test_text_postgresql_cannot_store_is_a_400_naming_the_field(
     endpoints: dict[str, Endpoint], users: Users, name: str, bad: str
 ) -> None:
     endpoint = endpoints[name]
-    client = caller(users[endpoint.user])
+    client = caller(getattr(users, endpoint.user))
     before = written()
     for text_field in endpoint.text:
         response = post_json(client, endpoint.url, {**endpoint.body, text_field: bad})
@@ -209,7 +208,7 @@ def test_json_postgresql_cannot_store_is_a_400_anywhere_in_it(
     endpoints: dict[str, Endpoint], users: Users, name: str, bad: str
 ) -> None:
     endpoint = endpoints[name]
-    client = caller(users[endpoint.user])
+    client = caller(getattr(users, endpoint.user))
     before = written()
     for json_field in endpoint.json:
         for where, value in [("a value", {"note": bad}), ("a key", {bad: 1}), ("deep inside", {"a": [{"b": [bad]}]})]:
@@ -231,7 +230,7 @@ def test_an_idempotency_key_postgresql_cannot_store_is_a_400(
     endpoint = endpoints[name]
     before = written()
 
-    response = post_json(caller(users[endpoint.user]), endpoint.url, endpoint.body, **{"Idempotency-Key": bad})
+    response = post_json(caller(getattr(users, endpoint.user)), endpoint.url, endpoint.body, **{"Idempotency-Key": bad})
 
     assert response.status_code == 400, response.content[:300]
     assert "Idempotency-Key" in error_of(response)["detail"]
@@ -282,7 +281,7 @@ BAD_IDS = ["\u00b2", "9" * 3_000, "1" * 19, "-1", "1.0", "0x1", "%00"]
     ],
 )
 def test_a_malformed_id_is_the_apis_json_404(users: Users, method: str, path: str) -> None:
-    client = caller(users["carol"])
+    client = caller(users.carol)
     before = written()
     for bad in BAD_IDS:
         response = client.generic(method, path.format(id=bad), "{}", content_type="application/json")
@@ -295,10 +294,10 @@ def test_a_malformed_id_is_the_apis_json_404(users: Users, method: str, path: st
 @pytest.mark.django_db
 @pytest.mark.parametrize("number", ["%00", "12%0A34", "1" * 201])
 def test_an_order_number_with_a_control_character_or_too_long_is_the_json_404(users: Users, number: str) -> None:
-    order_create(number="1234", customer=users["alice"], amount="50.00")
+    order_create(number="1234", customer=users.alice, amount="50.00")
     before = written()
 
-    response = post_json(caller(users["alice"]), f"/api/orders/{number}/refunds", {"amount": "1.00"})
+    response = post_json(caller(users.alice), f"/api/orders/{number}/refunds", {"amount": "1.00"})
 
     assert response.status_code == 404, response.content[:300]
     assert error_of(response)["code"] == "not_found"
@@ -308,7 +307,7 @@ def test_an_order_number_with_a_control_character_or_too_long_is_the_json_404(us
 @pytest.mark.django_db
 def test_the_largest_id_the_routes_take_is_looked_up(users: Users) -> None:
     for path in ["/api/approvals/", "/api/refunds/", "/api/assessments/"]:
-        response = caller(users["alice"]).get(path + "9" * 18)
+        response = caller(users.alice).get(path + "9" * 18)
         assert response.status_code == 404 and error_of(response)["code"] == "not_found"
 
 
@@ -329,7 +328,7 @@ def test_the_largest_id_the_routes_take_is_looked_up(users: Users) -> None:
 def test_an_unknown_api_path_is_the_json_404_whatever_the_method_and_whoever_asks(
     users: Users, path: str, method: str, who: str | None
 ) -> None:
-    client = caller(users[who]) if who else APIClient()
+    client = caller(getattr(users, who)) if who else APIClient()
 
     response = client.generic(method, path, "{}", content_type="application/json")
 
@@ -341,7 +340,7 @@ def test_an_unknown_api_path_is_the_json_404_whatever_the_method_and_whoever_ask
 
 @pytest.mark.django_db
 def test_pages_outside_the_api_keep_djangos_404(users: Users) -> None:
-    response = caller(users["alice"]).get("/no-such-page/")
+    response = caller(users.alice).get("/no-such-page/")
 
     assert response.status_code == 404
     assert not response["Content-Type"].startswith("application/json")
@@ -368,8 +367,8 @@ def test_the_schema_states_the_ids_the_routes_take_and_leaves_out_the_catch_all(
 @pytest.mark.parametrize("version", [2**31, 10**30, 10**300])
 def test_a_report_version_beyond_any_report_is_a_400(users: Users, version: int) -> None:
     # given an assessment whose report v1 waits for bob's review
-    Group.objects.create(name=REVIEWERS).user_set.add(users["bob"])
-    assessment = assessment_create(supplier_name="Acme", requested_by=users["alice"], sources={"credit": {"s": 1}})
+    Group.objects.create(name=REVIEWERS).user_set.add(users.bob)
+    assessment = assessment_create(supplier_name="Acme", requested_by=users.alice, sources={"credit": {"s": 1}})
     review = waiting_request(
         subject_type="suppliers.supplierassessment",
         subject_id=str(assessment.pk),
@@ -380,7 +379,7 @@ def test_a_report_version_beyond_any_report_is_a_400(users: Users, version: int)
 
     # when bob sends a version no report can have
     response = post_json(
-        caller(users["bob"]), f"/api/assessments/{assessment.pk}/review", {"approve": True, "report_version": version}
+        caller(users.bob), f"/api/assessments/{assessment.pk}/review", {"approve": True, "report_version": version}
     )
 
     # then it is refused as invalid input, the review still pending and nothing logged
@@ -395,12 +394,12 @@ def test_a_report_version_beyond_any_report_is_a_400(users: Users, version: int)
 @pytest.mark.django_db
 def test_a_services_permission_denied_is_a_403_permission_denied_with_its_reason(users: Users) -> None:
     # given alice's assessment, and bob, a reviewer, who may see it but not submit its input
-    Group.objects.create(name=REVIEWERS).user_set.add(users["bob"])
-    assessment = assessment_create(supplier_name="Acme", requested_by=users["alice"], sources={"credit": {"s": 1}})
+    Group.objects.create(name=REVIEWERS).user_set.add(users.bob)
+    assessment = assessment_create(supplier_name="Acme", requested_by=users.alice, sources={"credit": {"s": 1}})
     before = written()
 
     # when bob submits the input (the service raises django.core.exceptions.PermissionDenied)
-    response = post_json(caller(users["bob"]), f"/api/assessments/{assessment.pk}/submit", {"input": {}})
+    response = post_json(caller(users.bob), f"/api/assessments/{assessment.pk}/submit", {"input": {}})
 
     # then the refusal has the API's code for it and the service's reason, and nothing started
     assert response.status_code == 403

@@ -13,9 +13,9 @@ import re
 
 import httpx
 import pytest
-from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 
+from tests.factories import Users
 from tests.support import ROOT, AsgiServer
 from workflows.apis.errors import body_limit
 
@@ -35,10 +35,10 @@ def padded(size: int) -> bytes:
     return body + b" " * (size - len(body))
 
 
-def test_the_readme_gives_the_proxy_the_apis_own_body_limit(asgi_server: AsgiServer, users: dict[str, User]) -> None:
+def test_the_readme_gives_the_proxy_the_apis_own_body_limit(asgi_server: AsgiServer, users: Users) -> None:
     # given the limit the README gives the proxy, at the default WORKFLOWS_MAX_PAYLOAD_BYTES
     limit = proxy_limit()
-    token, _ = Token.objects.get_or_create(user=users["alice"])
+    token, _ = Token.objects.get_or_create(user=users.alice)
     headers = {"Authorization": f"Token {token.key}", "Content-Type": "application/json"}
 
     # when bodies of exactly that size and of one byte more are sent through daphne

@@ -50,6 +50,7 @@ from examples.suppliers.models import (
     SupplierAssessment,
 )
 from ledger.models import ExternalOperation
+from tests.factories import Users
 from workflows.models import RunAttempt, RunStatus, WorkflowRun
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "15"))
@@ -121,8 +122,8 @@ def in_process(db: None) -> Iterator[None]:
 
 
 @pytest.fixture
-def seeded(in_process: None, users: dict[str, User]) -> dict[str, Any]:
-    alice, carol = users["alice"], users["carol"]
+def seeded(in_process: None, users: Users) -> dict[str, Any]:
+    alice, carol = users.alice, users.carol
     Group.objects.create(name=GROUP).user_set.add(carol)
     Group.objects.create(name=REVIEWERS).user_set.add(carol)
     carol.user_permissions.add(*Permission.objects.filter(codename="view_externaloperation"))
@@ -184,8 +185,8 @@ def seeded(in_process: None, users: dict[str, User]) -> dict[str, Any]:
 
 
 @pytest.fixture(params=["alice", "carol"], ids=["customer", "staff"])
-def caller(request: pytest.FixtureRequest, seeded: dict[str, Any], users: dict[str, User]) -> Iterator[User]:
-    user = users[request.param]
+def caller(request: pytest.FixtureRequest, seeded: dict[str, Any], users: Users) -> Iterator[User]:
+    user = getattr(users, request.param)
     SIGNED_IN["token"] = Token.objects.create(user=user).key
     yield user
     SIGNED_IN.clear()

@@ -17,9 +17,9 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest, ApprovalStatus, DecisionLog, DecisionResult
-from approvals.tests.conftest import Cast
 from approvals.tests.support import GROUP, assert_still_waiting, state, waiting_request
 from approvals.tests.test_workflow import WAIT, waiting_for_approval
+from tests.factories import Users
 from tests.support import Worker, wait_for_terminal
 from workflows import public as wf
 from workflows.exceptions import InvalidPayload
@@ -57,13 +57,13 @@ def ids(response: Any) -> list[int]:
 
 @pytest.mark.django_db
 class TestList:
-    def test_reviewers_list_the_requests_they_may_decide_oldest_first(self, cast: Cast) -> None:
-        first = waiting_request(requested_by=cast["bob"])
-        second = waiting_request(requested_by=cast["carol"])
+    def test_reviewers_list_the_requests_they_may_decide_oldest_first(self, users: Users) -> None:
+        first = waiting_request(requested_by=users.bob)
+        second = waiting_request(requested_by=users.carol)
         waiting_request(approvers="finance-approvers")
         decided = waiting_request(status=ApprovalStatus.APPROVED)
 
-        response = client_for(cast["carol"]).get(LIST, {"status": "pending"})
+        response = client_for(users.carol).get(LIST, {"status": "pending"})
 
         assert ids(response) == [first.pk, second.pk]
         item = response.json()["results"][0]
@@ -76,28 +76,28 @@ class TestList:
         )
         assert item["run"] == str(first.run_id)
         assert response.json()["results"][1]["can_decide"] is False  # carol asked for it herself
-        assert ids(client_for(cast["carol"]).get(LIST)) == [first.pk, second.pk, decided.pk]
+        assert ids(client_for(users.carol).get(LIST)) == [first.pk, second.pk, decided.pk]
 
-    def test_staff_with_the_view_permission_and_decide_any_see_all_others_nothing(self, cast: Cast) -> None:
+    def test_staff_with_the_view_permission_and_decide_any_see_all_others_nothing(self, users: Users) -> None:
         ours = waiting_request()
         theirs = waiting_request(approvers="finance-approvers")
 
-        assert ids(client_for(cast["dave"]).get(LIST)) == [ours.pk, theirs.pk]
-        assert ids(client_for(cast["erin"]).get(LIST)) == [ours.pk, theirs.pk]
-        assert ids(client_for(cast["alice"]).get(LIST)) == []
-        assert ids(client_for(cast["mallory"]).get(LIST)) == []
+        assert ids(client_for(users.dave).get(LIST)) == [ours.pk, theirs.pk]
+        assert ids(client_for(users.erin).get(LIST)) == [ours.pk, theirs.pk]
+        assert ids(client_for(users.alice).get(LIST)) == []
+        assert ids(client_for(users.mallory).get(LIST)) == []
 
-    def test_bad_filters_and_no_credentials(self, cast: Cast) -> None:
-        carol = client_for(cast["carol"])
+    def test_bad_filters_and_no_credentials(self, users: Users) -> None:
+        carol = client_for(users.carol)
         assert error_of(carol.get(LIST, {"status": "nope"}))["code"] == "invalid"
         assert carol.get(LIST, {"colour": "red"}).status_code == 400
         response = client_for(None).get(LIST)
         assert response.status_code == 401 and error_of(response)["code"] == "not_authenticated"
 
-    def test_the_detail_shows_the_content_of_the_version(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"], content={"amount": "120.00"})
+    def test_the_detail_shows_the_content_of_the_version(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob, content={"amount": "120.00"})
 
-        response = client_for(cast["carol"]).get(f"/api/approvals/{request.pk}")
+        response = client_for(users.carol).get(f"/api/approvals/{request.pk}")
 
         assert response.status_code == 200
         assert response.json()["content"] == {"amount": "120.00"}
@@ -107,17 +107,17 @@ class TestList:
             ("carol", "/api/approvals/999999"),
             ("carol", "/api/approvals/abc"),
         ]:
-            response = client_for(cast[who]).get(url)
+            response = client_for(getattr(users, who)).get(url)
             assert response.status_code == 404 and error_of(response)["code"] == "not_found"
 
 
 @pytest.mark.django_db
 class TestDecision:
-    def test_approve_returns_the_request_and_wakes_the_run(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
+    def test_approve_returns_the_request_and_wakes_the_run(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
 
         response = post(
-            client_for(cast["carol"]), decision_url(request), {"approve": True, "version": "v1", "note": "ok"}
+            client_for(users.carol), decision_url(request), {"approve": True, "version": "v1", "note": "ok"}
         )
 
         assert response.status_code == 200, response.content
@@ -131,9 +131,9 @@ class TestDecision:
         assert RunEvent.objects.get(run=request.run).type == f"approval:{request.pk}"
         assert DecisionLog.objects.get(request=request).channel == "api"
 
-    def test_a_replayed_post_is_the_established_result(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
-        carol = client_for(cast["carol"])
+    def test_a_replayed_post_is_the_established_result(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
+        carol = client_for(users.carol)
         first = post(carol, decision_url(request), {"approve": False, "version": "v1"})
 
         again = post(carol, decision_url(request), {"approve": False, "version": "v1"})
@@ -151,12 +151,12 @@ class TestDecision:
         ],
     )
     def test_refusals_change_nothing(
-        self, cast: Cast, who: str, body: dict[str, Any], code: str, http_status: int
+        self, users: Users, who: str, body: dict[str, Any], code: str, http_status: int
     ) -> None:
-        request = waiting_request(requested_by=cast["bob"])
+        request = waiting_request(requested_by=users.bob)
         before = state(request)
 
-        response = post(client_for(cast[who]), decision_url(request), body)
+        response = post(client_for(getattr(users, who)), decision_url(request), body)
 
         assert response.status_code == http_status
         error = error_of(response)
@@ -168,11 +168,11 @@ class TestDecision:
     @pytest.mark.parametrize(
         "status", [ApprovalStatus.EXPIRED, ApprovalStatus.REJECTED, ApprovalStatus.SUPERSEDED, ApprovalStatus.CANCELLED]
     )
-    def test_a_closed_request_is_a_409_naming_its_state(self, cast: Cast, status: str) -> None:
-        request = waiting_request(requested_by=cast["bob"], status=status)
+    def test_a_closed_request_is_a_409_naming_its_state(self, users: Users, status: str) -> None:
+        request = waiting_request(requested_by=users.bob, status=status)
         before = state(request)
 
-        response = post(client_for(cast["carol"]), decision_url(request), {"approve": True, "version": "v1"})
+        response = post(client_for(users.carol), decision_url(request), {"approve": True, "version": "v1"})
 
         assert response.status_code == 409
         error = error_of(response)
@@ -180,21 +180,21 @@ class TestDecision:
         assert status in error["message"]
         assert_still_waiting(request, before)
 
-    def test_the_opposite_decision_and_a_late_one_are_409s(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
-        post(client_for(cast["carol"]), decision_url(request), {"approve": True, "version": "v1"})
-        late = waiting_request(requested_by=cast["bob"], expires_in=timedelta(seconds=-1))
+    def test_the_opposite_decision_and_a_late_one_are_409s(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
+        post(client_for(users.carol), decision_url(request), {"approve": True, "version": "v1"})
+        late = waiting_request(requested_by=users.bob, expires_in=timedelta(seconds=-1))
 
-        opposite = post(client_for(cast["erin"]), decision_url(request), {"approve": False, "version": "v1"})
-        too_late = post(client_for(cast["carol"]), decision_url(late), {"approve": True, "version": "v1"})
+        opposite = post(client_for(users.erin), decision_url(request), {"approve": False, "version": "v1"})
+        too_late = post(client_for(users.carol), decision_url(late), {"approve": True, "version": "v1"})
 
         assert opposite.status_code == 409 and error_of(opposite)["detail"]["status"] == "approved"
         assert too_late.status_code == 409 and error_of(too_late)["code"] == "expired"
         assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.APPROVED
         assert ApprovalRequest.objects.get(pk=late.pk).status == ApprovalStatus.PENDING
 
-    def test_requests_the_caller_may_not_see_are_404s_whatever_the_body(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
+    def test_requests_the_caller_may_not_see_are_404s_whatever_the_body(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
         before = state(request)
 
         for who, url in [
@@ -203,7 +203,7 @@ class TestDecision:
             ("carol", decision_url(999999)),
             ("carol", "/api/approvals/x/decision"),
         ]:
-            response = post(client_for(cast[who]), url, {"nonsense": 1})
+            response = post(client_for(getattr(users, who)), url, {"nonsense": 1})
             assert response.status_code == 404 and error_of(response)["code"] == "not_found", who
         assert post(client_for(None), decision_url(request), {}).status_code == 401
         assert_still_waiting(request, before)
@@ -222,25 +222,25 @@ class TestDecision:
             [True, "v1"],
         ],
     )
-    def test_bad_bodies_are_400s_and_change_nothing(self, cast: Cast, body: Any) -> None:
-        request = waiting_request(requested_by=cast["bob"])
+    def test_bad_bodies_are_400s_and_change_nothing(self, users: Users, body: Any) -> None:
+        request = waiting_request(requested_by=users.bob)
         before = state(request)
 
-        response = post(client_for(cast["carol"]), decision_url(request), body)
+        response = post(client_for(users.carol), decision_url(request), body)
 
         assert response.status_code == 400, response.content
         assert error_of(response)["code"] in ("invalid", "parse_error")
         assert_still_waiting(request, before)
 
-    def test_malformed_json_is_a_400(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
-        response = client_for(cast["carol"]).post(decision_url(request), "{not json", content_type="application/json")
+    def test_malformed_json_is_a_400(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
+        response = client_for(users.carol).post(decision_url(request), "{not json", content_type="application/json")
         assert response.status_code == 400 and error_of(response)["code"] == "parse_error"
 
-    def test_session_auth_needs_csrf(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
+    def test_session_auth_needs_csrf(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
         client = APIClient(enforce_csrf_checks=True)
-        client.force_login(cast["carol"])
+        client.force_login(users.carol)
 
         response = post(client, decision_url(request), {"approve": True, "version": "v1"})
 
@@ -257,15 +257,15 @@ class TestDecision:
         {"type": "noise", "idempotency_key": "approval:{id}:decision"},  # would block the real decision's event
     ],
 )
-def test_the_owner_of_a_waiting_run_cannot_post_the_event_of_a_decision(cast: Cast, event: dict[str, Any]) -> None:
+def test_the_owner_of_a_waiting_run_cannot_post_the_event_of_a_decision(users: Users, event: dict[str, Any]) -> None:
     # given alice's run, waiting for a request only a reviewer may decide
-    request = waiting_request(requested_by=cast["alice"])
-    WorkflowRun.objects.filter(pk=request.run_id).update(owner=cast["alice"])
+    request = waiting_request(requested_by=users.alice)
+    WorkflowRun.objects.filter(pk=request.run_id).update(owner=users.alice)
     before = state(request)
     body = json.loads(json.dumps(event).replace('"{id}"', str(request.pk)).replace("{id}", str(request.pk)))
 
     # when she posts what a decision would send, through the runs API and through Python
-    response = post(client_for(cast["alice"]), f"/api/runs/{request.run_id}/events", body)
+    response = post(client_for(users.alice), f"/api/runs/{request.run_id}/events", body)
     with pytest.raises(InvalidPayload) as python:
         wf.send_event(request.run_id, body["type"], body.get("payload"), idempotency_key=body.get("idempotency_key"))
 
@@ -290,11 +290,11 @@ def test_the_schema_describes_the_approvals_api_without_warnings() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_decision_over_the_api_resumes_the_run(worker: Worker, cast: Cast) -> None:
-    run = wf.start("approvals.test.simple", {"approvers": GROUP, "requested_by": cast["bob"].pk})
+def test_a_decision_over_the_api_resumes_the_run(worker: Worker, users: Users) -> None:
+    run = wf.start("approvals.test.simple", {"approvers": GROUP, "requested_by": users.bob.pk})
     request = waiting_for_approval(run)
 
-    response = post(client_for(cast["carol"]), decision_url(request), {"approve": True, "version": "v1"})
+    response = post(client_for(users.carol), decision_url(request), {"approve": True, "version": "v1"})
 
     assert response.status_code == 200
     run = wait_for_terminal(run.id, timeout=WAIT)

@@ -27,9 +27,9 @@ from approvals.services import (
     cancel_orphans,
     subject_ref,
 )
-from approvals.tests.conftest import Cast
 from approvals.tests.support import GROUP, assert_still_waiting, state, waiting_request
 from approvals.types import Proposal
+from tests.factories import Users
 from tests.fixtures import NoEnqueue
 from workflows import services as wf_services
 from workflows.exceptions import InvalidPayload, NonRetryableError
@@ -54,19 +54,19 @@ def refused(
 
 @pytest.mark.django_db
 class TestDecisionTable:
-    def test_current_version_and_authorised_reviewer_decides_and_wakes_the_run(self, cast: Cast) -> None:
+    def test_current_version_and_authorised_reviewer_decides_and_wakes_the_run(self, users: Users) -> None:
         # given
-        request = waiting_request(requested_by=cast["bob"])
+        request = waiting_request(requested_by=users.bob)
 
         # when
-        decided = decide(request, by=cast["carol"], approve=True, version="v1", note="within policy")
+        decided = decide(request, by=users.carol, approve=True, version="v1", note="within policy")
 
         # then the transition
         request.refresh_from_db()
         assert decided.created and decided.request.pk == request.pk
         assert (request.status, request.decided_by, request.note) == (
             ApprovalStatus.APPROVED,
-            cast["carol"],
+            users.carol,
             "within policy",
         )
         assert request.decided_at is not None
@@ -85,46 +85,46 @@ class TestDecisionTable:
         assert run.status == RunStatus.QUEUED and run.wait_event_type == ""
         log = DecisionLog.objects.get(request=request)
         assert (log.actor, log.action, log.version, log.result, log.channel) == (
-            cast["carol"],
+            users.carol,
             DecisionAction.APPROVE,
             "v1",
             DecisionResult.ACCEPTED,
             "python",
         )
 
-    def test_a_rejection_is_a_transition_too(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
+    def test_a_rejection_is_a_transition_too(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
 
-        decide(request.pk, by=cast["carol"], approve=False, version="v1", note="over the limit")
+        decide(request.pk, by=users.carol, approve=False, version="v1", note="over the limit")
 
         request.refresh_from_db()
         assert request.status == ApprovalStatus.REJECTED
         assert RunEvent.objects.get(run=request.run).payload["approved"] is False
 
-    def test_decide_any_permission_stands_in_for_the_group(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
+    def test_decide_any_permission_stands_in_for_the_group(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
 
-        decide(request, by=cast["erin"], approve=True, version="v1")
+        decide(request, by=users.erin, approve=True, version="v1")
 
         assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.APPROVED
 
-    def test_another_version_is_refused_review_the_current_version(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"], version="v2")
+    def test_another_version_is_refused_review_the_current_version(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob, version="v2")
 
-        refusal = refused(request, cast["carol"], version="v1", code=RefusalCode.STALE_VERSION)
+        refusal = refused(request, users.carol, version="v1", code=RefusalCode.STALE_VERSION)
 
         assert "review the current version" in str(refusal)
         assert refusal.detail == {"status": "pending", "version": "v2", "superseded_by": None}
 
     @pytest.mark.parametrize("approve", [True, False])
     def test_the_same_decision_again_is_the_established_result_without_a_second_event(
-        self, cast: Cast, approve: bool
+        self, users: Users, approve: bool
     ) -> None:
-        request = waiting_request(requested_by=cast["bob"])
-        first = decide(request, by=cast["carol"], approve=approve, version="v1", note="first")
+        request = waiting_request(requested_by=users.bob)
+        first = decide(request, by=users.carol, approve=approve, version="v1", note="first")
         before = state(request)
 
-        again = decide(request, by=cast["carol"], approve=approve, version="v1", note="double click")
+        again = decide(request, by=users.carol, approve=approve, version="v1", note="double click")
 
         assert first.created and not again.created
         assert again.request.note == "first" and again.event_id is None
@@ -135,30 +135,30 @@ class TestDecisionTable:
             DecisionResult.REPEATED,
         ]
 
-    def test_a_reviewer_outside_the_group_without_the_permission_is_refused(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
+    def test_a_reviewer_outside_the_group_without_the_permission_is_refused(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
 
         for outsider in ("alice", "dave", "mallory"):  # dave may view every request, but not decide
-            refused(request, cast[outsider], code=RefusalCode.NOT_AUTHORISED)
+            refused(request, getattr(users, outsider), code=RefusalCode.NOT_AUTHORISED)
 
-    def test_a_group_of_another_name_does_not_count(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"], approvers="finance-approvers")
+    def test_a_group_of_another_name_does_not_count(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob, approvers="finance-approvers")
 
-        refused(request, cast["carol"], code=RefusalCode.NOT_AUTHORISED)
+        refused(request, users.carol, code=RefusalCode.NOT_AUTHORISED)
 
-    def test_an_inactive_reviewer_is_refused(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
-        cast["carol"].is_active = False
-        cast["carol"].save()
+    def test_an_inactive_reviewer_is_refused(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
+        users.carol.is_active = False
+        users.carol.save()
 
-        refused(request, cast["carol"], code=RefusalCode.NOT_AUTHORISED)
+        refused(request, users.carol, code=RefusalCode.NOT_AUTHORISED)
 
-    def test_the_requester_may_not_decide_four_eyes(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])  # bob is in the group
+    def test_the_requester_may_not_decide_four_eyes(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)  # bob is in the group
 
-        refused(request, cast["bob"], code=RefusalCode.FOUR_EYES)
+        refused(request, users.bob, code=RefusalCode.FOUR_EYES)
 
-    def test_four_eyes_binds_superusers_too(self, cast: Cast) -> None:
+    def test_four_eyes_binds_superusers_too(self, users: Users) -> None:
         boss = User.objects.create_superuser("boss", "boss@example.com", "pw")
         request = waiting_request(requested_by=boss)
 
@@ -167,25 +167,25 @@ class TestDecisionTable:
     @pytest.mark.parametrize(
         "status", [ApprovalStatus.EXPIRED, ApprovalStatus.REJECTED, ApprovalStatus.SUPERSEDED, ApprovalStatus.CANCELLED]
     )
-    def test_a_closed_request_is_refused_naming_its_state(self, cast: Cast, status: str) -> None:
-        request = waiting_request(requested_by=cast["bob"], status=status)
+    def test_a_closed_request_is_refused_naming_its_state(self, users: Users, status: str) -> None:
+        request = waiting_request(requested_by=users.bob, status=status)
 
-        refusal = refused(request, cast["carol"], approve=True, code=RefusalCode.NOT_PENDING)
+        refusal = refused(request, users.carol, approve=True, code=RefusalCode.NOT_PENDING)
 
         assert f"the request is {status}" in str(refusal)
         assert refusal.status == status
 
-    def test_the_opposite_decision_after_a_decision_is_refused_naming_the_state(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
-        decide(request, by=cast["carol"], approve=True, version="v1")
+    def test_the_opposite_decision_after_a_decision_is_refused_naming_the_state(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
+        decide(request, by=users.carol, approve=True, version="v1")
 
-        refusal = refused(request, cast["erin"], approve=False, code=RefusalCode.NOT_PENDING)
+        refusal = refused(request, users.erin, approve=False, code=RefusalCode.NOT_PENDING)
 
         assert "the request is approved" in str(refusal)
         assert RunEvent.objects.filter(run=request.run).count() == 1
 
-    def test_a_superseded_request_points_at_its_replacement(self, cast: Cast) -> None:
-        old = waiting_request(requested_by=cast["bob"], status=ApprovalStatus.SUPERSEDED)
+    def test_a_superseded_request_points_at_its_replacement(self, users: Users) -> None:
+        old = waiting_request(requested_by=users.bob, status=ApprovalStatus.SUPERSEDED)
         new = ApprovalRequest.objects.create(
             run=old.run,
             attempt=1,
@@ -199,32 +199,32 @@ class TestDecisionTable:
             expires_at=timezone.now() + timedelta(hours=1),
         )
 
-        refusal = refused(old, cast["carol"], code=RefusalCode.NOT_PENDING)
+        refusal = refused(old, users.carol, code=RefusalCode.NOT_PENDING)
 
         assert "review the current version (v2" in str(refusal)
         assert refusal.superseded_by == new.pk
 
-    def test_past_its_expiry_a_pending_request_is_refused_as_expired(self, cast: Cast) -> None:
+    def test_past_its_expiry_a_pending_request_is_refused_as_expired(self, users: Users) -> None:
         # The workflow's timer has not moved it to expired yet; a decision now would come too late.
-        request = waiting_request(requested_by=cast["bob"], expires_in=timedelta(seconds=-1))
+        request = waiting_request(requested_by=users.bob, expires_in=timedelta(seconds=-1))
 
-        refusal = refused(request, cast["carol"], code=RefusalCode.EXPIRED)
+        refusal = refused(request, users.carol, code=RefusalCode.EXPIRED)
 
         assert "expired at" in str(refusal)
 
-    def test_a_request_of_a_finished_run_is_refused(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"], run_status=RunStatus.FAILED)
+    def test_a_request_of_a_finished_run_is_refused(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob, run_status=RunStatus.FAILED)
 
-        refused(request, cast["carol"], code=RefusalCode.RUN_FINISHED)
+        refused(request, users.carol, code=RefusalCode.RUN_FINISHED)
 
-    def test_bad_input_is_refused_before_anything(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
+    def test_bad_input_is_refused_before_anything(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
         before = state(request)
 
         with pytest.raises(InvalidPayload):
-            decide(request, by=cast["carol"], approve=True, version="")
+            decide(request, by=users.carol, approve=True, version="")
         with pytest.raises(InvalidPayload):
-            decide(request, by=cast["carol"], approve=True, version="v1", note="x" * 5000)
+            decide(request, by=users.carol, approve=True, version="v1", note="x" * 5000)
 
         assert_still_waiting(request, before)
         assert not DecisionLog.objects.exists()
@@ -232,7 +232,7 @@ class TestDecisionTable:
 
 @pytest.mark.django_db
 class TestWorkflowSide:
-    def test_subject_is_a_saved_instance_or_a_type_and_id(self, cast: Cast) -> None:
+    def test_subject_is_a_saved_instance_or_a_type_and_id(self, users: Users) -> None:
         group = Group.objects.create(name="g")
         assert subject_ref(group) == ("auth.group", str(group.pk))
         assert subject_ref(("shop.order", 1042)) == ("shop.order", "1042")
@@ -242,7 +242,7 @@ class TestWorkflowSide:
             with pytest.raises(TypeError):
                 subject_ref(bad)  # type: ignore[arg-type]
 
-    def test_a_request_names_the_version_and_its_consequence(self, cast: Cast) -> None:
+    def test_a_request_names_the_version_and_its_consequence(self, users: Users) -> None:
         run = waiting_request().run
         request = approval_request_create(
             run_id=run.id,
@@ -252,14 +252,14 @@ class TestWorkflowSide:
             proposal=Proposal(version="3", content={"amount": "120.00"}, summary="Refund £120"),
             approvers=GROUP,
             timeout=timedelta(hours=48),
-            requested_by_id=cast["bob"].pk,
+            requested_by_id=users.bob.pk,
         )
         assert (request.status, request.version, request.summary, request.content, request.requested_by) == (
             ApprovalStatus.PENDING,
             "3",
             "Refund £120",
             {"amount": "120.00"},
-            cast["bob"],
+            users.bob,
         )
         assert timedelta(hours=47) < request.expires_at - timezone.now() <= timedelta(hours=48)
         with pytest.raises(InvalidPayload, match="approval content"):
@@ -273,7 +273,7 @@ class TestWorkflowSide:
                 timeout=timedelta(hours=1),
             )
 
-    def test_personal_data_in_the_content_is_redacted_before_it_is_stored(self, cast: Cast) -> None:
+    def test_personal_data_in_the_content_is_redacted_before_it_is_stored(self, users: Users) -> None:
         run = waiting_request().run
         content = {"order": "7", "customer": {"email": "alice@example.com", "shipping_address": {"street": "x"}}}
         request = approval_request_create(
@@ -288,7 +288,7 @@ class TestWorkflowSide:
         stored = ApprovalRequest.objects.get(pk=request.pk).content
         assert stored == {"order": "7", "customer": {"email": "[redacted]", "shipping_address": "[redacted]"}}
 
-    def test_no_request_is_raised_for_a_run_that_has_ended(self, cast: Cast) -> None:
+    def test_no_request_is_raised_for_a_run_that_has_ended(self, users: Users) -> None:
         run = waiting_request(run_status=RunStatus.TERMINATED).run
 
         with pytest.raises(NonRetryableError, match="the run is terminated"):
@@ -304,8 +304,8 @@ class TestWorkflowSide:
 
         assert ApprovalRequest.objects.filter(run=run).count() == 1  # only the fixture's
 
-    def test_expiry_moves_a_pending_request_to_expired_once(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
+    def test_expiry_moves_a_pending_request_to_expired_once(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
 
         assert approval_expire(request_id=request.pk) == {"status": "expired", "decision": None}
         assert approval_expire(request_id=request.pk) == {"status": "expired", "decision": None}
@@ -313,9 +313,9 @@ class TestWorkflowSide:
         assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.EXPIRED
         assert DecisionLog.objects.filter(request=request, action=DecisionAction.EXPIRE).count() == 1
 
-    def test_a_decision_that_won_the_race_with_the_timer_stands(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
-        decide(request, by=cast["carol"], approve=True, version="v1")
+    def test_a_decision_that_won_the_race_with_the_timer_stands(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
+        decide(request, by=users.carol, approve=True, version="v1")
 
         expiry = approval_expire(request_id=request.pk)
 
@@ -323,9 +323,9 @@ class TestWorkflowSide:
         assert expiry["decision"] == RunEvent.objects.get(run=request.run).payload
         assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.APPROVED
 
-    def test_recheck_supersedes_an_approval_of_a_version_no_longer_current(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
-        decide(request, by=cast["carol"], approve=True, version="v1")
+    def test_recheck_supersedes_an_approval_of_a_version_no_longer_current(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
+        decide(request, by=users.carol, approve=True, version="v1")
 
         same = approval_recheck(request_id=request.pk, current=Proposal(version="v1"))
         assert same == {"changed": False, "approved_version": "v1", "current_version": "v1"}
@@ -348,9 +348,9 @@ class TestWorkflowSide:
 
 @pytest.mark.django_db
 class TestCancellation:
-    def test_terminating_the_run_cancels_its_pending_requests(self, cast: Cast) -> None:
+    def test_terminating_the_run_cancels_its_pending_requests(self, users: Users) -> None:
         # given a pending request and an approved one on the same run
-        pending = waiting_request(requested_by=cast["bob"])
+        pending = waiting_request(requested_by=users.bob)
         decided = ApprovalRequest.objects.create(
             run=pending.run,
             attempt=1,
@@ -373,16 +373,16 @@ class TestCancellation:
         assert cancel_for_run(pending.run_id) == 0  # idempotent
         log = DecisionLog.objects.get(request=pending, action=DecisionAction.CANCEL)
         assert (log.message, log.channel) == ("the run is terminated", "system")
-        refused(pending, cast["carol"], code=RefusalCode.NOT_PENDING)
+        refused(pending, users.carol, code=RefusalCode.NOT_PENDING)
 
-    def test_cancel_for_run_leaves_a_live_runs_current_requests_alone(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
+    def test_cancel_for_run_leaves_a_live_runs_current_requests_alone(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
 
         assert cancel_for_run(request.run_id) == 0
         assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.PENDING
 
-    def test_after_a_restart_the_earlier_attempts_requests_are_cancelled(self, cast: Cast) -> None:
-        request = waiting_request(requested_by=cast["bob"])
+    def test_after_a_restart_the_earlier_attempts_requests_are_cancelled(self, users: Users) -> None:
+        request = waiting_request(requested_by=users.bob)
 
         wf_services.run_restart(run_id=request.run_id)  # the restart hook cancels in its transaction
 
@@ -390,10 +390,10 @@ class TestCancellation:
         assert "restarted (attempt 2)" in DecisionLog.objects.get(action=DecisionAction.CANCEL).message
         assert cancel_for_run(request.run_id) == 0  # nothing left for the sweep
 
-    def test_the_sweep_cancels_what_the_hook_does_not_see_and_only_that(self, cast: Cast) -> None:
-        live = waiting_request(requested_by=cast["bob"])
-        failed = waiting_request(requested_by=cast["bob"], run_status=RunStatus.FAILED)
-        restarted = waiting_request(requested_by=cast["bob"])
+    def test_the_sweep_cancels_what_the_hook_does_not_see_and_only_that(self, users: Users) -> None:
+        live = waiting_request(requested_by=users.bob)
+        failed = waiting_request(requested_by=users.bob, run_status=RunStatus.FAILED)
+        restarted = waiting_request(requested_by=users.bob)
         wf_services.run_restart(run_id=restarted.run_id)
 
         call_command("approvals", "sweep")
@@ -405,8 +405,8 @@ class TestCancellation:
 
 
 @pytest.mark.django_db
-def test_the_command_lists_the_queue(cast: Cast, capsys: pytest.CaptureFixture[str]) -> None:
-    pending = waiting_request(requested_by=cast["bob"], version="v9")
+def test_the_command_lists_the_queue(users: Users, capsys: pytest.CaptureFixture[str]) -> None:
+    pending = waiting_request(requested_by=users.bob, version="v9")
     waiting_request(status=ApprovalStatus.APPROVED)
 
     call_command("approvals", "list")
@@ -416,13 +416,15 @@ def test_the_command_lists_the_queue(cast: Cast, capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.django_db(transaction=True)
-def test_ten_concurrent_decisions_make_exactly_one_transition_and_one_event(cast: Cast, no_enqueue: NoEnqueue) -> None:
+def test_ten_concurrent_decisions_make_exactly_one_transition_and_one_event(
+    users: Users, no_enqueue: NoEnqueue
+) -> None:
     # given ten reviewers in the group, five approving and five rejecting at the same instant
     # (no_enqueue: no worker advances the run)
     group = Group.objects.get(name=GROUP)
     reviewers = [User.objects.create_user(f"reviewer{i}", password="pw") for i in range(10)]
     group.user_set.add(*reviewers)
-    request = waiting_request(requested_by=cast["bob"])
+    request = waiting_request(requested_by=users.bob)
     barrier = threading.Barrier(len(reviewers))
     outcomes: list[Any] = [None] * len(reviewers)
 
@@ -460,9 +462,9 @@ def test_ten_concurrent_decisions_make_exactly_one_transition_and_one_event(cast
 
 @pytest.mark.django_db
 class TestSupersedePending:
-    def test_the_subjects_pending_requests_are_superseded_and_their_runs_woken(self, cast: Cast) -> None:
+    def test_the_subjects_pending_requests_are_superseded_and_their_runs_woken(self, users: Users) -> None:
         # given a pending request on order 1042, one already approved on it, and one on another order
-        pending = waiting_request(requested_by=cast["bob"])
+        pending = waiting_request(requested_by=users.bob)
         approved = waiting_request(status=ApprovalStatus.APPROVED)
         other = waiting_request(subject_id="7")
         before_approved, before_other = state(approved), state(other)
@@ -496,7 +498,7 @@ class TestSupersedePending:
         assert (state(approved), state(other)) == (before_approved, before_other)
 
         # and a reviewer whose page still shows it is refused, naming the state
-        info = refused(pending, cast["carol"], code=RefusalCode.NOT_PENDING)
+        info = refused(pending, users.carol, code=RefusalCode.NOT_PENDING)
         assert "superseded" in str(info)
 
         # and superseding again finds nothing left to supersede
@@ -516,7 +518,7 @@ class TestSupersedePending:
         }
         assert_still_waiting(overdue, before)
 
-    def test_bad_input_changes_nothing(self, cast: Cast) -> None:
+    def test_bad_input_changes_nothing(self, users: Users) -> None:
         pending = waiting_request()
         before = state(pending)
         with pytest.raises(TypeError):
@@ -528,18 +530,18 @@ class TestSupersedePending:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_decision_and_a_supersession_at_once_make_one_transition_and_one_event(
-    cast: Cast, no_enqueue: NoEnqueue
+    users: Users, no_enqueue: NoEnqueue
 ) -> None:
     # given a pending request that carol decides in the very instant the subject changes
     # (no_enqueue: no worker advances the run)
-    request = waiting_request(requested_by=cast["bob"])
+    request = waiting_request(requested_by=users.bob)
     barrier = threading.Barrier(2)
     outcomes: dict[str, Any] = {}
 
     def decision() -> None:
         try:
             barrier.wait()
-            outcomes["decide"] = decide(request.pk, by=cast["carol"], approve=True, version="v1").created
+            outcomes["decide"] = decide(request.pk, by=users.carol, approve=True, version="v1").created
         except ApprovalRefused as refusal:
             outcomes["decide"] = refusal.code
         finally:

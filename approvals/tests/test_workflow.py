@@ -11,8 +11,8 @@ import pytest
 
 from approvals import ApprovalRefused, RefusalCode, decide, supersede_pending
 from approvals.models import ApprovalRequest, ApprovalStatus, DecisionAction, DecisionLog
-from approvals.tests.conftest import Cast
 from approvals.tests.support import GROUP
+from tests.factories import Users
 from tests.support import Worker, wait_for, wait_for_status, wait_for_terminal
 from workflows import public as wf
 from workflows.models import RunStatus, StepResult, StepStatus, WorkflowRun
@@ -37,17 +37,17 @@ def waiting_for_approval(run: WorkflowRun, *, pending: int = 1) -> ApprovalReque
     return wait_for(ready, timeout=WAIT, what=f"run {run.id} to wait for approval request #{pending}")
 
 
-def test_an_approval_resumes_the_run(worker: Worker, cast: Cast) -> None:
+def test_an_approval_resumes_the_run(worker: Worker, users: Users) -> None:
     # given a run waiting for an approval bob asked for
     run = wf.start(
         "approvals.test.simple",
-        {"approvers": GROUP, "requested_by": cast["bob"].pk, "content": {"order": 1042, "amount": "120.00"}},
+        {"approvers": GROUP, "requested_by": users.bob.pk, "content": {"order": 1042, "amount": "120.00"}},
     )
     request = waiting_for_approval(run)
     assert (request.version, request.summary, request.requested_by, request.content) == (
         "v1",
         "Refund £120 on order 1042",
-        cast["bob"],
+        users.bob,
         {"order": 1042, "amount": "120.00"},
     )
     assert (request.subject_type, request.subject_id, request.step_name) == ("shop.order", "1042", "refund approval")
@@ -58,7 +58,7 @@ def test_an_approval_resumes_the_run(worker: Worker, cast: Cast) -> None:
     assert timedelta(0) <= waiting.wake_at - request.expires_at < timedelta(seconds=1)
 
     # when carol approves
-    decide(request, by=cast["carol"], approve=True, version="v1", note="ok")
+    decide(request, by=users.carol, approve=True, version="v1", note="ok")
 
     # then the run resumes and acts on the approval
     run = wait_for_terminal(run.id, timeout=WAIT)
@@ -80,17 +80,17 @@ def test_an_approval_resumes_the_run(worker: Worker, cast: Cast) -> None:
     assert ApprovalRequest.objects.filter(run=run).count() == 1
 
 
-def test_a_rejection_reaches_the_workflow_as_approval_rejected(worker: Worker, cast: Cast) -> None:
+def test_a_rejection_reaches_the_workflow_as_approval_rejected(worker: Worker, users: Users) -> None:
     run = wf.start("approvals.test.simple", {"approvers": GROUP})
     request = waiting_for_approval(run)
 
-    decide(request, by=cast["carol"], approve=False, version="v1", note="over the limit")
+    decide(request, by=users.carol, approve=False, version="v1", note="over the limit")
 
     run = wait_for_terminal(run.id, timeout=WAIT)
     assert run.result == {"outcome": "rejected", "by": "carol", "note": "over the limit"}
 
 
-def test_without_a_decision_in_time_the_request_expires(worker: Worker, cast: Cast) -> None:
+def test_without_a_decision_in_time_the_request_expires(worker: Worker, users: Users) -> None:
     # given a request that expires in a second and a half
     run = wf.start("approvals.test.simple", {"approvers": GROUP, "timeout": 1.5})
     request = waiting_for_approval(run)
@@ -111,12 +111,12 @@ def test_without_a_decision_in_time_the_request_expires(worker: Worker, cast: Ca
     }
     # and a decision now is refused naming the state
     with pytest.raises(ApprovalRefused) as info:
-        decide(request, by=cast["carol"], approve=True, version="v1")
+        decide(request, by=users.carol, approve=True, version="v1")
     assert info.value.code == RefusalCode.NOT_PENDING and "expired" in str(info.value)
 
 
 def test_a_version_changed_after_approval_is_superseded_and_asked_again(
-    worker: Worker, cast: Cast, tmp_path: Path
+    worker: Worker, users: Users, tmp_path: Path
 ) -> None:
     # given a run waiting for approval of version 1 of a document
     document = tmp_path / "document.json"
@@ -128,7 +128,7 @@ def test_a_version_changed_after_approval_is_superseded_and_asked_again(
 
     # when the document changes while carol reviews, and she approves the version she saw
     document.write_text(json.dumps({"version": "2", "title": "Q3 report", "body": "final"}))
-    decide(first, by=cast["carol"], approve=True, version="1")
+    decide(first, by=users.carol, approve=True, version="1")
 
     # then the workflow's re-check supersedes that approval and asks for the new version
     second = waiting_for_approval(run, pending=2)
@@ -143,11 +143,11 @@ def test_a_version_changed_after_approval_is_superseded_and_asked_again(
     )
     # a decision on the old request is refused and points at the new one
     with pytest.raises(ApprovalRefused) as info:
-        decide(first, by=cast["erin"], approve=True, version="1")
+        decide(first, by=users.erin, approve=True, version="1")
     assert info.value.superseded_by == second.pk and "review the current version" in str(info.value)
 
     # when the current version is approved, the run goes on with it
-    decide(second, by=cast["carol"], approve=True, version="2")
+    decide(second, by=users.carol, approve=True, version="2")
     run = wait_for_terminal(run.id, timeout=WAIT)
     assert run.status == RunStatus.COMPLETED, run.error
     assert run.result == {"version": "2", "request": second.pk, "by": "carol"}
@@ -164,7 +164,7 @@ def test_a_version_changed_after_approval_is_superseded_and_asked_again(
 
 
 def test_a_version_changed_while_pending_is_superseded_at_once_and_asked_again(
-    worker: Worker, cast: Cast, tmp_path: Path
+    worker: Worker, users: Users, tmp_path: Path
 ) -> None:
     # given a run waiting for approval of version 1 of a document
     document = tmp_path / "document.json"
@@ -178,7 +178,7 @@ def test_a_version_changed_while_pending_is_superseded_at_once_and_asked_again(
 
     # then a reviewer still looking at version 1 is refused at once
     with pytest.raises(ApprovalRefused) as info:
-        decide(first, by=cast["carol"], approve=True, version="1")
+        decide(first, by=users.carol, approve=True, version="1")
     assert info.value.code == RefusalCode.NOT_PENDING and "superseded" in str(info.value)
     # and the run, woken without any decision, asks for version 2
     second = waiting_for_approval(run, pending=2)
@@ -186,10 +186,10 @@ def test_a_version_changed_while_pending_is_superseded_at_once_and_asked_again(
     assert (second.version, second.content["body"], second.replaces_id) == ("2", "final", first.pk)
     assert ApprovalRequest.objects.get(pk=first.pk).status == ApprovalStatus.SUPERSEDED
     with pytest.raises(ApprovalRefused) as info:
-        decide(first, by=cast["carol"], approve=True, version="1")
+        decide(first, by=users.carol, approve=True, version="1")
     assert info.value.superseded_by == second.pk and "review the current version" in str(info.value)
 
-    decide(second, by=cast["carol"], approve=True, version="2")
+    decide(second, by=users.carol, approve=True, version="2")
     run = wait_for_terminal(run.id, timeout=WAIT)
     assert run.status == RunStatus.COMPLETED, run.error
     assert run.result == {"version": "2", "request": second.pk, "by": "carol"}
@@ -204,7 +204,7 @@ def test_a_version_changed_while_pending_is_superseded_at_once_and_asked_again(
     ]
 
 
-def test_wait_for_approval_raises_approval_superseded_into_the_workflow(worker: Worker, cast: Cast) -> None:
+def test_wait_for_approval_raises_approval_superseded_into_the_workflow(worker: Worker, users: Users) -> None:
     run = wf.start("approvals.test.simple", {"approvers": GROUP})
     request = waiting_for_approval(run)
 
@@ -222,7 +222,7 @@ def test_wait_for_approval_raises_approval_superseded_into_the_workflow(worker: 
     assert not StepResult.objects.filter(run=run, name="act").exists()
 
 
-def test_terminating_a_waiting_run_cancels_its_request(worker: Worker, cast: Cast) -> None:
+def test_terminating_a_waiting_run_cancels_its_request(worker: Worker, users: Users) -> None:
     run = wf.start("approvals.test.simple", {"approvers": GROUP})
     request = waiting_for_approval(run)
 
@@ -231,7 +231,7 @@ def test_terminating_a_waiting_run_cancels_its_request(worker: Worker, cast: Cas
     request.refresh_from_db()
     assert request.status == ApprovalStatus.CANCELLED
     with pytest.raises(ApprovalRefused) as info:
-        decide(request, by=cast["carol"], approve=True, version="v1")
+        decide(request, by=users.carol, approve=True, version="v1")
     assert "cancelled" in str(info.value)
     assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.TERMINATED
     assert wait_for_status(run.id, RunStatus.TERMINATED).events.count() == 0

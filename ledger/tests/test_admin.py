@@ -20,6 +20,7 @@ from ledger.models import ExternalOperation, OperationEvent, OperationStatus
 from ledger.services import operation_resolve, record_create
 from ledger.tests.provider import FakeProvider
 from ledger.tests.support import make_operation, snapshot
+from tests.factories import Users, login
 
 pytestmark = pytest.mark.django_db
 
@@ -34,21 +35,15 @@ def grant(user: User, *codenames: str) -> User:
 
 
 @pytest.fixture
-def viewer(users: dict[str, User]) -> User:
+def viewer(users: Users) -> User:
     """Carol, who may see operations but not resolve them."""
-    return grant(users["carol"], "view_externaloperation")
+    return grant(users.carol, "view_externaloperation")
 
 
 @pytest.fixture
-def resolver(users: dict[str, User]) -> User:
+def resolver(users: Users) -> User:
     """Carol, who may see and resolve operations."""
-    return grant(users["carol"], "view_externaloperation", "resolve_externaloperation")
-
-
-def login(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
+    return grant(users.carol, "view_externaloperation", "resolve_externaloperation")
 
 
 def listed(client: Client, query: str = "") -> list[str]:
@@ -101,12 +96,11 @@ def test_the_list_filters_by_status_and_system(viewer: User) -> None:
     assert listed(client, "?q=p2") == ["p2"]
 
 
-def test_staff_without_the_view_permission_see_nothing(users: dict[str, User]) -> None:
+def test_staff_without_the_view_permission_see_nothing(users: Users) -> None:
     make_operation("secret")
-    bob = grant(users["bob"])  # staff, no ledger permission
 
-    assert login(bob).get(CHANGELIST).status_code == 403
-    assert login(users["alice"]).get(CHANGELIST).status_code == 302  # not staff: to the login page
+    assert login(users.carol).get(CHANGELIST).status_code == 403  # staff, not given the ledger's permissions
+    assert login(users.alice).get(CHANGELIST).status_code == 302  # not staff: to the login page
 
 
 def test_the_change_page_is_read_only_and_redacted(viewer: User) -> None:
@@ -251,8 +245,8 @@ def test_reconcile_now_looks_the_selected_operations_up(resolver: User, payments
 
 
 # --- operational records ------------------------------------------------------------------------
-def test_operational_records_are_read_only(users: dict[str, User]) -> None:
-    carol = grant(users["carol"], "view_operationalrecord")
+def test_operational_records_are_read_only(users: Users) -> None:
+    carol = grant(users.carol, "view_operationalrecord")
     record = record_create(request_id="req-1", tool="payments.refund", response={"email": "alice@example.com"})
     client = login(carol)
 

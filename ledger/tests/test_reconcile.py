@@ -19,6 +19,7 @@ from ledger.models import ExternalOperation, OperationEvent, OperationStatus
 from ledger.services import operation_reconcile
 from ledger.tests.provider import FakeProvider, Fault
 from ledger.tests.support import make_operation, snapshot
+from tests.factories import Users
 
 pytestmark = pytest.mark.django_db
 
@@ -284,7 +285,7 @@ def test_a_not_found_of_an_ended_runs_operation_never_settles_it(payments: FakeP
 
 
 def test_a_pending_operation_sent_before_is_looked_up_never_abandoned(
-    payments: FakeProvider, ledger_settings: Any
+    payments: FakeProvider, ledger_settings: Any, users: Users
 ) -> None:
     from django.contrib.auth.models import Permission, User
 
@@ -302,7 +303,7 @@ def test_a_pending_operation_sent_before_is_looked_up_never_abandoned(
     # then the one the provider has is settled; the other is left for a person, flagged
     assert status_of(found) == OperationStatus.SUCCEEDED
     assert status_of(lost) == OperationStatus.PENDING and row_of(output, "sent-lost").startswith("!")
-    staff = User.objects.create_user("carol", is_staff=True)
+    staff = users.carol
     staff.user_permissions.add(*Permission.objects.filter(codename="resolve_externaloperation"))
     operation_resolve(
         operation_id=lost.pk,
@@ -331,7 +332,7 @@ def test_terminating_a_run_abandons_its_pending_operations_at_once(payments: Fak
     assert [e.kind for e in OperationEvent.objects.filter(operation=pending)] == ["abandon"]
 
 
-def test_every_way_an_operation_settles_calls_the_settled_hooks_once(payments: FakeProvider) -> None:
+def test_every_way_an_operation_settles_calls_the_settled_hooks_once(payments: FakeProvider, users: Users) -> None:
     from django.contrib.auth.models import Permission, User
 
     from ledger import hooks
@@ -349,7 +350,7 @@ def test_every_way_an_operation_settles_calls_the_settled_hooks_once(payments: F
         make_operation("orphan", OperationStatus.PENDING, sent_ago=None, run=ended_run())
         make_operation("still-unknown", sent_ago=timedelta(seconds=1))  # not found yet: not settled
         reconcile()
-        staff = User.objects.create_user("carol", is_staff=True)
+        staff = users.carol
         staff.user_permissions.add(*Permission.objects.filter(codename="resolve_externaloperation"))
         by_hand = make_operation("by-hand")
         operation_resolve(operation_id=by_hand.pk, outcome="failed", note="checked", user=User.objects.get(pk=staff.pk))
@@ -360,7 +361,7 @@ def test_every_way_an_operation_settles_calls_the_settled_hooks_once(payments: F
 
 
 def test_an_operation_marked_failed_by_hand_that_the_provider_did_after_all_is_corrected(
-    payments: FakeProvider,
+    payments: FakeProvider, users: Users
 ) -> None:
     from django.contrib.auth.models import Permission, User
 
@@ -368,7 +369,7 @@ def test_an_operation_marked_failed_by_hand_that_the_provider_did_after_all_is_c
     from ledger.services import operation_resolve
 
     # given a sent operation a person marked failed, the provider having no record of it yet
-    staff = User.objects.create_user("carol", is_staff=True)
+    staff = users.carol
     staff.user_permissions.add(*Permission.objects.filter(codename="resolve_externaloperation"))
     op = make_operation("late", run=ended_run())
     operation_resolve(

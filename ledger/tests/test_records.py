@@ -16,6 +16,7 @@ from ledger.models import OperationalRecord
 from ledger.redaction import REDACTED, redact
 from ledger.services import record_create, record_purge
 from ledger.tests.support import make_operation
+from tests.factories import Users
 from workflows import services as workflow_services
 
 pytestmark = pytest.mark.django_db
@@ -76,9 +77,9 @@ def test_the_redacted_keys_come_from_settings(settings: Any) -> None:
     assert redacted == {"customer-ref": REDACTED, "email": "alice@example.com"}
 
 
-def test_record_create_stores_the_response_redacted(users: dict[str, Any]) -> None:
+def test_record_create_stores_the_response_redacted(users: Users) -> None:
     # given
-    run, _ = workflow_services.run_start(workflow="test.echo", payload={}, owner=users["alice"])
+    run, _ = workflow_services.run_start(workflow="test.echo", payload={}, owner=users.alice)
     op = make_operation("refund:1042:r1")
     observed = timezone.now() - timedelta(minutes=3)
 

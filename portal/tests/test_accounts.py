@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 from django.contrib.auth import SESSION_KEY
-from django.contrib.auth.models import User
 from django.test import Client
+
+from tests.factories import Users, login
 
 pytestmark = pytest.mark.django_db
 
@@ -33,9 +34,9 @@ def test_the_login_page_is_a_form_with_labelled_fields() -> None:
     assert 'action="/accounts/logout/"' not in html  # nobody to sign out
 
 
-def test_a_customer_signs_in_with_a_password_and_lands_on_the_home_page(users: dict[str, User]) -> None:
+def test_a_customer_signs_in_with_a_password_and_lands_on_the_home_page(users: Users) -> None:
     # given alice, a customer (not staff): the admin's login refuses her
-    alice = users["alice"]
+    alice = users.alice
     assert not alice.is_staff
     client = Client()
 
@@ -50,17 +51,17 @@ def test_a_customer_signs_in_with_a_password_and_lands_on_the_home_page(users: d
     assert '<strong id="username">alice</strong>' in home.content.decode()
 
 
-def test_the_admin_login_still_refuses_a_customer_and_admits_staff(users: dict[str, User]) -> None:
+def test_the_admin_login_still_refuses_a_customer_and_admits_staff(users: Users) -> None:
     customer, staff = Client(), Client()
 
     customer.post("/admin/login/", {"username": "alice", "password": "pw-alice"})
     response = staff.post("/admin/login/?next=/admin/", {"username": "carol", "password": "pw-carol"})
 
     assert signed_in_as(customer) is None
-    assert response.status_code == 302 and signed_in_as(staff) == str(users["carol"].pk)
+    assert response.status_code == 302 and signed_in_as(staff) == str(users.carol.pk)
 
 
-def test_a_wrong_password_is_refused_with_a_message_and_signs_nobody_in(users: dict[str, User]) -> None:
+def test_a_wrong_password_is_refused_with_a_message_and_signs_nobody_in(users: Users) -> None:
     client = Client()
 
     response = client.post(LOGIN, {"username": "alice", "password": "not-hers"})
@@ -71,8 +72,8 @@ def test_a_wrong_password_is_refused_with_a_message_and_signs_nobody_in(users: d
     assert signed_in_as(client) is None
 
 
-def test_an_inactive_user_cannot_sign_in(users: dict[str, User]) -> None:
-    mallory = users["mallory"]
+def test_an_inactive_user_cannot_sign_in(users: Users) -> None:
+    mallory = users.mallory
     mallory.is_active = False
     mallory.save()
     client = Client()
@@ -82,7 +83,7 @@ def test_an_inactive_user_cannot_sign_in(users: dict[str, User]) -> None:
     assert signed_in_as(client) is None
 
 
-def test_sign_in_returns_to_the_page_asked_for_but_never_to_another_site(users: dict[str, User]) -> None:
+def test_sign_in_returns_to_the_page_asked_for_but_never_to_another_site(users: Users) -> None:
     local, elsewhere = Client(), Client()
 
     to_run = local.post(LOGIN, {"username": "alice", "password": "pw-alice", "next": "/runs/1/"})
@@ -101,11 +102,11 @@ def test_the_home_page_sends_someone_signed_out_to_the_login_page() -> None:
     assert response["Location"] == f"{LOGIN}?next=/"
 
 
-def test_sign_out_is_a_post_and_ends_the_session(users: dict[str, User]) -> None:
+def test_sign_out_is_a_post_and_ends_the_session(users: Users) -> None:
     # given alice signed in
     client = Client()
     client.post(LOGIN, {"username": "alice", "password": "pw-alice"})
-    assert signed_in_as(client) == str(users["alice"].pk)
+    assert signed_in_as(client) == str(users.alice.pk)
 
     # when she presses "Log out" (a form that POSTs), having first been sent a GET by a link
     by_link = client.get(LOGOUT)
@@ -113,28 +114,26 @@ def test_sign_out_is_a_post_and_ends_the_session(users: dict[str, User]) -> None
     response = client.post(LOGOUT)
 
     # then the GET changed nothing; the POST signed her out and sent her to the login page
-    assert by_link.status_code == 405 and still_in == str(users["alice"].pk)
+    assert by_link.status_code == 405 and still_in == str(users.alice.pk)
     assert response.status_code == 302 and response["Location"] == LOGIN
     assert signed_in_as(client) is None
     assert client.get("/").status_code == 302
 
 
-def test_sign_out_needs_the_csrf_token(users: dict[str, User]) -> None:
-    client = Client(enforce_csrf_checks=True)
-    client.force_login(users["alice"])
+def test_sign_out_needs_the_csrf_token(users: Users) -> None:
+    client = login(users.alice, enforce_csrf_checks=True)
 
     response = client.post(LOGOUT)
 
     assert response.status_code == 403
-    assert signed_in_as(client) == str(users["alice"].pk)
+    assert signed_in_as(client) == str(users.alice.pk)
 
 
 @pytest.mark.parametrize(("name", "admin_link"), [("alice", False), ("carol", True)])
 def test_the_header_names_the_user_has_a_logout_button_and_an_admin_link_for_staff(
-    users: dict[str, User], name: str, admin_link: bool
+    users: Users, name: str, admin_link: bool
 ) -> None:
-    client = Client()
-    client.force_login(users[name])
+    client = login(getattr(users, name))
 
     html = client.get("/").content.decode()
 

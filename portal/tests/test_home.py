@@ -8,19 +8,17 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import Client
 
 from examples.refunds.models import RefundRequest
 from examples.refunds.services import order_create, refund_request_create
 from examples.suppliers.services import assessment_create
 from portal.selectors import HOME_LIMIT
+from tests.factories import Users, login
 from workflows.models import RunStatus, WorkflowRun
 
 
 def home_of(user: User) -> str:
-    client = Client()
-    client.force_login(user)
-    response = client.get("/")
+    response = login(user).get("/")
     assert response.status_code == 200
     return response.content.decode()
 
@@ -44,9 +42,9 @@ def refund_for(customer: User, number: str, amount: str = "40.00") -> RefundRequ
 
 
 @pytest.mark.django_db
-def test_home_lists_the_customers_refunds_assessments_and_runs_in_words_with_links(users: dict[str, User]) -> None:
+def test_home_lists_the_customers_refunds_assessments_and_runs_in_words_with_links(users: Users) -> None:
     # given alice's refund (its run queued), an assessment awaiting her input, and a run of hers
-    alice = users["alice"]
+    alice = users.alice
     refund = refund_for(alice, "5001", "40.00")
     assessment = assessment_create(supplier_name="Acme Metals", requested_by=alice, sources={"credit": {"score": 7}})
     run = WorkflowRun.objects.create(workflow="demo.onboarding", owner=alice, status=RunStatus.WAITING)
@@ -65,9 +63,9 @@ def test_home_lists_the_customers_refunds_assessments_and_runs_in_words_with_lin
 
 
 @pytest.mark.django_db
-def test_home_never_shows_another_customers_things(users: dict[str, User]) -> None:
+def test_home_never_shows_another_customers_things(users: Users) -> None:
     # given mallory's refund, assessment and run, and alice's
-    alice, mallory = users["alice"], users["mallory"]
+    alice, mallory = users.alice, users.mallory
     hers = refund_for(mallory, "6660", "66.60")
     assessment_create(supplier_name="Mallory Shell Co", requested_by=mallory)
     theirs = WorkflowRun.objects.create(workflow="demo.onboarding", owner=mallory, status=RunStatus.COMPLETED)
@@ -86,19 +84,19 @@ def test_home_never_shows_another_customers_things(users: dict[str, User]) -> No
 
 
 @pytest.mark.django_db
-def test_staff_home_lists_their_own_runs_not_everyones(users: dict[str, User]) -> None:
+def test_staff_home_lists_their_own_runs_not_everyones(users: Users) -> None:
     # carol may view every run (the admin and the API show them), but her home page is hers
-    alices = WorkflowRun.objects.create(workflow="test.echo", owner=users["alice"], status=RunStatus.COMPLETED)
-    carols = WorkflowRun.objects.create(workflow="test.echo", owner=users["carol"], status=RunStatus.COMPLETED)
+    alices = WorkflowRun.objects.create(workflow="test.echo", owner=users.alice, status=RunStatus.COMPLETED)
+    carols = WorkflowRun.objects.create(workflow="test.echo", owner=users.carol, status=RunStatus.COMPLETED)
 
-    html = home_of(users["carol"])
+    html = home_of(users.carol)
 
     assert str(carols.id) in html and str(alices.id) not in html
 
 
 @pytest.mark.django_db
-def test_home_shows_the_newest_runs_first_bounded_and_says_how_many_there_are(users: dict[str, User]) -> None:
-    alice = users["alice"]
+def test_home_shows_the_newest_runs_first_bounded_and_says_how_many_there_are(users: Users) -> None:
+    alice = users.alice
     runs = [
         WorkflowRun.objects.create(workflow=f"test.n{i}", owner=alice, status=RunStatus.COMPLETED)
         for i in range(HOME_LIMIT + 5)
@@ -112,8 +110,8 @@ def test_home_shows_the_newest_runs_first_bounded_and_says_how_many_there_are(us
 
 
 @pytest.mark.django_db
-def test_a_new_customer_is_told_there_is_nothing_yet(users: dict[str, User]) -> None:
-    text = text_of(home_of(users["bob"]))
+def test_a_new_customer_is_told_there_is_nothing_yet(users: Users) -> None:
+    text = text_of(home_of(users.bob))
 
     assert "You have not asked for a refund." in text
     assert "You have not asked for a supplier assessment." in text
@@ -122,16 +120,15 @@ def test_a_new_customer_is_told_there_is_nothing_yet(users: dict[str, User]) -> 
 
 @pytest.mark.django_db
 def test_the_home_page_reads_a_bounded_number_of_rows(
-    users: dict[str, User], settings: Any, django_assert_max_num_queries: Any
+    users: Users, settings: Any, django_assert_max_num_queries: Any
 ) -> None:
     # given more of everything than the page shows (more refunds in progress than a customer may
     # have by default, hence no limit here)
     settings.REFUND_MAX_OPEN_REQUESTS = 0
-    alice = users["alice"]
+    alice = users.alice
     for i in range(HOME_LIMIT + 2):
         refund_for(alice, f"70{i:02d}")
-    client = Client()
-    client.force_login(alice)
+    client = login(alice)
 
     # then the page costs a few queries per row shown, whatever there is beyond
     with django_assert_max_num_queries(10 + 3 * HOME_LIMIT):

@@ -7,36 +7,36 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.test import Client
 
 from approvals import decide
+from examples.refunds.tests.conftest import World
 from examples.refunds.tests.support import ask, assert_confirmed, new_order, pending_approval, wait_status
 from tests.browser import chromium, new_page, off_loop
+from tests.factories import Users, login
 from tests.support import AsgiServer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def home_html(user: Any) -> str:
-    client = Client()
-    client.force_login(user)
-    response = client.get("/")
+    response = login(user).get("/")
     assert response.status_code == 200
     return response.content.decode()
 
 
 def test_home_shows_a_refund_awaiting_approval_with_its_run_and_none_of_another_customers(
-    world: dict[str, Any],
+    world: World,
+    users: Users,
 ) -> None:
     # given alice's and mallory's refunds, both above the limit and waiting for approval
-    alices = ask(new_order(world["alice"], "1042"), "120.00")
-    mallorys = ask(new_order(world["mallory"], "6661"), "130.00")
+    alices = ask(new_order(users.alice, "1042"), "120.00")
+    mallorys = ask(new_order(users.mallory, "6661"), "130.00")
     for request in (alices, mallorys):
         pending_approval(request)
         wait_status(request, "awaiting approval")
 
     # when each opens their home page
-    alice, mallory = home_html(world["alice"]), home_html(world["mallory"])
+    alice, mallory = home_html(users.alice), home_html(users.mallory)
 
     # then alice reads hers in words, with a link to its run, and nothing of mallory's
     row = f'<tr class="refund" data-refund="{alices.pk}">'
@@ -49,12 +49,12 @@ def test_home_shows_a_refund_awaiting_approval_with_its_run_and_none_of_another_
 
 
 def test_browser_alice_signs_in_sees_her_refund_awaiting_approval_and_follows_its_run_live(
-    world: dict[str, Any], asgi_server: AsgiServer, settings: Any
+    world: World, users: Users, asgi_server: AsgiServer, settings: Any
 ) -> None:
     # given alice with a password the server can check (the test process hashes with MD5
     # otherwise, which the server does not accept), and her £120 refund waiting for approval
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.PBKDF2PasswordHasher"]
-    alice, carol = world["alice"], world["carol"]
+    alice, carol = users.alice, users.carol
     alice.set_password("alice-secret-pw")
     alice.save()
     request = ask(new_order(alice, "1042"), "120.00")
@@ -94,4 +94,4 @@ def test_browser_alice_signs_in_sees_her_refund_awaiting_approval_and_follows_it
     assert waiting == "waiting"
     assert same_document
     assert result is not None and '"refunded"' in result
-    assert_confirmed(request, world["sandbox"])
+    assert_confirmed(request, world.sandbox)

@@ -17,6 +17,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from tests.factories import Users, login, make_run
 from workflows.models import RunAttempt, RunEvent, RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
 
 pytestmark = pytest.mark.django_db
@@ -28,28 +29,15 @@ def change_url(run: WorkflowRun) -> str:
     return reverse("admin:workflows_workflowrun_change", args=[run.pk])
 
 
-def make_run(workflow: str = "test.echo", status: str = RunStatus.QUEUED, **fields: Any) -> WorkflowRun:
-    # The status is a protected FSM field: set once at creation, as a fixture of any state.
-    run = WorkflowRun.objects.create(workflow=workflow, status=status, **fields)
-    RunAttempt.objects.create(run=run, number=run.attempt)
-    return run
-
-
 def waiting_run(event_type: str = "reply", **fields: Any) -> WorkflowRun:
     return make_run(
-        "test.wait",
-        RunStatus.WAITING,
+        workflow="test.wait",
+        status=RunStatus.WAITING,
         wait_event_type=event_type,
         wait_step="wait for reply",
         wake_at=timezone.now() + timedelta(minutes=5),
         **fields,
     )
-
-
-def login(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def staff(username: str, *codenames: str) -> User:
@@ -70,10 +58,10 @@ def act(client: Client, action: str, *runs: WorkflowRun) -> list[str]:
     return [str(m) for m in get_messages(response.wsgi_request)]
 
 
-def test_changelist_shows_runs_with_what_they_wait_for(users: dict[str, User]) -> None:
-    waiting = waiting_run(owner=users["alice"])
+def test_changelist_shows_runs_with_what_they_wait_for(users: Users) -> None:
+    waiting = waiting_run(owner=users.alice)
 
-    response = login(users["carol"]).get(CHANGELIST)
+    response = login(users.carol).get(CHANGELIST)
 
     assert response.status_code == 200
     html = response.content.decode()
@@ -82,13 +70,13 @@ def test_changelist_shows_runs_with_what_they_wait_for(users: dict[str, User]) -
     assert "alice" in html
 
 
-def test_changelist_filters_by_status_workflow_failure_reason_and_waiting_for(users: dict[str, User]) -> None:
+def test_changelist_filters_by_status_workflow_failure_reason_and_waiting_for(users: Users) -> None:
     # given
     reply = waiting_run("reply")
     approve = waiting_run("approve")
-    failed = make_run("test.lines", RunStatus.FAILED, failure_reason="max_recovery_attempts")
-    queued = make_run("test.echo")
-    carol = login(users["carol"])
+    failed = make_run(workflow="test.lines", status=RunStatus.FAILED, failure_reason="max_recovery_attempts")
+    queued = make_run(workflow="test.echo", status=RunStatus.QUEUED)
+    carol = login(users.carol)
 
     # then
     assert listed(carol) == {reply.pk, approve.pk, failed.pk, queued.pk}
@@ -99,10 +87,10 @@ def test_changelist_filters_by_status_workflow_failure_reason_and_waiting_for(us
     assert "event “approve”" in carol.get(CHANGELIST).content.decode()  # offered as a filter choice
 
 
-def test_search_by_id_workflow_and_idempotency_key(users: dict[str, User]) -> None:
-    keyed = make_run("test.echo", idempotency_key="order-42")
-    other = make_run("test.lines")
-    carol = login(users["carol"])
+def test_search_by_id_workflow_and_idempotency_key(users: Users) -> None:
+    keyed = make_run(workflow="test.echo", status=RunStatus.QUEUED, idempotency_key="order-42")
+    other = make_run(workflow="test.lines", status=RunStatus.QUEUED)
+    carol = login(users.carol)
 
     assert listed(carol, f"?q={other.pk}") == {other.pk}
     assert listed(carol, "?q=order-42") == {keyed.pk}
@@ -110,11 +98,11 @@ def test_search_by_id_workflow_and_idempotency_key(users: dict[str, User]) -> No
     assert listed(carol, "?q=nothing-like-this") == set()
 
 
-def test_change_page_shows_every_attempt_s_steps_and_pretty_error(users: dict[str, User]) -> None:
+def test_change_page_shows_every_attempt_s_steps_and_pretty_error(users: Users) -> None:
     # given: a run on its second attempt; the first failed at its second step
     run = make_run(
-        "test.lines",
-        RunStatus.FAILED,
+        workflow="test.lines",
+        status=RunStatus.FAILED,
         attempt=2,
         failure_reason="error",
         error={"type": "ValueError", "message": "boom", "traceback": "Traceback (most recent call last)"},
@@ -137,7 +125,7 @@ def test_change_page_shows_every_attempt_s_steps_and_pretty_error(users: dict[st
     RunEvent.objects.create(run=run, type="customer.reply", payload={"text": "hi"})
 
     # when
-    response = login(users["carol"]).get(change_url(run))
+    response = login(users.carol).get(change_url(run))
 
     # then
     assert response.status_code == 200
@@ -155,30 +143,30 @@ def test_change_page_shows_every_attempt_s_steps_and_pretty_error(users: dict[st
     assert 'name="_save"' not in html  # view-only: the engine owns every field
 
 
-def test_pause_action_pauses_through_the_service(users: dict[str, User]) -> None:
+def test_pause_action_pauses_through_the_service(users: Users) -> None:
     run = waiting_run()
 
-    messages = act(login(users["carol"]), "pause_runs", run)
+    messages = act(login(users.carol), "pause_runs", run)
 
     run.refresh_from_db()
     assert run.status == RunStatus.PAUSED
     assert messages == [f"test.wait {run.pk}: paused (now paused, attempt 1)"]
 
 
-def test_pause_of_a_running_run_is_a_request(users: dict[str, User]) -> None:
-    run = make_run("test.lines", RunStatus.RUNNING)
+def test_pause_of_a_running_run_is_a_request(users: Users) -> None:
+    run = make_run(workflow="test.lines", status=RunStatus.RUNNING)
 
-    messages = act(login(users["carol"]), "pause_runs", run)
+    messages = act(login(users.carol), "pause_runs", run)
 
     run.refresh_from_db()
     assert (run.status, run.pause_requested) == (RunStatus.RUNNING, True)
     assert "pauses at its next step boundary" in messages[0]
 
 
-def test_restart_and_terminate_actions(users: dict[str, User]) -> None:
-    failed = make_run("test.lines", RunStatus.FAILED, failure_reason="error")
+def test_restart_and_terminate_actions(users: Users) -> None:
+    failed = make_run(workflow="test.lines", status=RunStatus.FAILED, failure_reason="error")
     waiting = waiting_run()
-    carol = login(users["carol"])
+    carol = login(users.carol)
 
     act(carol, "restart_runs", failed)
     act(carol, "terminate_runs", waiting)
@@ -190,14 +178,14 @@ def test_restart_and_terminate_actions(users: dict[str, User]) -> None:
     assert waiting.status == RunStatus.TERMINATED
 
 
-def test_refused_action_reports_the_reason_and_changes_nothing(users: dict[str, User]) -> None:
+def test_refused_action_reports_the_reason_and_changes_nothing(users: Users) -> None:
     # given: one run resume applies to, one it does not
-    queued = make_run("test.echo")
-    paused = make_run("test.echo", RunStatus.PAUSED)
+    queued = make_run(workflow="test.echo", status=RunStatus.QUEUED)
+    paused = make_run(workflow="test.echo", status=RunStatus.PAUSED)
     before = WorkflowRun.objects.get(pk=queued.pk)
 
     # when
-    messages = act(login(users["carol"]), "resume_runs", queued, paused)
+    messages = act(login(users.carol), "resume_runs", queued, paused)
 
     # then: the refusal is reported per run, the other run still resumed
     assert f"test.echo {queued.pk}: cannot resume a run that is queued" in messages
@@ -210,19 +198,20 @@ def test_refused_action_reports_the_reason_and_changes_nothing(users: dict[str, 
     )
 
 
-def test_terminate_of_a_finished_run_is_refused(users: dict[str, User]) -> None:
-    done = make_run("test.echo", RunStatus.COMPLETED, result={"ok": True})
+def test_terminate_of_a_finished_run_is_refused(users: Users) -> None:
+    done = make_run(workflow="test.echo", status=RunStatus.COMPLETED, result={"ok": True})
 
-    messages = act(login(users["carol"]), "terminate_runs", done)
+    messages = act(login(users.carol), "terminate_runs", done)
 
     done.refresh_from_db()
     assert done.status == RunStatus.COMPLETED
     assert messages == [f"test.echo {done.pk}: cannot terminate a run that is completed"]
 
 
-def test_staff_without_control_permission_cannot_act(users: dict[str, User]) -> None:
-    # given: dave may look at runs but not control them
-    dave = login(staff("dave", "view_workflowrun", "change_workflowrun"))
+def test_staff_without_control_permission_cannot_act(users: Users) -> None:
+    # given: dave may look at runs, and change them, but not control them
+    users.dave.user_permissions.add(Permission.objects.get(codename="change_workflowrun"))
+    dave = login(users.dave)
     run = waiting_run()
 
     # when
@@ -237,7 +226,7 @@ def test_staff_without_control_permission_cannot_act(users: dict[str, User]) -> 
     assert run.status == RunStatus.WAITING
 
 
-def test_staff_without_view_permission_see_nothing(users: dict[str, User]) -> None:
+def test_staff_without_view_permission_see_nothing(users: Users) -> None:
     eve = login(staff("eve"))
     run = waiting_run()
 
@@ -249,9 +238,9 @@ def test_staff_without_view_permission_see_nothing(users: dict[str, User]) -> No
     assert run.status == RunStatus.WAITING
 
 
-def test_no_add_and_no_delete(users: dict[str, User]) -> None:
-    run = make_run()
-    carol = login(users["carol"])
+def test_no_add_and_no_delete(users: Users) -> None:
+    run = make_run(status=RunStatus.QUEUED)
+    carol = login(users.carol)
 
     assert carol.get(reverse("admin:workflows_workflowrun_add")).status_code == 403
     assert carol.post(reverse("admin:workflows_workflowrun_delete", args=[run.pk]), {"post": "yes"}).status_code == 403

@@ -8,7 +8,7 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.contrib.staticfiles import finders
 from django.urls import include, path
 from drf_spectacular.drainage import GENERATOR_STATS
@@ -17,12 +17,11 @@ from drf_spectacular.validation import validate_schema
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from tests.factories import Users
 from tests.support import Worker, wait_for
 from workflows import services
 from workflows.apis.errors import body_limit
 from workflows.models import RunAttempt, RunEvent, RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
-
-Users = dict[str, User]
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -67,16 +66,6 @@ def snapshot(run: WorkflowRun) -> tuple[Any, ...]:
     return (run.status, run.attempt, run.pause_requested, run.finished_at, RunAttempt.objects.filter(run=run).count())
 
 
-@pytest.fixture
-def bob_the_viewer(users: Users) -> User:
-    """Bob as staff who may view every run but control none."""
-    bob = users["bob"]
-    bob.is_staff = True
-    bob.save()
-    bob.user_permissions.add(Permission.objects.get(codename="view_workflowrun"))
-    return User.objects.get(pk=bob.pk)  # fresh: has_perm caches permissions on the instance
-
-
 # --- authentication -------------------------------------------------------------------------------
 @pytest.mark.django_db
 def test_unauthenticated_requests_are_401_and_start_nothing() -> None:
@@ -107,7 +96,7 @@ def test_a_wrong_token_is_401(users: Users) -> None:
 def test_session_authentication_works_and_enforces_csrf(users: Users) -> None:
     # given alice logged in with a session, and a client that checks CSRF as a browser's would
     client = APIClient(enforce_csrf_checks=True)
-    client.force_login(users["alice"])
+    client.force_login(users.alice)
 
     # when she reads, then writes without and with the CSRF token
     listing = client.get("/api/runs")
@@ -127,7 +116,7 @@ def test_session_authentication_works_and_enforces_csrf(users: Users) -> None:
 # --- starting runs --------------------------------------------------------------------------------
 @pytest.mark.django_db
 def test_start_creates_a_run_owned_by_the_caller(users: Users) -> None:
-    response = client_for(users["alice"]).post(start_url(), {"payload": {"order_id": 1042}}, format="json")
+    response = client_for(users.alice).post(start_url(), {"payload": {"order_id": 1042}}, format="json")
 
     assert response.status_code == 201
     body = response.json()
@@ -138,14 +127,14 @@ def test_start_creates_a_run_owned_by_the_caller(users: Users) -> None:
     assert body["attempt"] == 1
     assert body["owner"] == "alice"
     assert response.headers["Location"] == f"/api/runs/{run.id}"
-    assert run.owner == users["alice"]
+    assert run.owner == users.alice
     assert run.payload == {"order_id": 1042}
     assert list(RunAttempt.objects.filter(run=run).values_list("number", flat=True)) == [1]
 
 
 @pytest.mark.django_db
 def test_start_without_a_body_starts_with_an_empty_payload(users: Users) -> None:
-    response = client_for(users["alice"]).post(start_url())
+    response = client_for(users.alice).post(start_url())
 
     assert response.status_code == 201
     assert WorkflowRun.objects.get().payload == {}
@@ -153,7 +142,7 @@ def test_start_without_a_body_starts_with_an_empty_payload(users: Users) -> None
 
 @pytest.mark.django_db
 def test_same_key_and_payload_returns_the_existing_run(users: Users) -> None:
-    client = client_for(users["alice"])
+    client = client_for(users.alice)
     headers = {"Idempotency-Key": "order-1042"}
 
     first = client.post(start_url(), {"payload": {"order_id": 1042}}, format="json", headers=headers)
@@ -169,7 +158,7 @@ def test_same_key_and_payload_returns_the_existing_run(users: Users) -> None:
 @pytest.mark.django_db
 def test_same_key_with_another_payload_is_409_and_changes_nothing(users: Users) -> None:
     # given a run started with a key
-    client = client_for(users["alice"])
+    client = client_for(users.alice)
     headers = {"Idempotency-Key": "order-1042"}
     client.post(start_url(), {"payload": {"order_id": 1042}}, format="json", headers=headers)
 
@@ -187,13 +176,13 @@ def test_same_key_with_another_payload_is_409_and_changes_nothing(users: Users) 
 def test_idempotency_keys_belong_to_the_caller(users: Users) -> None:
     headers = {"Idempotency-Key": "shared-key"}
 
-    alices = client_for(users["alice"]).post(start_url(), {"payload": {"a": 1}}, format="json", headers=headers)
-    mallorys = client_for(users["mallory"]).post(start_url(), {"payload": {"m": 2}}, format="json", headers=headers)
+    alices = client_for(users.alice).post(start_url(), {"payload": {"a": 1}}, format="json", headers=headers)
+    mallorys = client_for(users.mallory).post(start_url(), {"payload": {"m": 2}}, format="json", headers=headers)
 
     # Mallory gets her own run: neither a conflict nor a sight of Alice's run.
     assert (alices.status_code, mallorys.status_code) == (201, 201)
     assert alices.json()["id"] != mallorys.json()["id"]
-    assert WorkflowRun.objects.get(pk=mallorys.json()["id"]).owner == users["mallory"]
+    assert WorkflowRun.objects.get(pk=mallorys.json()["id"]).owner == users.mallory
 
 
 @pytest.mark.django_db
@@ -210,7 +199,7 @@ def test_a_workflow_that_is_not_public_is_403_and_starts_nothing(
 ) -> None:
     """A process with its own service (a refund, an assessment) starts only through it: anyone
     else's ids in a payload would otherwise run someone else's process as theirs."""
-    response = client_for(users["mallory"]).post(start_url(name), {"payload": payload}, format="json")
+    response = client_for(users.mallory).post(start_url(name), {"payload": payload}, format="json")
 
     assert response.status_code == 403
     error = error_of(response)
@@ -224,7 +213,7 @@ def test_the_workflow_validates_the_payload_even_from_its_own_services(users: Us
     from workflows.exceptions import InvalidPayload
 
     with pytest.raises(InvalidPayload, match="request_id must be a positive integer id"):
-        services.run_start(workflow="refund", payload={"request_id": "1; drop", "order": "1"}, owner=users["alice"])
+        services.run_start(workflow="refund", payload={"request_id": "1; drop", "order": "1"}, owner=users.alice)
     with pytest.raises(InvalidPayload, match="unknown payload keys: admin"):
         services.run_start(workflow="refund", payload={"request_id": 1, "order": "1", "admin": True})
     assert WorkflowRun.objects.count() == 0
@@ -232,7 +221,7 @@ def test_the_workflow_validates_the_payload_even_from_its_own_services(users: Us
 
 @pytest.mark.django_db
 def test_unknown_workflow_is_404_and_starts_nothing(users: Users) -> None:
-    response = client_for(users["alice"]).post(start_url("no.such.workflow"), {"payload": {}}, format="json")
+    response = client_for(users.alice).post(start_url("no.such.workflow"), {"payload": {}}, format="json")
 
     assert response.status_code == 404
     error = error_of(response)
@@ -257,7 +246,7 @@ def test_unknown_workflow_is_404_and_starts_nothing(users: Users) -> None:
     ],
 )
 def test_start_refuses_bad_input_and_starts_nothing(users: Users, body: bytes, code: str, field: str | None) -> None:
-    response = post_raw(client_for(users["alice"]), start_url(), body)
+    response = post_raw(client_for(users.alice), start_url(), body)
 
     assert response.status_code == 400
     error = error_of(response)
@@ -271,7 +260,7 @@ def test_start_refuses_bad_input_and_starts_nothing(users: Users, body: bytes, c
 @pytest.mark.django_db
 @pytest.mark.parametrize("key", ["", "   ", "k" * 256], ids=["empty", "blank", "too long"])
 def test_start_refuses_a_bad_idempotency_key(users: Users, key: str) -> None:
-    response = client_for(users["alice"]).post(
+    response = client_for(users.alice).post(
         start_url(), {"payload": {}}, format="json", headers={"Idempotency-Key": key}
     )
 
@@ -282,7 +271,7 @@ def test_start_refuses_a_bad_idempotency_key(users: Users, key: str) -> None:
 
 @pytest.mark.django_db
 def test_start_refuses_a_body_that_is_not_json(users: Users) -> None:
-    response = post_raw(client_for(users["alice"]), start_url(), b"payload=1", "application/x-www-form-urlencoded")
+    response = post_raw(client_for(users.alice), start_url(), b"payload=1", "application/x-www-form-urlencoded")
 
     assert response.status_code == 415
     assert error_of(response)["code"] == "unsupported_media_type"
@@ -293,7 +282,7 @@ def test_start_refuses_a_body_that_is_not_json(users: Users) -> None:
 def test_an_oversize_body_is_413_and_starts_nothing(users: Users) -> None:
     body = json.dumps({"payload": {"blob": "x" * body_limit()}}).encode()
 
-    response = post_raw(client_for(users["alice"]), start_url(), body)
+    response = post_raw(client_for(users.alice), start_url(), body)
 
     assert response.status_code == 413
     assert error_of(response)["code"] == "payload_too_large"
@@ -306,7 +295,7 @@ def test_a_payload_over_the_limit_is_413_even_when_the_body_fits(users: Users, s
     settings.WORKFLOWS = {**settings.WORKFLOWS, "MAX_PAYLOAD_BYTES": 1000}
 
     # when a payload of just over 1,000 bytes is sent
-    response = client_for(users["alice"]).post(start_url(), {"payload": {"blob": "x" * 1000}}, format="json")
+    response = client_for(users.alice).post(start_url(), {"payload": {"blob": "x" * 1000}}, format="json")
 
     # then it is refused as too large, not as merely invalid
     assert response.status_code == 413
@@ -316,7 +305,7 @@ def test_a_payload_over_the_limit_is_413_even_when_the_body_fits(users: Users, s
 
 @pytest.mark.django_db
 def test_a_wrong_method_is_405_in_the_error_shape(users: Users) -> None:
-    response = client_for(users["alice"]).get(start_url())
+    response = client_for(users.alice).get(start_url())
 
     assert response.status_code == 405
     assert error_of(response)["code"] == "method_not_allowed"
@@ -331,19 +320,19 @@ def listed_ids(response: Any) -> set[str]:
 @pytest.mark.django_db
 def test_each_caller_lists_only_their_runs_and_staff_list_all(users: Users) -> None:
     # given two runs of alice and one of mallory
-    alices = {str(a_run(users["alice"]).id), str(a_run(users["alice"]).id)}
-    mallorys = {str(a_run(users["mallory"]).id)}
+    alices = {str(a_run(users.alice).id), str(a_run(users.alice).id)}
+    mallorys = {str(a_run(users.mallory).id)}
 
     # then each sees their own; carol (staff with the view permission) sees all; bob sees none
-    assert listed_ids(client_for(users["alice"]).get("/api/runs")) == alices
-    assert listed_ids(client_for(users["mallory"]).get("/api/runs")) == mallorys
-    assert listed_ids(client_for(users["carol"]).get("/api/runs")) == alices | mallorys
-    assert listed_ids(client_for(users["bob"]).get("/api/runs")) == set()
+    assert listed_ids(client_for(users.alice).get("/api/runs")) == alices
+    assert listed_ids(client_for(users.mallory).get("/api/runs")) == mallorys
+    assert listed_ids(client_for(users.carol).get("/api/runs")) == alices | mallorys
+    assert listed_ids(client_for(users.bob).get("/api/runs")) == set()
 
 
 @pytest.mark.django_db
 def test_list_filters_by_status_and_workflow(users: Users) -> None:
-    alice = users["alice"]
+    alice = users.alice
     echo, wait = a_run(alice), a_run(alice, "test.wait")
     services.run_terminate(run_id=echo.id)
     client = client_for(alice)
@@ -375,9 +364,9 @@ def test_list_filters_by_status_and_workflow(users: Users) -> None:
     ],
 )
 def test_list_refuses_bad_query_parameters(users: Users, query: dict[str, str], field: str) -> None:
-    a_run(users["alice"])
+    a_run(users.alice)
 
-    response = client_for(users["alice"]).get("/api/runs", query)
+    response = client_for(users.alice).get("/api/runs", query)
 
     assert response.status_code == 400
     error = error_of(response)
@@ -388,8 +377,8 @@ def test_list_refuses_bad_query_parameters(users: Users, query: dict[str, str], 
 @pytest.mark.django_db
 def test_list_pages_through_every_run_once_newest_first(users: Users) -> None:
     # given five runs
-    ids = [str(a_run(users["alice"], n=i).id) for i in range(5)]
-    client = client_for(users["alice"])
+    ids = [str(a_run(users.alice, n=i).id) for i in range(5)]
+    client = client_for(users.alice)
 
     # when the caller follows the next links two at a time
     seen: list[str] = []
@@ -410,7 +399,7 @@ def test_list_pages_through_every_run_once_newest_first(users: Users) -> None:
 @pytest.mark.django_db
 def test_detail_shows_steps_attempts_and_what_the_run_waits_for(users: Users) -> None:
     # given a run whose first step completed and which now waits for an event
-    run = a_run(users["alice"], order_id=1042)
+    run = a_run(users.alice, order_id=1042)
     StepResult.objects.create(
         run=run,
         attempt=1,
@@ -434,7 +423,7 @@ def test_detail_shows_steps_attempts_and_what_the_run_waits_for(users: Users) ->
     )
 
     # when alice reads it
-    response = client_for(users["alice"]).get(run_url(run.id))
+    response = client_for(users.alice).get(run_url(run.id))
 
     # then she sees the timeline, the attempt, and what it waits for until when
     assert response.status_code == 200
@@ -457,8 +446,8 @@ def test_detail_shows_steps_attempts_and_what_the_run_waits_for(users: Users) ->
 
 @pytest.mark.django_db
 def test_another_owners_run_is_404_like_a_missing_one(users: Users) -> None:
-    run = a_run(users["alice"])
-    mallory = client_for(users["mallory"])
+    run = a_run(users.alice)
+    mallory = client_for(users.mallory)
 
     others = mallory.get(run_url(run.id))
     missing = mallory.get(run_url(uuid4()))
@@ -468,17 +457,17 @@ def test_another_owners_run_is_404_like_a_missing_one(users: Users) -> None:
     # the same answer in all three cases: nothing confirms that alice's run exists
     assert error_of(others) == error_of(missing) == error_of(malformed)
     assert error_of(others)["code"] == "not_found"
-    assert client_for(users["carol"]).get(run_url(run.id)).status_code == 200
+    assert client_for(users.carol).get(run_url(run.id)).status_code == 200
 
 
 @pytest.mark.django_db
 def test_a_failed_runs_traceback_is_for_staff_only(users: Users) -> None:
-    run = a_run(users["alice"])
+    run = a_run(users.alice)
     error = {"type": "KeyError", "message": "'order_id'", "traceback": 'Traceback ...\n  File "/srv/app.py"'}
     WorkflowRun.objects.filter(pk=run.pk).update(status=RunStatus.FAILED, error=error, failure_reason="error")
 
-    as_owner = client_for(users["alice"]).get(run_url(run.id)).json()
-    as_staff = client_for(users["carol"]).get(run_url(run.id)).json()
+    as_owner = client_for(users.alice).get(run_url(run.id)).json()
+    as_staff = client_for(users.carol).get(run_url(run.id)).json()
 
     assert as_owner["error"] == {"type": "KeyError", "message": "'order_id'"}
     assert as_owner["failure_reason"] == "error"
@@ -488,8 +477,8 @@ def test_a_failed_runs_traceback_is_for_staff_only(users: Users) -> None:
 # --- events ---------------------------------------------------------------------------------------
 @pytest.mark.django_db
 def test_an_event_is_created_once_per_key(users: Users) -> None:
-    run = a_run(users["alice"], "test.wait")
-    client = client_for(users["alice"])
+    run = a_run(users.alice, "test.wait")
+    client = client_for(users.alice)
     event = {"type": "reply", "payload": {"answer": 42}, "idempotency_key": "reply-1"}
 
     first = client.post(run_url(run.id, "events"), event, format="json")
@@ -504,8 +493,8 @@ def test_an_event_is_created_once_per_key(users: Users) -> None:
 
 @pytest.mark.django_db
 def test_an_event_key_reused_with_another_payload_is_409(users: Users) -> None:
-    run = a_run(users["alice"], "test.wait")
-    client = client_for(users["alice"])
+    run = a_run(users.alice, "test.wait")
+    client = client_for(users.alice)
     client.post(
         run_url(run.id, "events"), {"type": "reply", "payload": {"answer": 42}, "idempotency_key": "k"}, format="json"
     )
@@ -537,9 +526,9 @@ def test_an_event_key_reused_with_another_payload_is_409(users: Users) -> None:
 def test_send_event_refuses_bad_input_and_records_nothing(
     users: Users, body: bytes, status: int, field: str | None
 ) -> None:
-    run = a_run(users["alice"], "test.wait")
+    run = a_run(users.alice, "test.wait")
 
-    response = post_raw(client_for(users["alice"]), run_url(run.id, "events"), body)
+    response = post_raw(client_for(users.alice), run_url(run.id, "events"), body)
 
     assert response.status_code == status
     if field is not None:
@@ -549,10 +538,10 @@ def test_send_event_refuses_bad_input_and_records_nothing(
 
 @pytest.mark.django_db
 def test_an_event_for_a_finished_run_is_409_with_its_status(users: Users) -> None:
-    run = a_run(users["alice"], "test.wait")
+    run = a_run(users.alice, "test.wait")
     services.run_terminate(run_id=run.id)
 
-    response = client_for(users["alice"]).post(run_url(run.id, "events"), {"type": "reply"}, format="json")
+    response = client_for(users.alice).post(run_url(run.id, "events"), {"type": "reply"}, format="json")
 
     assert response.status_code == 409
     error = error_of(response)
@@ -562,18 +551,18 @@ def test_an_event_for_a_finished_run_is_409_with_its_status(users: Users) -> Non
 
 
 @pytest.mark.django_db
-def test_who_may_send_events_to_alices_run(users: Users, bob_the_viewer: User) -> None:
-    run = a_run(users["alice"], "test.wait")
+def test_who_may_send_events_to_alices_run(users: Users) -> None:
+    run = a_run(users.alice, "test.wait")
     event = {"type": "reply", "payload": {"answer": 42}}
 
-    as_mallory = client_for(users["mallory"]).post(run_url(run.id, "events"), event, format="json")
-    as_bob = client_for(bob_the_viewer).post(run_url(run.id, "events"), event, format="json")
+    as_mallory = client_for(users.mallory).post(run_url(run.id, "events"), event, format="json")
+    as_dave = client_for(users.dave).post(run_url(run.id, "events"), event, format="json")
     nothing_yet = RunEvent.objects.count()
-    as_carol = client_for(users["carol"]).post(run_url(run.id, "events"), event, format="json")
+    as_carol = client_for(users.carol).post(run_url(run.id, "events"), event, format="json")
 
     assert as_mallory.status_code == 404  # she may not even know the run exists
-    assert as_bob.status_code == 403  # he may see it, not act on it
-    assert error_of(as_bob)["code"] == "permission_denied"
+    assert as_dave.status_code == 403  # he may see it, not act on it
+    assert error_of(as_dave)["code"] == "permission_denied"
     assert nothing_yet == 0
     assert as_carol.status_code == 201  # staff with the control permission
 
@@ -581,8 +570,8 @@ def test_who_may_send_events_to_alices_run(users: Users, bob_the_viewer: User) -
 # --- control --------------------------------------------------------------------------------------
 @pytest.mark.django_db
 def test_pause_resume_terminate_restart_and_the_refusals_between(users: Users) -> None:
-    run = a_run(users["alice"])
-    client = client_for(users["alice"])
+    run = a_run(users.alice)
+    client = client_for(users.alice)
 
     def control(action: str) -> Any:
         return client.post(run_url(run.id, action))
@@ -616,25 +605,25 @@ def test_pause_resume_terminate_restart_and_the_refusals_between(users: Users) -
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("action", ["pause", "resume", "terminate", "restart"])
-def test_who_may_control_alices_run(users: Users, bob_the_viewer: User, action: str) -> None:
+def test_who_may_control_alices_run(users: Users, action: str) -> None:
     # given alice's run, paused so that every action has something to do
-    run = a_run(users["alice"])
+    run = a_run(users.alice)
     services.run_pause(run_id=run.id)
     before = snapshot(run)
 
-    # when mallory, then bob (staff who may only view) try the action
-    as_mallory = client_for(users["mallory"]).post(run_url(run.id, action))
-    as_bob = client_for(bob_the_viewer).post(run_url(run.id, action))
+    # when mallory, then dave (staff who may only view) try the action
+    as_mallory = client_for(users.mallory).post(run_url(run.id, action))
+    as_dave = client_for(users.dave).post(run_url(run.id, action))
 
-    # then mallory gets a 404, bob a 403, and the run is as it was
+    # then mallory gets a 404, dave a 403, and the run is as it was
     assert as_mallory.status_code == 404
     assert error_of(as_mallory)["code"] == "not_found"
-    assert as_bob.status_code == 403
-    assert error_of(as_bob)["code"] == "permission_denied"
+    assert as_dave.status_code == 403
+    assert error_of(as_dave)["code"] == "permission_denied"
     assert snapshot(run) == before
     # carol, staff with the control permission, gets past the check to the run's state machine
     # (which refuses to pause a run that is already paused)
-    as_carol = client_for(users["carol"]).post(run_url(run.id, action))
+    as_carol = client_for(users.carol).post(run_url(run.id, action))
     assert as_carol.status_code == {"pause": 409, "resume": 200, "terminate": 200, "restart": 200}[action]
 
 
@@ -645,29 +634,29 @@ def test_the_owner_of_a_private_workflows_run_may_see_it_but_not_drive_it(users:
     the run midway would leave the process half done (a refund terminated while its outcome is
     unknown). Staff with the control permission still can."""
     # given alice's run of a private workflow (test.lines: not public), paused
-    run, _ = services.run_start(workflow="test.lines", payload={"path": "/dev/null", "steps": 1}, owner=users["alice"])
+    run, _ = services.run_start(workflow="test.lines", payload={"path": "/dev/null", "steps": 1}, owner=users.alice)
     services.run_pause(run_id=run.id)
     before = snapshot(run)
     body = {"type": "reply"} if action == "events" else None
 
     # when alice tries
-    response = client_for(users["alice"]).post(run_url(run.id, action), body, format="json")
+    response = client_for(users.alice).post(run_url(run.id, action), body, format="json")
 
     # then she may see it (403, not 404), and nothing changed
     assert response.status_code == 403
     assert "driven by its own process" in error_of(response)["message"]
-    assert client_for(users["alice"]).get(run_url(run.id)).status_code == 200
+    assert client_for(users.alice).get(run_url(run.id)).status_code == 200
     assert snapshot(run) == before
     assert not RunEvent.objects.filter(run=run).exists()
-    as_carol = client_for(users["carol"]).post(run_url(run.id, action), body, format="json")
+    as_carol = client_for(users.carol).post(run_url(run.id, action), body, format="json")
     assert as_carol.status_code in (200, 201, 409)
 
 
 @pytest.mark.django_db
 def test_staff_with_the_control_permission_can_pause_anyones_run(users: Users) -> None:
-    run = a_run(users["mallory"])
+    run = a_run(users.mallory)
 
-    response = client_for(users["carol"]).post(run_url(run.id, "pause"))
+    response = client_for(users.carol).post(run_url(run.id, "pause"))
 
     assert response.status_code == 200
     assert response.json()["status"] == "paused"
@@ -741,7 +730,7 @@ def poll_until(client: APIClient, run_id: str, *statuses: str, timeout: float = 
 @pytest.mark.django_db(transaction=True)
 def test_a_run_started_through_the_api_completes_with_its_timeline(worker: Worker, users: Users) -> None:
     # given alice starts an echo run through the API
-    client = client_for(users["alice"])
+    client = client_for(users.alice)
     started = client.post(
         start_url("test.echo"),
         {"payload": {"greeting": "hello"}},
@@ -769,7 +758,7 @@ def test_a_run_started_through_the_api_completes_with_its_timeline(worker: Worke
 @pytest.mark.django_db(transaction=True)
 def test_an_event_sent_through_the_api_resumes_a_waiting_run(worker: Worker, users: Users) -> None:
     # given a run that waits for a "reply" event
-    client = client_for(users["alice"])
+    client = client_for(users.alice)
     run_id = client.post(start_url("test.wait"), {"payload": {"timeout": 30}}, format="json").json()["id"]
     waiting = poll_until(client, run_id, "waiting")
     assert waiting["waiting_for"]["event_type"] == "reply"
@@ -804,7 +793,7 @@ def test_one_person_may_have_only_so_many_runs_going(users: Users, settings: Any
     """A customer starting public workflows in a loop must not take every worker from everyone
     else: past WORKFLOWS_MAX_ACTIVE_RUNS_PER_OWNER unfinished runs, a 429 that starts nothing."""
     settings.WORKFLOWS = {**settings.WORKFLOWS, "MAX_ACTIVE_RUNS_PER_OWNER": 3, "PUBLIC_QUEUE": "public-runs"}
-    mallory = client_for(users["mallory"])
+    mallory = client_for(users.mallory)
     started = [
         mallory.post(start_url(), {"payload": {"n": i}}, format="json", headers={"Idempotency-Key": f"k{i}"})
         for i in range(3)
@@ -817,10 +806,10 @@ def test_one_person_may_have_only_so_many_runs_going(users: Users, settings: Any
 
     # then it is refused, and nothing was started; a replay of a key still answers; others are not limited
     assert fourth.status_code == 429 and error_of(fourth)["code"] == "too_many_runs"
-    assert WorkflowRun.objects.filter(owner=users["mallory"]).count() == 3
+    assert WorkflowRun.objects.filter(owner=users.mallory).count() == 3
     again = mallory.post(start_url(), {"payload": {"n": 0}}, format="json", headers={"Idempotency-Key": "k0"})
     assert again.status_code == 200
-    assert client_for(users["alice"]).post(start_url(), {"payload": {}}, format="json").status_code == 201
+    assert client_for(users.alice).post(start_url(), {"payload": {}}, format="json").status_code == 201
     # and once one of hers has finished, she may start another
     services.run_terminate(run_id=started[0].json()["id"])
     assert mallory.post(start_url(), {"payload": {"n": 4}}, format="json").status_code == 201
@@ -833,18 +822,18 @@ def test_the_run_limit_holds_for_starts_sent_together_and_counts_only_public_run
     settings.WORKFLOWS = {**settings.WORKFLOWS, "MAX_ACTIVE_RUNS_PER_OWNER": 3}
     # given mallory's runs of a private workflow (a refund's, an assessment's: not counted)
     for _ in range(4):
-        services.run_start(workflow="test.lines", payload={"path": "/dev/null", "steps": 1}, owner=users["mallory"])
+        services.run_start(workflow="test.lines", payload={"path": "/dev/null", "steps": 1}, owner=users.mallory)
 
     # when she sends eight starts of a public one at the same instant (runs that wait: a worker of
     # the session, if one runs, must not finish them and free their places)
     answers = race(
-        lambda: client_for(users["mallory"]).post(start_url("test.wait"), {"payload": {"timeout": 300}}, format="json"),
+        lambda: client_for(users.mallory).post(start_url("test.wait"), {"payload": {"timeout": 300}}, format="json"),
         n=8,
     )
 
     # then exactly three were started
     assert sorted(a.status_code for a in answers) == [201] * 3 + [429] * 5
-    assert WorkflowRun.objects.filter(owner=users["mallory"], workflow="test.wait").count() == 3
+    assert WorkflowRun.objects.filter(owner=users.mallory, workflow="test.wait").count() == 3
     assert (
         "you have 3 runs that have not finished yet (the limit is 3)"
         in error_of([a for a in answers if a.status_code == 429][0])["message"]

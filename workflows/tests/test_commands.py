@@ -9,10 +9,10 @@ from io import StringIO
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
+from tests.factories import Users, make_run
 from tests.support import Worker, wait_for_status, wait_for_terminal
 from workflows import public as wf
 from workflows.models import RunAttempt, RunEvent, RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
@@ -22,12 +22,6 @@ def run_command(*args: str) -> str:
     out = StringIO()
     call_command("workflows", *args, stdout=out)
     return out.getvalue()
-
-
-def make_run(workflow: str = "test.echo", status: str = RunStatus.QUEUED, **fields: Any) -> WorkflowRun:
-    run = WorkflowRun.objects.create(workflow=workflow, status=status, **fields)
-    RunAttempt.objects.create(run=run, number=run.attempt)
-    return run
 
 
 def row_of(output: str, run: WorkflowRun) -> str:
@@ -46,13 +40,13 @@ class TestReads:
     def test_list_prints_an_aligned_table_of_the_matching_runs(self) -> None:
         # given
         waiting = make_run(
-            "test.wait",
-            RunStatus.WAITING,
+            workflow="test.wait",
+            status=RunStatus.WAITING,
             wait_event_type="reply",
             wait_step="wait for reply",
             wake_at=timezone.now() + timedelta(minutes=5),
         )
-        done = make_run("test.echo", RunStatus.COMPLETED, attempt=2)
+        done = make_run(workflow="test.echo", status=RunStatus.COMPLETED, attempt=2)
 
         # when
         everything = run_command("list")
@@ -76,7 +70,7 @@ class TestReads:
         assert str(done.pk) in only_echo and str(waiting.pk) not in only_echo
 
     def test_list_limit_and_empty(self) -> None:
-        runs = [make_run() for _ in range(3)]
+        runs = [make_run(status=RunStatus.QUEUED) for _ in range(3)]
 
         limited = run_command("list", "--limit", "2")
 
@@ -87,8 +81,8 @@ class TestReads:
     def test_show_prints_the_run_and_its_step_timeline(self) -> None:
         # given: attempt 1 failed at "charge", attempt 2 is sleeping
         run = make_run(
-            "test.sleep",
-            RunStatus.SLEEPING,
+            workflow="test.sleep",
+            status=RunStatus.SLEEPING,
             attempt=2,
             payload={"seconds": 60},
             wait_step="nap",
@@ -134,7 +128,7 @@ class TestReads:
 
 @pytest.mark.django_db
 class TestWrites:
-    def test_start_creates_a_run_once_per_key(self, users: dict[str, User]) -> None:
+    def test_start_creates_a_run_once_per_key(self, users: Users) -> None:
         first = run_command(
             "start", "test.echo", "--payload", '{"n": 1}', "--idempotency-key", "k1", "--owner", "alice"
         )
@@ -143,12 +137,12 @@ class TestWrites:
         )
 
         run = WorkflowRun.objects.get()
-        assert (run.workflow, run.payload, run.owner, run.status) == ("test.echo", {"n": 1}, users["alice"], "queued")
+        assert (run.workflow, run.payload, run.owner, run.status) == ("test.echo", {"n": 1}, users.alice, "queued")
         assert first == f"Started run {run.pk} (test.echo).\n"
         assert f"Run {run.pk} (test.echo) already exists for this key" in again
 
     def test_controls_go_through_the_services(self) -> None:
-        run = make_run("test.wait", RunStatus.WAITING, wait_event_type="reply", wake_at=timezone.now())
+        run = make_run(workflow="test.wait", status=RunStatus.WAITING, wait_event_type="reply", wake_at=timezone.now())
 
         paused = run_command("pause", str(run.pk))
         run.refresh_from_db()
@@ -186,7 +180,7 @@ class TestWrites:
         ],
     )
     def test_bad_input_is_a_command_error_and_changes_nothing(self, args: list[str], message: str) -> None:
-        make_run()
+        make_run(status=RunStatus.QUEUED)
         before = snapshot()
 
         with pytest.raises(CommandError, match=re.escape(message)):
@@ -195,7 +189,7 @@ class TestWrites:
         assert snapshot() == before
 
     def test_refused_transition_is_a_command_error_and_changes_nothing(self) -> None:
-        run = make_run("test.echo", RunStatus.COMPLETED)
+        run = make_run(workflow="test.echo", status=RunStatus.COMPLETED)
         before = snapshot()
 
         with pytest.raises(CommandError, match="cannot resume a run that is completed"):
@@ -206,7 +200,7 @@ class TestWrites:
         assert snapshot() == before
 
     def test_send_event_with_malformed_payload_records_nothing(self) -> None:
-        run = make_run("test.wait", RunStatus.WAITING, wait_event_type="reply", wake_at=timezone.now())
+        run = make_run(workflow="test.wait", status=RunStatus.WAITING, wait_event_type="reply", wake_at=timezone.now())
         before = snapshot()
 
         with pytest.raises(CommandError, match="--payload is not valid JSON"):
@@ -217,8 +211,18 @@ class TestWrites:
     def test_sweep_reports_the_timers_it_fired(self) -> None:
         # given: a run whose sleep is over and one still asleep. Both rows stay inside this test's
         # transaction, so the beat sweeper of a worker another test started cannot fire them first.
-        due = make_run("test.sleep", RunStatus.SLEEPING, wait_step="nap", wake_at=timezone.now() - timedelta(seconds=5))
-        later = make_run("test.sleep", RunStatus.SLEEPING, wait_step="nap", wake_at=timezone.now() + timedelta(hours=1))
+        due = make_run(
+            workflow="test.sleep",
+            status=RunStatus.SLEEPING,
+            wait_step="nap",
+            wake_at=timezone.now() - timedelta(seconds=5),
+        )
+        later = make_run(
+            workflow="test.sleep",
+            status=RunStatus.SLEEPING,
+            wait_step="nap",
+            wake_at=timezone.now() + timedelta(hours=1),
+        )
 
         # when
         output = run_command("sweep")

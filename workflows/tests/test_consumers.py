@@ -15,11 +15,11 @@ from uuid import UUID, uuid4
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.test import Client
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Origin
 
+from tests.factories import Users, login, make_run
 from tests.support import AsgiServer, Worker, wait_for, wait_for_status
 from workflows import public as wf
 from workflows import streams
@@ -36,8 +36,7 @@ Message = dict[str, Any]
 
 # --- helpers --------------------------------------------------------------------------------------
 def session_cookie(user: User) -> str:
-    client = Client()
-    client.force_login(user)
+    client = login(user)
     return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
 
 
@@ -91,13 +90,6 @@ def seqs(messages: list[Message]) -> list[int]:
     return [m["seq"] for m in stream_events(messages)]
 
 
-def make_run(owner: User, status: str = RunStatus.COMPLETED, **fields: Any) -> WorkflowRun:
-    """A run set up in the database: terminal, so no worker or sweeper ever touches it."""
-    run = WorkflowRun.objects.create(workflow="test.echo", owner=owner, status=status, **fields)
-    RunAttempt.objects.create(run=run, number=1, status=status)
-    return run
-
-
 def settled_stream(run_id: UUID, status: str) -> int:
     """Wait until the stream's last event says ``status`` (the DB changes first, the publish follows)."""
 
@@ -113,10 +105,8 @@ def as_json(value: Any) -> Any:
 
 
 # --- refusals -------------------------------------------------------------------------------------
-def test_unauthenticated_socket_is_closed_with_4401_and_sent_nothing(
-    asgi_server: AsgiServer, users: dict[str, User]
-) -> None:
-    run = make_run(users["alice"])
+def test_unauthenticated_socket_is_closed_with_4401_and_sent_nothing(asgi_server: AsgiServer, users: Users) -> None:
+    run = make_run(owner=users.alice)
 
     code, reason, sent = refusal(asgi_server, run.id, None)
 
@@ -124,40 +114,38 @@ def test_unauthenticated_socket_is_closed_with_4401_and_sent_nothing(
     assert reason in ("", "authentication required")  # daphne does not forward close reasons
 
 
-def test_a_foreign_origin_is_refused_before_the_socket_opens(asgi_server: AsgiServer, users: dict[str, User]) -> None:
-    run = make_run(users["alice"])
+def test_a_foreign_origin_is_refused_before_the_socket_opens(asgi_server: AsgiServer, users: Users) -> None:
+    run = make_run(owner=users.alice)
 
     with pytest.raises(InvalidStatus) as refused:
-        open_socket(asgi_server, run.id, users["alice"], origin="http://evil.example")
+        open_socket(asgi_server, run.id, users.alice, origin="http://evil.example")
 
     assert refused.value.response.status_code == 403
     # the same request from the page's own origin is accepted
-    with open_socket(asgi_server, run.id, users["alice"]) as ws:
+    with open_socket(asgi_server, run.id, users.alice) as ws:
         assert receive(ws)["type"] == "snapshot"
 
 
-def test_another_users_run_is_refused_exactly_like_a_missing_one(
-    asgi_server: AsgiServer, users: dict[str, User]
-) -> None:
-    run = make_run(users["alice"])
+def test_another_users_run_is_refused_exactly_like_a_missing_one(asgi_server: AsgiServer, users: Users) -> None:
+    run = make_run(owner=users.alice)
 
-    someone_elses = refusal(asgi_server, run.id, users["mallory"])
-    colleagues = refusal(asgi_server, run.id, users["bob"])
-    missing = refusal(asgi_server, uuid4(), users["mallory"])
+    someone_elses = refusal(asgi_server, run.id, users.mallory)
+    colleagues = refusal(asgi_server, run.id, users.bob)
+    missing = refusal(asgi_server, uuid4(), users.mallory)
 
     assert someone_elses == colleagues == missing
     assert someone_elses[0] == CLOSE_NOT_FOUND and someone_elses[2] == []
     # staff with the view permission see it
-    with open_socket(asgi_server, run.id, users["carol"]) as ws:
+    with open_socket(asgi_server, run.id, users.carol) as ws:
         assert receive(ws)["run"]["id"] == str(run.id)
 
 
 # --- snapshot and live events from a real worker ------------------------------------------------
 def test_snapshot_comes_first_matches_the_database_then_status_events_follow_live(
-    asgi_server: AsgiServer, worker: Worker, users: dict[str, User]
+    asgi_server: AsgiServer, worker: Worker, users: Users
 ) -> None:
     # given a run that waits for a reply, with its stream settled
-    alice = users["alice"]
+    alice = users.alice
     run = wf.start("test.wait", {"timeout": 120}, owner=alice)
     wait_for_status(run.id, RunStatus.WAITING, timeout=TIMEOUT)
     settled = settled_stream(run.id, RunStatus.WAITING)
@@ -189,9 +177,9 @@ def test_snapshot_comes_first_matches_the_database_then_status_events_follow_liv
 
 
 def test_live_progress_events_arrive_in_seq_order_without_gaps(
-    asgi_server: AsgiServer, worker: Worker, users: dict[str, User]
+    asgi_server: AsgiServer, worker: Worker, users: Users
 ) -> None:
-    alice = users["alice"]
+    alice = users.alice
     run = wf.start("test.progress", {"steps": 6, "seconds": 0.5}, owner=alice)
 
     with open_socket(asgi_server, run.id, alice) as ws:
@@ -208,10 +196,10 @@ def test_live_progress_events_arrive_in_seq_order_without_gaps(
 
 
 def test_reconnect_mid_run_and_resume_gives_every_event_once_up_to_the_final_status(
-    asgi_server: AsgiServer, worker: Worker, users: dict[str, User]
+    asgi_server: AsgiServer, worker: Worker, users: Users
 ) -> None:
     # given alice watched a run for a while, then lost her connection
-    alice = users["alice"]
+    alice = users.alice
     run = wf.start("test.progress", {"steps": 10, "seconds": 0.4}, owner=alice)
     with open_socket(asgi_server, run.id, alice) as ws:
         first_snapshot = receive(ws)
@@ -246,10 +234,10 @@ def test_reconnect_mid_run_and_resume_gives_every_event_once_up_to_the_final_sta
 
 # --- resume, with events published here to control the timing ------------------------------------
 def test_resume_replays_what_was_published_while_disconnected_and_nothing_twice(
-    asgi_server: AsgiServer, users: dict[str, User]
+    asgi_server: AsgiServer, users: Users
 ) -> None:
-    alice = users["alice"]
-    run = make_run(alice)
+    alice = users.alice
+    run = make_run(owner=alice)
     with open_socket(asgi_server, run.id, alice) as ws:
         assert receive(ws)["seq"] == 0
         first = streams.publish(run.id, "progress", {"n": 1})
@@ -302,11 +290,11 @@ def test_resume_replays_what_was_published_while_disconnected_and_nothing_twice(
 
 
 def test_live_events_published_during_a_replay_are_neither_lost_nor_repeated(
-    asgi_server: AsgiServer, users: dict[str, User]
+    asgi_server: AsgiServer, users: Users
 ) -> None:
     # given 60 events alice missed
-    alice = users["alice"]
-    run = make_run(alice)
+    alice = users.alice
+    run = make_run(owner=alice)
     for n in range(60):
         streams.publish(run.id, "progress", {"n": n})
 
@@ -336,10 +324,10 @@ def test_live_events_published_during_a_replay_are_neither_lost_nor_repeated(
 
 
 def test_a_lost_live_push_is_filled_in_from_the_store_before_the_next_event(
-    asgi_server: AsgiServer, users: dict[str, User], monkeypatch: pytest.MonkeyPatch
+    asgi_server: AsgiServer, users: Users, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    alice = users["alice"]
-    run = make_run(alice)
+    alice = users.alice
+    run = make_run(owner=alice)
     with open_socket(asgi_server, run.id, alice) as ws:
         assert receive(ws)["seq"] == 0
         # given an event stored whose live push never happened (the channel layer is best effort)
@@ -355,11 +343,9 @@ def test_a_lost_live_push_is_filled_in_from_the_store_before_the_next_event(
     assert [(m["seq"], m["type"], m.get("replay")) for m in received] == [(1, "status", None), (2, "progress", None)]
 
 
-def test_bad_client_messages_get_an_error_and_the_connection_stays_open(
-    asgi_server: AsgiServer, users: dict[str, User]
-) -> None:
-    alice = users["alice"]
-    run = make_run(alice)
+def test_bad_client_messages_get_an_error_and_the_connection_stays_open(asgi_server: AsgiServer, users: Users) -> None:
+    alice = users.alice
+    run = make_run(owner=alice)
     bad: list[str | bytes] = [
         "not json",
         b"\x00binary",
@@ -400,13 +386,11 @@ def test_cursor_sends_each_seq_once_and_forwards_a_late_one() -> None:
     assert not cursor.was_sent(3)  # below the snapshot: a resume may still ask for it
 
 
-def test_a_traceback_is_for_staff_only_on_the_socket_and_the_page(
-    asgi_server: AsgiServer, users: dict[str, User]
-) -> None:
+def test_a_traceback_is_for_staff_only_on_the_socket_and_the_page(asgi_server: AsgiServer, users: Users) -> None:
     """The same rule as the API (``selectors.public_error``): file paths and source lines of a
     failed run are for staff who may see every run, never for its owner."""
     # given alice's run failed with a traceback
-    alice, carol = users["alice"], users["carol"]
+    alice, carol = users.alice, users.carol
     run = wf.start("test.echo", {}, owner=alice)
     traceback = 'Traceback (most recent call last):\n  File "/srv/app/secret_module.py", line 7'
     error = {"type": "KeyError", "message": "'order_id'", "traceback": traceback}
@@ -418,9 +402,7 @@ def test_a_traceback_is_for_staff_only_on_the_socket_and_the_page(
     for user in (alice, carol):
         with open_socket(asgi_server, run.id, user) as ws:
             snapshot = receive(ws)
-        client = Client()
-        client.force_login(user)
-        seen[user.username] = (snapshot["run"], client.get(f"/runs/{run.id}/").content.decode())
+        seen[user.username] = (snapshot["run"], login(user).get(f"/runs/{run.id}/").content.decode())
 
     # then alice sees what failed, not where in the code; carol sees it all
     alices_run, alices_page = seen["alice"]

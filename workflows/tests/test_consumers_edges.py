@@ -11,11 +11,11 @@ from uuid import uuid4
 import pytest
 from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
-from django.contrib.auth.models import User
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 from websockets.typing import Origin
 
+from tests.factories import Users, make_run
 from tests.support import AsgiServer, Worker, wait_for_status
 from workflows import public as wf
 from workflows.consumers import CLOSE_NOT_FOUND
@@ -23,7 +23,6 @@ from workflows.models import RunStatus
 from workflows.tests.test_consumers import (
     TIMEOUT,
     is_final_status,
-    make_run,
     open_socket,
     receive,
     receive_until,
@@ -50,10 +49,10 @@ def log_size(asgi_server: AsgiServer) -> int:
 
 # --- an idle socket ---------------------------------------------------------------------------------
 def test_an_idle_socket_stays_open_and_still_gets_live_events(
-    asgi_server: AsgiServer, worker: Worker, users: dict[str, User]
+    asgi_server: AsgiServer, worker: Worker, users: Users
 ) -> None:
     # given a run waiting for a reply, and its owner's socket with the snapshot read
-    alice = users["alice"]
+    alice = users.alice
     run = wf.start("test.wait", {"timeout": 120}, owner=alice)
     wait_for_status(run.id, RunStatus.WAITING, timeout=TIMEOUT)
     settled = settled_stream(run.id, RunStatus.WAITING)
@@ -115,11 +114,11 @@ def closed_with(url: str, cookie: str | None, origin: str) -> tuple[int | None, 
 
 @pytest.mark.parametrize("signed_in", [False, True], ids=["anonymous", "owner"])
 def test_a_path_that_names_no_socket_is_closed_with_4404_and_logs_no_error(
-    asgi_server: AsgiServer, users: dict[str, User], signed_in: bool
+    asgi_server: AsgiServer, users: Users, signed_in: bool
 ) -> None:
     # given alice's run (so a path near its own is a near miss, not a random one)
-    run = make_run(users["alice"])
-    cookie = session_cookie(users["alice"]) if signed_in else None
+    run = make_run(owner=users.alice)
+    cookie = session_cookie(users.alice) if signed_in else None
     start = log_size(asgi_server)
 
     # when each path is opened
@@ -134,14 +133,14 @@ def test_a_path_that_names_no_socket_is_closed_with_4404_and_logs_no_error(
     assert "Traceback" not in log and "No route found" not in log and " 500 " not in log, log
 
 
-def test_a_run_id_in_upper_case_is_the_same_run_as_in_the_api(asgi_server: AsgiServer, users: dict[str, User]) -> None:
+def test_a_run_id_in_upper_case_is_the_same_run_as_in_the_api(asgi_server: AsgiServer, users: Users) -> None:
     """The API takes a run id in either case (RFC 4122: case-insensitive on input); so does the socket."""
-    run = make_run(users["alice"])
+    run = make_run(owner=users.alice)
 
-    with open_socket(asgi_server, str(run.id).upper(), users["alice"]) as ws:
+    with open_socket(asgi_server, str(run.id).upper(), users.alice) as ws:
         snapshot = receive(ws)
 
     assert (snapshot["type"], snapshot["run"]["id"]) == ("snapshot", str(run.id))
     # and, upper-case or not, another user's run and a missing one are refused alike
-    assert refusal(asgi_server, str(run.id).upper(), users["mallory"])[0] == CLOSE_NOT_FOUND
-    assert refusal(asgi_server, str(uuid4()).upper(), users["alice"])[0] == CLOSE_NOT_FOUND
+    assert refusal(asgi_server, str(run.id).upper(), users.mallory)[0] == CLOSE_NOT_FOUND
+    assert refusal(asgi_server, str(uuid4()).upper(), users.alice)[0] == CLOSE_NOT_FOUND

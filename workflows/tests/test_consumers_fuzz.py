@@ -19,16 +19,16 @@ import random
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.db import connection
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
+from tests.factories import Users, make_run
 from tests.support import AsgiServer
 from workflows import streams
 from workflows.consumers import MAX_MESSAGE_CHARS
 from workflows.models import WorkflowRun
-from workflows.tests.test_consumers import TIMEOUT, make_run, open_socket, receive
+from workflows.tests.test_consumers import TIMEOUT, open_socket, receive
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -195,11 +195,11 @@ def assert_still_serves(ws: ClientConnection, run: WorkflowRun) -> None:
 
 # --- tests ------------------------------------------------------------------------------------------------
 def test_malformed_frames_are_answered_with_an_error_on_a_connection_that_stays_open(
-    asgi_server: AsgiServer, users: dict[str, User]
+    asgi_server: AsgiServer, users: Users
 ) -> None:
     # given alice watching her run, and everything as it is
-    alice = users["alice"]
-    run = make_run(alice)
+    alice = users.alice
+    run = make_run(owner=alice)
     with open_socket(asgi_server, run.id, alice) as ws:
         assert receive(ws)["type"] == "snapshot"
         before, seq_before = database_fingerprint(), streams.current_seq(run.id)
@@ -232,10 +232,10 @@ def test_malformed_frames_are_answered_with_an_error_on_a_connection_that_stays_
     ],
 )
 def test_a_text_frame_that_is_not_utf8_closes_the_connection_and_writes_nothing(
-    asgi_server: AsgiServer, users: dict[str, User], frame: bytes
+    asgi_server: AsgiServer, users: Users, frame: bytes
 ) -> None:
-    alice = users["alice"]
-    run = make_run(alice)
+    alice = users.alice
+    run = make_run(owner=alice)
     with open_socket(asgi_server, run.id, alice) as ws:
         assert receive(ws)["type"] == "snapshot"
         before = database_fingerprint()
@@ -252,10 +252,10 @@ def test_a_text_frame_that_is_not_utf8_closes_the_connection_and_writes_nothing(
 
 
 def test_a_message_over_daphnes_limit_closes_the_connection_and_writes_nothing(
-    asgi_server: AsgiServer, users: dict[str, User]
+    asgi_server: AsgiServer, users: Users
 ) -> None:
-    alice = users["alice"]
-    run = make_run(alice)
+    alice = users.alice
+    run = make_run(owner=alice)
     with open_socket(asgi_server, run.id, alice) as ws:
         assert receive(ws)["type"] == "snapshot"
         before = database_fingerprint()

@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import User
 
+from tests.factories import Users
 from tests.support import Worker, wait_for, wait_for_status, wait_for_terminal
 from tests.workflows_fixtures import lines
 from workflows import public as wf
@@ -29,9 +29,9 @@ class TestStart:
             wf.start("test.echo", {"a": 2}, idempotency_key="k1")
         assert WorkflowRun.objects.count() == 1
 
-    def test_keys_of_different_owners_do_not_collide(self, users: dict[str, User]) -> None:
-        a = wf.start("test.echo", {"a": 1}, idempotency_key="k", owner=users["alice"])
-        m = wf.start("test.echo", {"a": 2}, idempotency_key="k", owner=users["mallory"])
+    def test_keys_of_different_owners_do_not_collide(self, users: Users) -> None:
+        a = wf.start("test.echo", {"a": 1}, idempotency_key="k", owner=users.alice)
+        m = wf.start("test.echo", {"a": 2}, idempotency_key="k", owner=users.mallory)
         assert a.id != m.id
 
     def test_start_records_the_first_attempt(self) -> None:

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 import tests.support
 from tests.browser import chromium, new_page, off_loop
+from tests.factories import Users, login, make_run
 from tests.support import AsgiServer, Worker, wait_for_status, wait_for_terminal
 from workflows import public as wf
 from workflows import streams
@@ -27,19 +28,8 @@ from workflows.views import progress_view
 T = TypeVar("T")
 
 
-def login(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def page_url(run: WorkflowRun) -> str:
     return f"/runs/{run.id}/"
-
-
-def make_run(owner: User, status: str = RunStatus.COMPLETED, workflow: str = "test.echo", **fields: Any) -> WorkflowRun:
-    # The status is a protected FSM field: set once at creation, as a fixture of any state.
-    return WorkflowRun.objects.create(workflow=workflow, owner=owner, status=status, **fields)
 
 
 def restarted_run(owner: User) -> tuple[WorkflowRun, dict[str, str]]:
@@ -47,9 +37,9 @@ def restarted_run(owner: User) -> tuple[WorkflowRun, dict[str, str]]:
     now = timezone.now().replace(microsecond=0)
     times = {"retry": (now + timedelta(seconds=30)).isoformat(), "until": (now + timedelta(hours=1)).isoformat()}
     run = make_run(
-        owner,
-        RunStatus.WAITING,
         workflow="test.refundish",
+        status=RunStatus.WAITING,
+        owner=owner,
         attempt=2,
         wait_event_type="reply",
         wait_step="wait for reply",
@@ -64,7 +54,6 @@ def restarted_run(owner: User) -> tuple[WorkflowRun, dict[str, str]]:
         finished_at=now,
         error={"type": "Restarted", "message": "restarted"},
     )
-    RunAttempt.objects.create(run=run, number=2)  # the engine records an attempt's status when it ends
     steps = [
         (1, 1, "load order", StepKind.DO, StepStatus.COMPLETED, 1, None, None),
         (
@@ -105,8 +94,8 @@ def text_of(html: str) -> str:
 
 # --- access ---------------------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_the_page_requires_a_login(users: dict[str, User]) -> None:
-    run = make_run(users["alice"])
+def test_the_page_requires_a_login(users: Users) -> None:
+    run = make_run(owner=users.alice)
 
     response = Client().get(page_url(run))
 
@@ -115,25 +104,25 @@ def test_the_page_requires_a_login(users: dict[str, User]) -> None:
 
 
 @pytest.mark.django_db
-def test_another_users_run_is_a_404_like_a_missing_one(users: dict[str, User]) -> None:
-    run = make_run(users["alice"])
+def test_another_users_run_is_a_404_like_a_missing_one(users: Users) -> None:
+    run = make_run(owner=users.alice)
 
-    mallory = login(users["mallory"]).get(page_url(run))
-    bob = login(users["bob"]).get(page_url(run))
-    missing = login(users["mallory"]).get(f"/runs/{uuid4()}/")
+    mallory = login(users.mallory).get(page_url(run))
+    bob = login(users.bob).get(page_url(run))
+    missing = login(users.mallory).get(f"/runs/{uuid4()}/")
 
     assert mallory.status_code == bob.status_code == missing.status_code == 404
     assert mallory.content == missing.content
     assert str(run.id) not in mallory.content.decode()
-    assert login(users["carol"]).get(page_url(run)).status_code == 200  # staff with the view permission
+    assert login(users.carol).get(page_url(run)).status_code == 200  # staff with the view permission
 
 
 # --- content --------------------------------------------------------------------------------------
 @pytest.mark.django_db
-def test_the_page_shows_every_attempts_steps_with_tries_errors_and_waits(users: dict[str, User]) -> None:
-    run, times = restarted_run(users["alice"])
+def test_the_page_shows_every_attempts_steps_with_tries_errors_and_waits(users: Users) -> None:
+    run, times = restarted_run(users.alice)
 
-    response = login(users["alice"]).get(page_url(run))
+    response = login(users.alice).get(page_url(run))
 
     assert response.status_code == 200
     html = response.content.decode()
@@ -155,15 +144,15 @@ def test_the_page_shows_every_attempts_steps_with_tries_errors_and_waits(users: 
 
 
 @pytest.mark.django_db
-def test_the_page_shows_the_result_or_the_error(users: dict[str, User]) -> None:
-    done = make_run(users["alice"], result={"refund": "120.00"})
+def test_the_page_shows_the_result_or_the_error(users: Users) -> None:
+    done = make_run(owner=users.alice, result={"refund": "120.00"})
     failed = make_run(
-        users["alice"],
-        RunStatus.FAILED,
+        owner=users.alice,
+        status=RunStatus.FAILED,
         failure_reason="error",
         error={"type": "StepError", "message": "step submit failed"},
     )
-    alice = login(users["alice"])
+    alice = login(users.alice)
 
     done_html = alice.get(page_url(done)).content.decode()
     failed_text = text_of(alice.get(page_url(failed)).content.decode())
@@ -203,14 +192,14 @@ def logged_seqs(page: Any) -> list[int]:
 
 @pytest.mark.django_db(transaction=True)
 def test_browser_progress_bar_reaches_100_percent_as_a_real_run_advances(
-    asgi_server: AsgiServer, worker: Worker, users: dict[str, User]
+    asgi_server: AsgiServer, worker: Worker, users: Users
 ) -> None:
     # given a run held paused until the page is live, so the page sees it advance
-    run = wf.start("test.progress", {"steps": 5, "seconds": 0.4}, owner=users["alice"])
+    run = wf.start("test.progress", {"steps": 5, "seconds": 0.4}, owner=users.alice)
     wf.pause(run)  # a run already claimed pauses at its next step boundary
     wait_for_status(run.id, RunStatus.PAUSED, timeout=60)
 
-    with browser_page(asgi_server.url, users["alice"]) as page:
+    with browser_page(asgi_server.url, users.alice) as page:
         page.goto(asgi_server.url + page_url(run))
         page.wait_for_selector("#connection:text-is('live')")
         assert page.text_content("#status") == "paused"
@@ -234,13 +223,13 @@ def test_browser_progress_bar_reaches_100_percent_as_a_real_run_advances(
 
 @pytest.mark.django_db(transaction=True)
 def test_browser_reconnects_after_the_server_restarts_and_resumes_what_it_missed(
-    users: dict[str, User], monkeypatch: pytest.MonkeyPatch
+    users: Users, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # given a run whose progress this test publishes, shown by a server this test owns
     run = make_run(
-        users["alice"],
-        RunStatus.WAITING,
         workflow="test.wait",
+        status=RunStatus.WAITING,
+        owner=users.alice,
         wait_event_type="reply",
         wait_step="wait for reply",
         wake_at=timezone.now() + timedelta(hours=1),
@@ -249,7 +238,7 @@ def test_browser_reconnects_after_the_server_restarts_and_resumes_what_it_missed
     # the browser reconnects to the same address: the replacement server must take the same port
     monkeypatch.setattr(tests.support, "free_port", lambda: server.port)
     try:
-        with browser_page(server.url, users["alice"]) as page:
+        with browser_page(server.url, users.alice) as page:
             page.goto(server.url + page_url(run))
             page.wait_for_selector("#connection:text-is('live')")
             off_loop(lambda: streams.publish_progress(run.id, {"done": 1, "total": 4}))

@@ -15,6 +15,7 @@ from approvals import ApprovalRefused, decide
 from approvals.models import ApprovalRequest
 from examples.demo.management.commands.seed_demo import RUN_KEY
 from examples.demo.workflows import APPROVERS
+from tests.factories import Users
 from tests.support import Worker, wait_for_status, wait_for_terminal
 from workflows import public as wf
 from workflows.exceptions import InvalidPayload
@@ -38,9 +39,9 @@ def steps_of(run_id: Any) -> list[tuple[str, str]]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_onboarding_completes_after_a_real_approval_its_owner_could_not_give(worker: Worker, users: Any) -> None:
+def test_onboarding_completes_after_a_real_approval_its_owner_could_not_give(worker: Worker, users: Users) -> None:
     # given: the run works through its steps and its durable sleep, then asks for an approval
-    alice, carol = users["alice"], users["carol"]
+    alice, carol = users.alice, users.carol
     carol.groups.add(Group.objects.create(name=APPROVERS))
     run = wf.start("demo.onboarding", {**FAST, "approval_timeout_seconds": 300}, owner=alice)
     waiting = wait_for_status(run.id, RunStatus.WAITING, timeout=90)
@@ -97,9 +98,9 @@ def test_onboarding_carries_on_unapproved_when_the_wait_times_out(worker: Worker
         ({"hack": 1}, "unknown payload keys: hack"),
     ],
 )
-def test_a_bad_onboarding_payload_is_a_400_and_starts_nothing(users: Any, payload: dict[str, Any], why: str) -> None:
+def test_a_bad_onboarding_payload_is_a_400_and_starts_nothing(users: Users, payload: dict[str, Any], why: str) -> None:
     client = APIClient()
-    client.force_authenticate(users["mallory"])
+    client.force_authenticate(users.mallory)
 
     response = client.post("/api/workflows/demo.onboarding/runs", {"payload": payload}, format="json")
 

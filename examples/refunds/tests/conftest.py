@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -16,6 +17,7 @@ from django.conf import settings
 
 from examples.sandbox.process import SandboxProcess
 from ledger import HttpAdapter, register_adapter
+from tests.factories import Users
 from tests.support import Worker
 
 
@@ -86,12 +88,20 @@ def refund_workers(django_db_setup: None, django_db_blocker: Any, sandbox: Sandb
     settings.WORKFLOWS, settings.SANDBOX_PAYMENTS_URL, settings.LEDGER = saved
 
 
+@dataclass(frozen=True)
+class World:
+    """What a refund test runs against, beside the ``users``: the sandbox provider and the workers."""
+
+    sandbox: SandboxProcess
+    workers: Workers
+
+
 @pytest.fixture
-def world(refund_workers: Workers, sandbox: SandboxProcess, users: dict[str, Any]) -> dict[str, Any]:
-    """Fresh provider counts, the approvers group with carol in it, and everything above."""
+def world(refund_workers: Workers, sandbox: SandboxProcess, users: Users) -> World:
+    """Fresh provider counts, and carol and bob in the refund approvers' group."""
     from django.contrib.auth.models import Group
 
     sandbox.reset()
     group, _ = Group.objects.get_or_create(name="refund-approvers")
-    users["carol"].groups.add(group)
-    return {"workers": refund_workers, "sandbox": sandbox, **users}
+    group.user_set.add(users.carol, users.bob)
+    return World(sandbox=sandbox, workers=refund_workers)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 from decimal import Decimal
 from typing import Any
 from urllib.parse import quote
+from uuid import UUID
 
+from django.core.management import call_command
 from django.db import transaction
 
 from approvals.models import ApprovalRequest, ApprovalStatus
@@ -13,6 +16,7 @@ from examples.refunds.models import Order, OrderStatus, RefundRequest
 from examples.refunds.selectors import order_balance, refund_status
 from examples.refunds.services import order_create, refund_request_create
 from examples.sandbox.process import SandboxProcess
+from ledger.models import ExternalOperation
 from tests.support import wait_for, wait_for_terminal
 
 ADDRESS = {"street": "221B Baker Street", "postcode": "NW1 6XE"}
@@ -44,12 +48,35 @@ def ask(
     return request
 
 
+def run_of(request: RefundRequest) -> UUID:
+    """The id of the request's run (every request a test asks for has one)."""
+    assert request.run_id is not None, f"refund request {request.pk} has no run"
+    return request.run_id
+
+
 def status_of(request: RefundRequest) -> str:
     return refund_status(RefundRequest.objects.select_related("order", "run").get(pk=request.pk))
 
 
 def wait_status(request: RefundRequest, expected: str, timeout: float = 40) -> None:
     wait_for(lambda: status_of(request) == expected, timeout=timeout, what=f"status {expected!r}")
+
+
+def operation_reaches(request: RefundRequest, status: str, *, timeout: float = 40, interval: float = 0.05) -> None:
+    """Wait until the refund's operation at the provider is in ``status``."""
+    wait_for(
+        lambda: ExternalOperation.objects.filter(key=request.operation_key, status=status).exists(),
+        timeout=timeout,
+        interval=interval,
+        what=f"the refund's operation to be {status}",
+    )
+
+
+def reconcile() -> str:
+    """``manage.py reconcile``, as staff or cron run it; its output."""
+    out = io.StringIO()
+    call_command("reconcile", stdout=out)
+    return out.getvalue()
 
 
 def pending_approval(request: RefundRequest, timeout: float = 40, *, version: str | None = None) -> ApprovalRequest:
@@ -75,7 +102,7 @@ def drain_lookup_faults(sandbox: SandboxProcess, key: str) -> None:
 def assert_confirmed(
     request: RefundRequest, sandbox: SandboxProcess, timeout: float = 60, *, provider_refunds: int | None = 1
 ) -> None:
-    run = wait_for_terminal(request.run_id, timeout=timeout)  # type: ignore[arg-type]
+    run = wait_for_terminal(run_of(request), timeout=timeout)
     assert run.status == "completed", (run.status, run.error)
     assert run.result is not None, run.error
     assert run.result["outcome"] == "refunded"

@@ -21,12 +21,13 @@ from examples.refunds.services import (
     refund_request_create,
 )
 from ledger.models import ExternalOperation, OperationStatus
+from tests.factories import Users
 from workflows.models import RunEvent
 
 
 @pytest.mark.django_db
-def test_refund_request_admin_page_lists_operations_needing_reconciliation(client: Client) -> None:
-    alice = User.objects.create_user("alice")
+def test_refund_request_admin_page_lists_operations_needing_reconciliation(client: Client, users: Users) -> None:
+    alice = users.alice
     admin = User.objects.create_superuser("root", "root@example.com", "pw")
     order = order_create(number="9001", customer=alice, amount="50.00")
     # No worker here, and the enqueue waits for a commit this test never makes: the run stays queued.
@@ -46,10 +47,10 @@ def test_refund_request_admin_page_lists_operations_needing_reconciliation(clien
 
 @pytest.mark.django_db
 def test_an_order_edited_in_the_admin_gets_a_new_version_and_its_pending_approval_is_superseded(
-    client: Client,
+    client: Client, users: Users
 ) -> None:
     # given an order whose refund waits for approval of its version 1
-    alice = User.objects.create_user("alice")
+    alice = users.alice
     admin = User.objects.create_superuser("root", "root@example.com", "pw")
     order = order_create(number="9002", customer=alice, amount="150.00", shipping_address={"street": "1 Old Road"})
     pending = waiting_request(subject_type="refunds.order", subject_id=str(order.pk), version="1")
@@ -87,9 +88,9 @@ def test_an_order_edited_in_the_admin_gets_a_new_version_and_its_pending_approva
 
 
 @pytest.mark.django_db
-def test_a_stale_order_page_is_refused_instead_of_undoing_a_newer_change(client: Client) -> None:
+def test_a_stale_order_page_is_refused_instead_of_undoing_a_newer_change(client: Client, users: Users) -> None:
     # given a page opened on version 1 of an order, which the refund workflow then marks refunded
-    alice = User.objects.create_user("alice")
+    alice = users.alice
     admin = User.objects.create_superuser("root", "root@example.com", "pw")
     order = order_create(number="9003", customer=alice, amount="50.00")
     client.force_login(admin)
@@ -125,6 +126,7 @@ def test_a_stale_order_page_is_refused_instead_of_undoing_a_newer_change(client:
 def test_an_order_changed_between_the_forms_check_and_the_save_is_a_form_error_and_not_logged(
     client: Client,
     monkeypatch: pytest.MonkeyPatch,
+    users: Users,
 ) -> None:
     # given a page on version 1 of an order, and a change committed by someone else just after the
     # form's version check passed, before the admin saves (another connection: a real race)
@@ -133,7 +135,7 @@ def test_an_order_changed_between_the_forms_check_and_the_save_is_a_form_error_a
 
     from examples.refunds.admin import OrderForm
 
-    alice = User.objects.create_user("alice")
+    alice = users.alice
     admin = User.objects.create_superuser("root", "root@example.com", "pw")
     order = order_create(number="9004", customer=alice, amount="50.00")
     client.force_login(admin)
@@ -182,10 +184,10 @@ def test_an_order_changed_between_the_forms_check_and_the_save_is_a_form_error_a
 
 
 @pytest.mark.django_db
-def test_a_successful_admin_edit_is_still_logged_and_reported(client: Client) -> None:
+def test_a_successful_admin_edit_is_still_logged_and_reported(client: Client, users: Users) -> None:
     from django.contrib.admin.models import LogEntry
 
-    alice = User.objects.create_user("alice")
+    alice = users.alice
     admin = User.objects.create_superuser("root", "root@example.com", "pw")
     order = order_create(number="9005", customer=alice, amount="50.00")
     client.force_login(admin)
@@ -209,10 +211,10 @@ def test_a_successful_admin_edit_is_still_logged_and_reported(client: Client) ->
 
 
 @pytest.mark.django_db
-def test_not_even_a_superuser_deletes_a_refund_request(client: Client) -> None:
+def test_not_even_a_superuser_deletes_a_refund_request(client: Client, users: Users) -> None:
     """A request holds its order's money (or records that it was paid): deleting it would free the
     amount for another refund."""
-    alice = User.objects.create_user("alice")
+    alice = users.alice
     admin = User.objects.create_superuser("root", "root@example.com", "pw")
     order = order_create(number="9100", customer=alice, amount="50.00")
     request, _ = refund_request_create(order=order, customer=alice, amount="50.00")

@@ -8,25 +8,27 @@ from typing import Any
 import pytest
 
 from approvals.models import ApprovalStatus
+from examples.refunds.tests.conftest import World
 from examples.refunds.tests.support import ask, assert_confirmed, new_order, pending_approval
 from tests.browser import chromium, new_page
+from tests.factories import Users
 from tests.support import AsgiServer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def test_an_approver_approves_a_pending_refund_in_the_admin_and_the_run_completes(
-    world: dict[str, Any], asgi_server: AsgiServer, settings: Any
+    world: World, users: Users, asgi_server: AsgiServer, settings: Any
 ) -> None:
     # given a refund of £120 waiting for the refund-approvers, and carol able to log in with a
     # password the server process can check (the test process hashes fast, with MD5, otherwise)
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.PBKDF2PasswordHasher"]
-    carol = world["carol"]
+    carol = users.carol
     carol.set_password("carol-secret-pw")
     carol.save()
-    request = ask(new_order(world["alice"], "1042"), "120.00")
+    request = ask(new_order(users.alice, "1042"), "120.00")
     approval = pending_approval(request)
-    assert world["sandbox"].stats()["refunds"] == 0
+    assert world.sandbox.stats()["refunds"] == 0
 
     # when carol logs in to the admin, opens the pending queue, the request, and approves it
     with chromium() as browser:
@@ -47,4 +49,4 @@ def test_an_approver_approves_a_pending_refund_in_the_admin_and_the_run_complete
     approval.refresh_from_db()
     assert approval.status == ApprovalStatus.APPROVED
     assert approval.decided_by_id == carol.pk
-    assert_confirmed(request, world["sandbox"])
+    assert_confirmed(request, world.sandbox)

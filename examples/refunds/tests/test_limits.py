@@ -10,13 +10,16 @@ from rest_framework.test import APIClient
 
 from examples.refunds.models import RefundRequest
 from examples.refunds.services import order_create
+from tests.factories import Users
 from workflows.services import run_terminate
 
 
 @pytest.mark.django_db
-def test_past_the_open_requests_limit_a_refund_request_is_a_429_and_creates_nothing(users: Any, settings: Any) -> None:
+def test_past_the_open_requests_limit_a_refund_request_is_a_429_and_creates_nothing(
+    users: Users, settings: Any
+) -> None:
     settings.REFUND_MAX_OPEN_REQUESTS = 2
-    mallory = users["mallory"]
+    mallory = users.mallory
     order_create(number="9200", customer=mallory, amount="10.00")
     client = APIClient()
     client.force_login(mallory)  # a session: request.user is Django's lazy user, as in the browser

@@ -6,15 +6,14 @@ Every test counts what the sandbox provider really refunded, by its own list."""
 
 from __future__ import annotations
 
-import io
 import json
 from decimal import Decimal
 from typing import Any
 
 import pytest
 from django.apps import apps
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.core.management import call_command
 from django.db import models
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -23,6 +22,7 @@ from approvals import ApprovalRefused, RefusalCode, decide
 from approvals.models import ApprovalRequest, DecisionLog
 from examples.refunds.models import Order, RefundRequest
 from examples.refunds.selectors import order_balance
+from examples.refunds.tests.conftest import World
 from examples.refunds.tests.support import (
     ADDRESS,
     ask,
@@ -30,13 +30,15 @@ from examples.refunds.tests.support import (
     drain_lookup_faults,
     new_order,
     pending_approval,
+    reconcile,
     refunded_at_provider,
+    run_of,
     status_of,
 )
-from examples.sandbox.process import SandboxProcess
 from ledger.models import ExternalOperation, OperationalRecord, OperationStatus
 from ledger.services import operation_resolve
 from ledger.services.common import may_still_arrive
+from tests.factories import Users
 from tests.support import race, wait_for, wait_for_status, wait_for_terminal
 from workflows import terminate
 from workflows.models import StepResult
@@ -44,17 +46,12 @@ from workflows.models import StepResult
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-def reconcile() -> str:
-    out = io.StringIO()
-    call_command("reconcile", stdout=out)
-    return out.getvalue()
-
-
-def unknown_refund(world: dict[str, Any], number: str, order_amount: str, amount: str) -> RefundRequest:
-    """A refund the provider makes, but whose answer is lost; lookups fail until drained."""
-    sandbox: SandboxProcess = world["sandbox"]
+def unknown_refund(world: World, customer: User, number: str, order_amount: str, amount: str) -> RefundRequest:
+    """A refund for ``customer`` that the provider makes, but whose answer is lost; lookups fail until
+    drained."""
+    sandbox = world.sandbox
     request = ask(
-        new_order(world["alice"], number, order_amount),
+        new_order(customer, number, order_amount),
         amount,
         sandbox=sandbox,
         faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")),
@@ -69,13 +66,13 @@ def unknown_refund(world: dict[str, Any], number: str, order_amount: str, amount
     return request
 
 
-def test_two_requests_for_the_whole_order_sent_together_pay_once(world: dict[str, Any]) -> None:
+def test_two_requests_for_the_whole_order_sent_together_pay_once(world: World, users: Users) -> None:
     # given a £30 order and two API calls for all of it, sent at the same instant with different keys
-    order = new_order(world["alice"], "2001", "30.00")
+    order = new_order(users.alice, "2001", "30.00")
 
     def ask_over_http() -> Any:
         client = APIClient()
-        client.force_authenticate(world["alice"])
+        client.force_authenticate(users.alice)
         key = f"k-{id(client)}"
         return client.post("/api/orders/2001/refunds", {"amount": "30.00"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
 
@@ -88,26 +85,26 @@ def test_two_requests_for_the_whole_order_sent_together_pay_once(world: dict[str
     assert refused.json()["error"]["code"] == "balance_exceeded"
     assert "at most 0.00" in json.dumps(refused.json()["error"]["detail"])
     [request] = RefundRequest.objects.filter(order=order)
-    assert_confirmed(request, world["sandbox"])
-    assert refunded_at_provider(world["sandbox"], "2001") == Decimal("30.00")
+    assert_confirmed(request, world.sandbox)
+    assert refunded_at_provider(world.sandbox, "2001") == Decimal("30.00")
 
 
-def test_two_partial_requests_that_fit_both_pay(world: dict[str, Any]) -> None:
-    order = new_order(world["alice"], "2002", "50.00")
+def test_two_partial_requests_that_fit_both_pay(world: World, users: Users) -> None:
+    order = new_order(users.alice, "2002", "50.00")
     first, second = ask(order, "20.00"), ask(order, "30.00")
     with pytest.raises(ValidationError):
         ask(order, "0.01")  # nothing is left
     for request in (first, second):
-        run = wait_for_terminal(request.run_id)  # type: ignore[arg-type]
+        run = wait_for_terminal(run_of(request))
         assert run.result is not None, run.error
         assert (run.status, run.result["outcome"]) == ("completed", "refunded")
-    assert refunded_at_provider(world["sandbox"], "2002") == Decimal("50.00")
+    assert refunded_at_provider(world.sandbox, "2002") == Decimal("50.00")
     assert Order.objects.get(pk=order.pk).status == "refunded"
 
 
-def test_a_request_while_another_is_unknown_counts_the_unknown_one(world: dict[str, Any]) -> None:
+def test_a_request_while_another_is_unknown_counts_the_unknown_one(world: World, users: Users) -> None:
     # given £30 of a £50 order sent, its outcome unknown ("outcome being checked")
-    first = unknown_refund(world, "2003", "50.00", "30.00")
+    first = unknown_refund(world, users.alice, "2003", "50.00", "30.00")
     assert status_of(first) == "outcome being checked"
     order = Order.objects.get(pk=first.order_id)
 
@@ -119,24 +116,24 @@ def test_a_request_while_another_is_unknown_counts_the_unknown_one(world: dict[s
     # then the unknown £30 counted: only £20 more was accepted, and the provider never paid more
     # than the order, once the first one's outcome is known
     assert "20.00" in str(too_much.value)
-    assert_confirmed(second, world["sandbox"], provider_refunds=2)
-    drain_lookup_faults(world["sandbox"], first.operation_key)
+    assert_confirmed(second, world.sandbox, provider_refunds=2)
+    drain_lookup_faults(world.sandbox, first.operation_key)
     reconcile()
     wait_for(lambda: status_of(first) == "confirmed", timeout=40, what="the first refund to be confirmed")
-    assert refunded_at_provider(world["sandbox"], "2003") == Decimal("50.00")
+    assert refunded_at_provider(world.sandbox, "2003") == Decimal("50.00")
 
 
-def test_a_terminated_run_whose_refund_reconciles_as_paid_still_counts(world: dict[str, Any]) -> None:
+def test_a_terminated_run_whose_refund_reconciles_as_paid_still_counts(world: World, users: Users) -> None:
     # given a run terminated while its £30 refund's outcome was unknown
-    first = unknown_refund(world, "2004", "30.00", "30.00")
-    terminate(first.run_id)  # type: ignore[arg-type]
-    wait_for_status(first.run_id, "terminated")  # type: ignore[arg-type]
+    first = unknown_refund(world, users.alice, "2004", "30.00", "30.00")
+    terminate(run_of(first))
+    wait_for_status(run_of(first), "terminated")
     order = Order.objects.get(pk=first.order_id)
     with pytest.raises(ValidationError):
         ask(order, "30.00")  # unknown still counts
 
     # when reconcile learns the provider paid it
-    drain_lookup_faults(world["sandbox"], first.operation_key)
+    drain_lookup_faults(world.sandbox, first.operation_key)
     reconcile()
     assert ExternalOperation.objects.get(key=first.operation_key).status == OperationStatus.SUCCEEDED
 
@@ -145,7 +142,7 @@ def test_a_terminated_run_whose_refund_reconciles_as_paid_still_counts(world: di
         ask(order, "30.00")
     assert "already refunded" in str(again.value)
     assert order_balance(order=order).refunded == Decimal("30.00")
-    assert refunded_at_provider(world["sandbox"], "2004") == Decimal("30.00")
+    assert refunded_at_provider(world.sandbox, "2004") == Decimal("30.00")
     # and the order says so, with the record a colleague needs, written when the outcome was settled
     assert Order.objects.get(pk=order.pk).status == "refunded"
     record = OperationalRecord.objects.get(request_id=f"refund-request:{first.pk}")
@@ -155,14 +152,15 @@ def test_a_terminated_run_whose_refund_reconciles_as_paid_still_counts(world: di
 
 
 def test_a_not_found_while_the_provider_still_processes_is_never_believed_for_an_ended_run(
-    world: dict[str, Any],
+    world: World,
+    users: Users,
 ) -> None:
-    sandbox: SandboxProcess = world["sandbox"]
+    sandbox = world.sandbox
     # given the provider takes 9 s before it stores the refund (our read timeout is 1 s, and a
     # "not found" is believed 5 s after the send), and the run is terminated as soon as the outcome
     # is unknown: nobody but reconcile will look again
     request = ask(
-        new_order(world["alice"], "2005", "30.00"),
+        new_order(users.alice, "2005", "30.00"),
         "30.00",
         sandbox=sandbox,
         faults=(("delay=9", "create", 1, ""),),
@@ -175,7 +173,7 @@ def test_a_not_found_while_the_provider_still_processes_is_never_believed_for_an
         interval=0.02,
         what="the refund's outcome to be unknown",
     )
-    terminate(request.run_id)  # type: ignore[arg-type]
+    terminate(run_of(request))
 
     # when reconcile asks while the provider is still working on it: "not found"
     output = reconcile()
@@ -208,9 +206,9 @@ def test_a_not_found_while_the_provider_still_processes_is_never_believed_for_an
     assert sandbox.stats()["refunds"] == 1
 
 
-def test_a_refund_approver_cannot_approve_a_refund_they_asked_for(world: dict[str, Any]) -> None:
+def test_a_refund_approver_cannot_approve_a_refund_they_asked_for(world: World, users: Users) -> None:
     # given carol, a refund approver, asks for a refund on her own order
-    carol = world["carol"]
+    carol = users.carol
     request = ask(new_order(carol, "2006", "300.00"), "150.00")
     approval = pending_approval(request)
     assert approval.requested_by_id == carol.pk
@@ -223,7 +221,7 @@ def test_a_refund_approver_cannot_approve_a_refund_they_asked_for(world: dict[st
     assert refused.value.code == RefusalCode.FOUR_EYES
     assert ApprovalRequest.objects.get(pk=approval.pk).status == "pending"
     assert DecisionLog.objects.filter(request=approval, code=RefusalCode.FOUR_EYES).count() == 1
-    assert world["sandbox"].stats()["refunds"] == 0
+    assert world.sandbox.stats()["refunds"] == 0
 
 
 def stored_json(exclude: set[tuple[str, str]]) -> list[tuple[str, int, str]]:
@@ -241,21 +239,21 @@ def stored_json(exclude: set[tuple[str, str]]) -> list[tuple[str, int, str]]:
     return rows
 
 
-def test_no_personal_data_or_staff_note_is_stored_outside_the_order(world: dict[str, Any]) -> None:
-    sandbox: SandboxProcess = world["sandbox"]
+def test_no_personal_data_or_staff_note_is_stored_outside_the_order(world: World, users: Users) -> None:
+    sandbox = world.sandbox
     # given a refund that needed an approval, and one whose outcome a person resolved with a note
-    approved = ask(new_order(world["alice"], "2007", "300.00"), "150.00")
+    approved = ask(new_order(users.alice, "2007", "300.00"), "150.00")
     approval = pending_approval(approved)
     decide(
         approval,
-        by=world["carol"],
+        by=users.carol,
         approve=True,
         version=approval.version,
         note="STAFFNOTE internal: customer flagged for review",
     )
     assert_confirmed(approved, sandbox)
-    by_hand = unknown_refund(world, "2008", "30.00", "10.00")
-    carol = world["carol"]
+    by_hand = unknown_refund(world, users.alice, "2008", "30.00", "10.00")
+    carol = users.carol
     carol.user_permissions.add(*_ledger_permissions())
     note = "Called the provider: paid, ref RF-1, customer on 07700 900123"
     operation_resolve(
@@ -264,7 +262,7 @@ def test_no_personal_data_or_staff_note_is_stored_outside_the_order(world: dict[
         note=note,
         user=type(carol).objects.get(pk=carol.pk),
     )
-    run = wait_for_terminal(by_hand.run_id, timeout=60)  # type: ignore[arg-type]
+    run = wait_for_terminal(run_of(by_hand), timeout=60)
     assert run.result is not None, run.error
     assert run.result["outcome"] == "refunded"
 
@@ -280,7 +278,7 @@ def test_no_personal_data_or_staff_note_is_stored_outside_the_order(world: dict[
     # and neither the approver's note nor who approved reaches the customer's run
     assert [(label, pk) for label, pk, text in stored_json(exclude=set()) if "STAFFNOTE" in text] == []
     client = APIClient()
-    client.force_authenticate(world["alice"])
+    client.force_authenticate(users.alice)
     alices_view = client.get(f"/api/runs/{approved.run_id}").content.decode()
     assert "STAFFNOTE" not in alices_view and "carol" not in alices_view
     assert "07700" not in client.get(f"/api/runs/{run.id}").content.decode()
@@ -293,18 +291,18 @@ def _ledger_permissions() -> list[Any]:
     return list(Permission.objects.filter(codename__in=["view_externaloperation", "resolve_externaloperation"]))
 
 
-def test_a_refund_run_started_for_someone_elses_request_touches_nothing(world: dict[str, Any]) -> None:
+def test_a_refund_run_started_for_someone_elses_request_touches_nothing(world: World, users: Users) -> None:
     """Even started behind the API's back (the API refuses: not public), a refund run only ever
     acts on its own request: mallory's run naming alice's request fails at once, having read
     nothing of alice's order into its steps and moved nothing."""
     from workflows.services import run_start
 
     # given alice's refund, waiting for an approval
-    alices = ask(new_order(world["alice"], "2009", "300.00"), "150.00")
+    alices = ask(new_order(users.alice, "2009", "300.00"), "150.00")
     pending_approval(alices)
 
     # when mallory's own run names alice's request
-    run, _ = run_start(workflow="refund", payload={"request_id": alices.pk, "order": "2009"}, owner=world["mallory"])
+    run, _ = run_start(workflow="refund", payload={"request_id": alices.pk, "order": "2009"}, owner=users.mallory)
 
     # then it fails on its first step, which stored nothing of alice's
     done = wait_for_terminal(run.id)
@@ -312,14 +310,14 @@ def test_a_refund_run_started_for_someone_elses_request_touches_nothing(world: d
     assert done.status == "failed" and "belongs to another run" in done.error["message"]
     assert not StepResult.objects.filter(run=run, status="completed").exists()
     assert status_of(alices) == "awaiting approval"
-    assert world["sandbox"].stats()["refunds"] == 0
+    assert world.sandbox.stats()["refunds"] == 0
 
 
-def test_splitting_a_refund_below_the_approval_limit_still_needs_a_reviewer(world: dict[str, Any]) -> None:
+def test_splitting_a_refund_below_the_approval_limit_still_needs_a_reviewer(world: World, users: Users) -> None:
     # given £100 of a £300 order refunded without approval (the limit is £100 an order)
-    order = new_order(world["alice"], "2010", "300.00")
+    order = new_order(users.alice, "2010", "300.00")
     first = ask(order, "100.00")
-    assert_confirmed(first, world["sandbox"])
+    assert_confirmed(first, world.sandbox)
     assert not ApprovalRequest.objects.filter(run_id=first.run_id).exists()
 
     # when she asks for another £100
@@ -329,16 +327,16 @@ def test_splitting_a_refund_below_the_approval_limit_still_needs_a_reviewer(worl
     approval = pending_approval(second)
     assert approval.content is not None
     assert approval.content["already_refunded"] == "100.00"
-    assert refunded_at_provider(world["sandbox"], "2010") == Decimal("100.00")
+    assert refunded_at_provider(world.sandbox, "2010") == Decimal("100.00")
 
 
-def test_a_retry_sent_with_the_original_answers_with_the_same_request(world: dict[str, Any]) -> None:
+def test_a_retry_sent_with_the_original_answers_with_the_same_request(world: World, users: Users) -> None:
     # given a £50 order and one request for all of it, sent twice at once with one Idempotency-Key
-    new_order(world["alice"], "2011", "50.00")
+    new_order(users.alice, "2011", "50.00")
 
     def ask_over_http() -> Any:
         client = APIClient()
-        client.force_authenticate(world["alice"])
+        client.force_authenticate(users.alice)
         return client.post(
             "/api/orders/2011/refunds", {"amount": "50.00"}, format="json", HTTP_IDEMPOTENCY_KEY="retry-1"
         )
@@ -352,43 +350,43 @@ def test_a_retry_sent_with_the_original_answers_with_the_same_request(world: dic
     assert RefundRequest.objects.filter(order__number="2011").count() == 1
 
 
-def test_a_run_restarted_after_another_request_took_the_money_ends_refused(world: dict[str, Any]) -> None:
-    sandbox: SandboxProcess = world["sandbox"]
+def test_a_run_restarted_after_another_request_took_the_money_ends_refused(world: World, users: Users) -> None:
+    sandbox = world.sandbox
     # given alice's £150 refund awaiting approval, its run terminated (its hold released), and a
     # second request for the whole order that was then paid
-    order = new_order(world["alice"], "2012", "150.00")
+    order = new_order(users.alice, "2012", "150.00")
     first = ask(order, "150.00")
     pending_approval(first)
-    terminate(first.run_id)  # type: ignore[arg-type]
-    wait_for_status(first.run_id, "terminated")  # type: ignore[arg-type]
+    terminate(run_of(first))
+    wait_for_status(run_of(first), "terminated")
     second = ask(order, "150.00")
     approval = pending_approval(second)
-    decide(approval, by=world["carol"], approve=True, version=approval.version)
+    decide(approval, by=users.carol, approve=True, version=approval.version)
     assert_confirmed(second, sandbox)
 
     # when staff restart the first run
     from workflows import restart
 
-    restart(first.run_id)  # type: ignore[arg-type]
+    restart(run_of(first))
 
     # then its policy check refuses it: an outcome, not a failed run, and nothing more is paid
-    run = wait_for_terminal(first.run_id)  # type: ignore[arg-type]
+    run = wait_for_terminal(run_of(first))
     assert run.result is not None, run.error
     assert (run.status, run.result["outcome"]) == ("completed", "failed"), run.error
     assert "can still refund (0.00 of 150.00)" in run.result["reason"]
     assert refunded_at_provider(sandbox, "2012") == Decimal("150.00")
 
 
-def test_a_restarted_run_continues_the_refund_its_earlier_attempt_sent(world: dict[str, Any]) -> None:
+def test_a_restarted_run_continues_the_refund_its_earlier_attempt_sent(world: World, users: Users) -> None:
     """Its money is already committed: the run neither checks the balance nor asks for an approval
     again (the other request on the order would now make it need one), it finds out what became
     of the refund it sent, and records it."""
     from workflows import restart
 
-    sandbox: SandboxProcess = world["sandbox"]
+    sandbox = world.sandbox
     # given £100 of a £150 order sent to a provider that takes 5 s, its run terminated while the
     # outcome is unknown, and another £50 asked for meanwhile
-    order = new_order(world["alice"], "2013", "150.00")
+    order = new_order(users.alice, "2013", "150.00")
     first = ask(order, "100.00", sandbox=sandbox, faults=(("delay=5", "create", 1, ""),), retry_delay_seconds=30)
     wait_for(
         lambda: ExternalOperation.objects.filter(key=first.operation_key, status=OperationStatus.UNKNOWN).exists(),
@@ -396,16 +394,16 @@ def test_a_restarted_run_continues_the_refund_its_earlier_attempt_sent(world: di
         interval=0.02,
         what="the refund's outcome to be unknown",
     )
-    terminate(first.run_id)  # type: ignore[arg-type]
-    wait_for_status(first.run_id, "terminated")  # type: ignore[arg-type]
+    terminate(run_of(first))
+    wait_for_status(run_of(first), "terminated")
     second = ask(order, "50.00")
     pending_approval(second)  # £150 in all: it needs a reviewer
 
     # when staff restart the first run
-    restart(first.run_id)  # type: ignore[arg-type]
+    restart(run_of(first))
 
     # then it carries on with the refund it sent: no second approval, the provider's answer recorded
-    run = wait_for_terminal(first.run_id, timeout=90)  # type: ignore[arg-type]
+    run = wait_for_terminal(run_of(first), timeout=90)
     assert run.result is not None, run.error
     assert (run.status, run.result["outcome"]) == ("completed", "refunded"), run.error
     assert not ApprovalRequest.objects.filter(run_id=first.run_id).exists()
@@ -413,7 +411,7 @@ def test_a_restarted_run_continues_the_refund_its_earlier_attempt_sent(world: di
     assert OperationalRecord.objects.filter(request_id=f"refund-request:{first.pk}").count() == 1
     # (the order changed as the first refund was recorded: the second's approval is asked again)
     second_approval = pending_approval(second, version=str(Order.objects.get(pk=order.pk).version))
-    decide(second_approval, by=world["carol"], approve=True, version=second_approval.version)
+    decide(second_approval, by=users.carol, approve=True, version=second_approval.version)
     assert_confirmed(second, sandbox, provider_refunds=2)
     assert Order.objects.get(pk=order.pk).status == "refunded"
     assert refunded_at_provider(sandbox, "2013") == Decimal("150.00")

@@ -4,12 +4,11 @@ path (200 keys a request), each operation settled once, and not one extra refund
 from __future__ import annotations
 
 import io
-from typing import Any
 
 import pytest
 from django.core.management import call_command
 
-from examples.sandbox.process import SandboxProcess
+from examples.refunds.tests.conftest import World
 from ledger.models import ExternalOperation, OperationEvent, OperationStatus
 from ledger.services import request_fingerprint
 
@@ -29,9 +28,9 @@ def unknown_refund(i: int) -> ExternalOperation:
     )
 
 
-def test_reconcile_settles_hundreds_of_unknown_refunds_with_no_duplicate(world: dict[str, Any]) -> None:
+def test_reconcile_settles_hundreds_of_unknown_refunds_with_no_duplicate(world: World) -> None:
     # given 450 operations whose answers were lost: the provider has every third one
-    sandbox: SandboxProcess = world["sandbox"]
+    sandbox = world.sandbox
     operations = [unknown_refund(i) for i in range(450)]
     for op in operations[::3]:
         status, _ = sandbox.request("POST", "/v1/refunds", op.request, headers={"Idempotency-Key": op.key})

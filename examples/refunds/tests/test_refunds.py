@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import json
 from decimal import Decimal
-from typing import Any
 
 import pytest
-from django.core.management import call_command
+from django.contrib.auth.models import User
 from django.db.models import F
-from django.test import Client
 from rest_framework.test import APIClient
 
 from approvals import ApprovalRefused, RefusalCode, decide
@@ -18,237 +15,298 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from examples.refunds.models import Order, RefundRequest
 from examples.refunds.selectors import run_pending_operations
 from examples.refunds.services import order_change
+from examples.refunds.tests.conftest import World
 from examples.refunds.tests.support import (
     ask,
     assert_confirmed,
     drain_lookup_faults,
     new_order,
+    operation_reaches,
     pending_approval,
+    reconcile,
+    run_of,
     status_of,
     wait_status,
 )
-from examples.sandbox.process import SandboxProcess
 from ledger.models import ExternalOperation, OperationalRecord, OperationStatus
+from tests.factories import Users, login
 from tests.support import wait_for, wait_for_status, wait_for_terminal
 from workflows import terminate
-from workflows.models import StepResult
+from workflows.models import StepResult, WorkflowRun
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
+# The provider stores the refund, then answers too late; its lookups fail until drained.
+ANSWER_LOST = (("timeout=3", "create", 1, ""), ("error", "lookup", 100, ""))
+NEEDS_RECONCILIATION = "External operations needing reconciliation"
 
-def test_small_refund_needs_no_approval_and_is_recorded_without_personal_data(world: dict[str, Any]) -> None:
-    order = new_order(world["alice"], "1001", amount="80.00")
+
+def api_client(user: User) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+def checks_the_outcome(request: RefundRequest) -> None:
+    """Wait until the refund's run has started checking the outcome of its refund periodically."""
+    wait_for(
+        lambda: StepResult.objects.filter(run_id=request.run_id, name__startswith="check outcome").exists(),
+        timeout=60,
+        what="the run to check the outcome periodically",
+    )
+
+
+def terminated(request: RefundRequest) -> WorkflowRun:
+    terminate(run_of(request))
+    return wait_for_status(run_of(request), "terminated")
+
+
+def lists_for_reconciliation(html: str, key: str) -> bool:
+    return NEEDS_RECONCILIATION in html and key in html
+
+
+def test_small_refund_needs_no_approval_and_is_confirmed(world: World, users: Users) -> None:
+    # given an £80 order
+    order = new_order(users.alice, "1001", amount="80.00")
+
+    # when alice asks for £20 of it back, under the approval limit
     request = ask(order, "20.00")
 
-    assert_confirmed(request, world["sandbox"])
+    # then the provider refunds it without anyone approving it, and the order is marked refunded
+    assert_confirmed(request, world.sandbox)
     assert not ApprovalRequest.objects.filter(run_id=request.run_id).exists()
+    assert Order.objects.get(pk=order.pk).version == 2  # marking it refunded is a change
+
+
+def test_refund_is_recorded_without_personal_data(world: World, users: Users) -> None:
+    # given an order shipped to an address
+    order = new_order(users.alice, "1001", amount="80.00")
+
+    # when a refund on it is made
+    request = ask(order, "20.00")
+    assert_confirmed(request, world.sandbox)
+
+    # then its record ties the run, the step and the operation to what the provider answered
     record = OperationalRecord.objects.get(request_id=f"refund-request:{request.pk}")
     assert (record.tool, record.step, record.approval_pending) == ("payments.refund", "refund", False)
     assert record.run_id == request.run_id and record.observed_at is not None
     assert record.operation is not None and record.operation.key == request.operation_key
-    text = json.dumps(record.response)
-    assert "Baker Street" not in text and "NW1" not in text
     assert record.response is not None
-    assert "shipping_address" not in record.response["order"]  # never copied out of the order
     assert record.response["provider"]["amount"] == "20.00"
-    assert Order.objects.get(pk=order.pk).version == 2  # marking it refunded is a change
+    # and holds nothing of the address
+    assert "Baker Street" not in json.dumps(record.response) and "NW1" not in json.dumps(record.response)
+    assert "shipping_address" not in record.response["order"]  # never copied out of the order
 
 
-def test_large_refund_waits_for_approval_then_is_confirmed(world: dict[str, Any]) -> None:
-    order = new_order(world["alice"], "1042")
-    request = ask(order, "120.00")
+def test_large_refund_waits_for_approval_then_is_confirmed(world: World, users: Users) -> None:
+    # given a £120 refund asked for, above the approval limit
+    request = ask(new_order(users.alice, "1042"), "120.00")
 
+    # when its run gets that far, then it waits for the refund approvers, with nothing refunded
     approval = pending_approval(request)
     wait_status(request, "awaiting approval")
     assert approval.summary == "Refund £120.00 on order 1042"
     assert (approval.approvers, approval.version) == ("refund-approvers", "1")
     assert approval.content is not None
     assert approval.content["refund_amount"] == "120.00"
-    assert world["sandbox"].stats()["refunds"] == 0
+    assert world.sandbox.stats()["refunds"] == 0
 
-    decide(approval, by=world["carol"], approve=True, version=approval.version)
-    assert_confirmed(request, world["sandbox"])
+    # when carol approves it
+    decide(approval, by=users.carol, approve=True, version=approval.version)
+
+    # then the refund is made
+    assert_confirmed(request, world.sandbox)
 
 
-def test_rejected_refund_completes_as_rejected(world: dict[str, Any]) -> None:
-    request = ask(new_order(world["alice"], "1043"), "150.00")
+def test_rejected_refund_completes_as_rejected(world: World, users: Users) -> None:
+    # given a £150 refund waiting for approval
+    request = ask(new_order(users.alice, "1043"), "150.00")
     approval = pending_approval(request)
-    decide(approval, by=world["carol"], approve=False, version=approval.version, note="no")
-    run = wait_for_terminal(request.run_id)  # type: ignore[arg-type]
+
+    # when carol rejects it
+    decide(approval, by=users.carol, approve=False, version=approval.version, note="no")
+
+    # then the run completes with that outcome, and nothing is refunded
+    run = wait_for_terminal(run_of(request))
     assert run.result is not None, run.error
     assert (run.status, run.result["outcome"]) == ("completed", "rejected")
     assert status_of(request) == "rejected"
-    assert world["sandbox"].stats()["refunds"] == 0
+    assert world.sandbox.stats()["refunds"] == 0
 
 
-def test_timeout_leaves_outcome_unknown_until_reconcile_confirms_one_refund(world: dict[str, Any]) -> None:
-    sandbox: SandboxProcess = world["sandbox"]
-    # The provider stores the refund, then answers too late; its lookups fail until drained.
+def test_timeout_leaves_outcome_unknown_until_reconcile_confirms_one_refund(world: World, users: Users) -> None:
+    # given a refund whose answer the provider loses
     request = ask(
-        new_order(world["alice"], "1100", "50.00"),
+        new_order(users.alice, "1100", "50.00"),
         "30.00",
-        sandbox=sandbox,
-        faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")),
+        sandbox=world.sandbox,
+        faults=ANSWER_LOST,
         retry_delay_seconds=0.2,
         check_interval_seconds=3,
     )
-    key = request.operation_key
 
-    wait_for(
-        lambda: StepResult.objects.filter(run_id=request.run_id, name__startswith="check outcome").exists(),
-        timeout=60,
-        what="the run to check the outcome periodically",
-    )
-    assert ExternalOperation.objects.get(key=key).status == OperationStatus.UNKNOWN
+    # when the call times out, then the outcome is unknown and the run checks it from time to time
+    checks_the_outcome(request)
+    assert ExternalOperation.objects.get(key=request.operation_key).status == OperationStatus.UNKNOWN
     assert status_of(request) == "outcome being checked"
 
-    drain_lookup_faults(sandbox, key)
-    out = io.StringIO()
-    call_command("reconcile", stdout=out)
-    assert ExternalOperation.objects.get(key=key).status == OperationStatus.SUCCEEDED, out.getvalue()
+    # when the provider answers lookups again and reconcile runs
+    drain_lookup_faults(world.sandbox, request.operation_key)
+    output = reconcile()
 
-    assert_confirmed(request, sandbox)
+    # then it finds the refund the provider made, and the run confirms that one refund
+    assert ExternalOperation.objects.get(key=request.operation_key).status == OperationStatus.SUCCEEDED, output
+    assert_confirmed(request, world.sandbox)
 
 
-def test_worker_killed_inside_the_provider_call_refunds_once(world: dict[str, Any]) -> None:
-    sandbox: SandboxProcess = world["sandbox"]
-    # The provider takes 0.8 s before it stores the refund: long enough to kill the worker mid-call.
+def test_worker_killed_inside_the_provider_call_refunds_once(world: World, users: Users) -> None:
+    # given a refund in flight at a provider that takes 0.8 s before it stores it
     request = ask(
-        new_order(world["alice"], "1200", "50.00"),
+        new_order(users.alice, "1200", "50.00"),
         "25.00",
-        sandbox=sandbox,
+        sandbox=world.sandbox,
         faults=(("delay=0.8", "create", 1, ""),),
         retry_delay_seconds=1,
     )
-    key = request.operation_key
-    wait_for(
-        lambda: ExternalOperation.objects.filter(key=key, status=OperationStatus.SUBMITTED).exists(),
-        timeout=40,
-        interval=0.01,
-        what="the refund to be in flight",
-    )
-    world["workers"].replace()  # SIGKILL the process group, then a fresh worker (with beat)
+    operation_reaches(request, OperationStatus.SUBMITTED, interval=0.01)
 
-    assert_confirmed(request, sandbox, timeout=90)
-    op = ExternalOperation.objects.get(key=key)
-    assert op.lookup_count >= 1  # recovery asked the provider before anything else
+    # when the worker is killed mid-call (SIGKILL to its process group) and a fresh one starts
+    world.workers.replace()
+
+    # then the refund is made once, recovery having asked the provider before anything else
+    assert_confirmed(request, world.sandbox, timeout=90)
+    assert ExternalOperation.objects.get(key=request.operation_key).lookup_count >= 1
 
 
-def test_an_order_change_supersedes_the_pending_approval_at_once(world: dict[str, Any]) -> None:
-    sandbox: SandboxProcess = world["sandbox"]
-    order = new_order(world["alice"], "1300")
+def test_an_order_change_supersedes_the_pending_approval_at_once(world: World, users: Users) -> None:
+    # given a refund whose approval of the order's version 1 is pending
+    order = new_order(users.alice, "1300")
     request = ask(order, "150.00")
     first = pending_approval(request)
     assert first.version == "1"
 
-    # the order changes while carol reviews version 1: her request is superseded in that commit
+    # when the order changes while carol reviews version 1
     order_change(order_id=order.pk, items=[{"sku": "KETTLE", "qty": 2}])
+
+    # then her request is superseded in that commit, and approving it from her page is refused
     assert ApprovalRequest.objects.get(pk=first.pk).status == ApprovalStatus.SUPERSEDED
     with pytest.raises(ApprovalRefused) as late:
-        decide(first, by=world["carol"], approve=True, version="1")  # her page still shows version 1
+        decide(first, by=users.carol, approve=True, version="1")
     assert late.value.code == RefusalCode.NOT_PENDING
-    # the run asks again, for the version that is current
+    # and the run asks again, for the version that is current, with nothing refunded on the old one
     second = pending_approval(request, version="2")
     assert second.content is not None
     assert second.replaces_id == first.pk and second.content["items"] == [{"sku": "KETTLE", "qty": 2}]
     assert status_of(request) == "awaiting approval"
-    assert sandbox.stats()["refunds"] == 0  # nothing refunded on the old version
+    assert world.sandbox.stats()["refunds"] == 0
 
-    decide(second, by=world["carol"], approve=True, version="2")
-    assert_confirmed(request, sandbox)
+    # when carol approves version 2, then the refund is made
+    decide(second, by=users.carol, approve=True, version="2")
+    assert_confirmed(request, world.sandbox)
 
 
-def test_approval_of_an_old_version_is_not_acted_on(world: dict[str, Any]) -> None:
-    sandbox: SandboxProcess = world["sandbox"]
-    order = new_order(world["alice"], "1350")
+def test_approval_of_an_old_version_is_not_acted_on(world: World, users: Users) -> None:
+    # given a refund whose approval of the order's version 1 is pending
+    order = new_order(users.alice, "1350")
     request = ask(order, "150.00")
     first = pending_approval(request)
     assert first.version == "1"
 
-    # the order changes without the service (another system writing to the table), so nothing
-    # supersedes the pending request; carol approves the version 1 her page shows
+    # when the order changes without the service (another system writing to the table), so that
+    # nothing supersedes the pending request, and carol approves the version 1 her page shows
     Order.objects.filter(pk=order.pk).update(shipping_address={"street": "1 New Road"}, version=F("version") + 1)
-    decide(first, by=world["carol"], approve=True, version="1")
-    # the workflow's re-check finds version 2, supersedes the approval and asks again
+    decide(first, by=users.carol, approve=True, version="1")
+
+    # then the workflow's re-check finds version 2, supersedes the approval and asks again
     second = pending_approval(request, version="2")
     first.refresh_from_db()
     assert first.status == ApprovalStatus.SUPERSEDED
     assert status_of(request) == "awaiting approval"
+    # and a stale page is refused there too, with nothing refunded on the old version
     with pytest.raises(ApprovalRefused):
-        decide(second, by=world["carol"], approve=True, version="1")  # stale page: refused
-    assert sandbox.stats()["refunds"] == 0  # nothing refunded on the old version
+        decide(second, by=users.carol, approve=True, version="1")
+    assert world.sandbox.stats()["refunds"] == 0
 
-    decide(second, by=world["carol"], approve=True, version="2")
-    assert_confirmed(request, sandbox)
+    # when carol approves version 2, then the refund is made
+    decide(second, by=users.carol, approve=True, version="2")
+    assert_confirmed(request, world.sandbox)
 
 
-def test_terminated_run_shows_its_in_flight_refund_until_reconciled(world: dict[str, Any]) -> None:
-    sandbox: SandboxProcess = world["sandbox"]
+def test_terminated_run_shows_its_in_flight_refund_until_reconciled(world: World, users: Users) -> None:
+    # given a refund whose outcome is unknown
     request = ask(
-        new_order(world["alice"], "1400", "50.00"),
+        new_order(users.alice, "1400", "50.00"),
         "10.00",
-        sandbox=sandbox,
-        faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")),
+        sandbox=world.sandbox,
+        faults=ANSWER_LOST,
         retry_delay_seconds=1,
     )
     key = request.operation_key
-    wait_for(
-        lambda: ExternalOperation.objects.filter(key=key, status=OperationStatus.UNKNOWN).exists(),
-        timeout=40,
-        what="the refund's outcome to be unknown",
-    )
-    terminate(request.run_id)  # type: ignore[arg-type]
-    run = wait_for_status(request.run_id, "terminated")  # type: ignore[arg-type]
+    operation_reaches(request, OperationStatus.UNKNOWN)
 
+    # when staff terminate its run
+    run = terminated(request)
+
+    # then the run still has the refund in flight, tied to the step that sent it
     assert [op.key for op in run_pending_operations(run)] == [key]
     assert status_of(request) == "outcome being checked"
-    # the operation knows the run and step that performed it, and the run's page and its admin
-    # page list it as needing reconciliation, for staff: not on the customer's page
     operation = ExternalOperation.objects.get(key=key)
     assert (operation.run_id, operation.step) == (run.id, "refund")
-    alice, carol = Client(), Client()
-    alice.force_login(world["alice"])
-    carol.force_login(world["carol"])
-    page = carol.get(f"/runs/{run.id}/").content.decode()
-    admin_page = carol.get(f"/admin/workflows/workflowrun/{run.id}/change/").content.decode()
-    for html in (page, admin_page):
-        assert "External operations needing reconciliation" in html and key in html
-    assert "External operations needing reconciliation" not in alice.get(f"/runs/{run.id}/").content.decode()
+    # and staff see it listed for reconciliation on the run's page and its admin page; alice does not
+    alice, carol = login(users.alice), login(users.carol)
+    assert lists_for_reconciliation(carol.get(f"/runs/{run.id}/").content.decode(), key)
+    assert lists_for_reconciliation(carol.get(f"/admin/workflows/workflowrun/{run.id}/change/").content.decode(), key)
+    assert NEEDS_RECONCILIATION not in alice.get(f"/runs/{run.id}/").content.decode()
 
-    drain_lookup_faults(sandbox, key)
-    call_command("reconcile", stdout=io.StringIO())
+    # when the provider answers lookups again and reconcile runs
+    drain_lookup_faults(world.sandbox, key)
+    reconcile()
+
+    # then the money went out, though the run was stopped, and nothing is left to reconcile
     assert list(run_pending_operations(run)) == []
-    assert status_of(request) == "confirmed"  # the money went out, though the run was stopped
-    assert sandbox.stats()["refunds"] == 1
-    assert "External operations needing reconciliation" not in carol.get(f"/runs/{run.id}/").content.decode()
+    assert status_of(request) == "confirmed"
+    assert world.sandbox.stats()["refunds"] == 1
+    assert NEEDS_RECONCILIATION not in carol.get(f"/runs/{run.id}/").content.decode()
 
 
-def test_api_requests_a_refund_idempotently_and_shows_it_to_its_owner_only(world: dict[str, Any]) -> None:
-    new_order(world["alice"], "1500", "60.00")
-    alice, mallory = APIClient(), APIClient()
-    alice.force_authenticate(world["alice"])
-    mallory.force_authenticate(world["mallory"])
-    url = "/api/orders/1500/refunds"
+def test_api_requests_a_refund_idempotently(world: World, users: Users) -> None:
+    # given a £60 order of alice's
+    new_order(users.alice, "1500", "60.00")
+    alice, url = api_client(users.alice), "/api/orders/1500/refunds"
 
+    # when she asks for £15 back, then sends the same request again, then another under its key
     first = alice.post(url, {"amount": "15.00", "reason": "late"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
-    assert first.status_code == 201, first.json()
     again = alice.post(url, {"amount": "15.00", "reason": "late"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
-    assert (again.status_code, again.json()["id"]) == (200, first.json()["id"])
     conflict = alice.post(url, {"amount": "16.00", "reason": "late"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
-    assert conflict.status_code == 409 and conflict.json()["error"]["code"] == "idempotency_conflict"
     too_much = alice.post(url, {"amount": "61.00"}, format="json", HTTP_IDEMPOTENCY_KEY="k-2")
+
+    # then the first creates the request, the same one again answers with it, another body under the
+    # key is a conflict, and more than the order is refused: one request, refunded once
+    assert first.status_code == 201, first.json()
+    assert (again.status_code, again.json()["id"]) == (200, first.json()["id"])
+    assert conflict.status_code == 409 and conflict.json()["error"]["code"] == "idempotency_conflict"
     assert too_much.status_code == 409 and too_much.json()["error"]["code"] == "balance_exceeded"
     assert RefundRequest.objects.count() == 1
+    assert_confirmed(RefundRequest.objects.get(), world.sandbox)
 
-    refund_id = first.json()["id"]
+
+def test_api_shows_a_refund_to_its_owner_only(world: World, users: Users) -> None:
+    # given alice's £15 refund on a £60 order, asked for through the API
+    new_order(users.alice, "1500", "60.00")
+    alice, mallory, url = api_client(users.alice), api_client(users.mallory), "/api/orders/1500/refunds"
+    created = alice.post(url, {"amount": "15.00", "reason": "late"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
+    refund_id = created.json()["id"]
+
+    # when alice, mallory and someone signed in as nobody look at it
     shown = alice.get(f"/api/refunds/{refund_id}")
+
+    # then alice sees it; mallory can neither see it nor ask for a refund on the order; nobody is a 401
     assert shown.status_code == 200
     assert shown.json()["order"] == "1500" and Decimal(shown.json()["amount"]) == Decimal("15.00")
     assert shown.json()["status"] in {"being prepared", "submitted", "confirmed"}
     assert mallory.get(f"/api/refunds/{refund_id}").status_code == 404
     assert mallory.post(url, {"amount": "1.00"}, format="json").status_code == 404
     assert APIClient().get(f"/api/refunds/{refund_id}").status_code == 401
-
-    request = RefundRequest.objects.get(pk=refund_id)
-    assert_confirmed(request, world["sandbox"])
+    # and once the refund is made, she sees it confirmed
+    assert_confirmed(RefundRequest.objects.get(pk=refund_id), world.sandbox)
     assert alice.get(f"/api/refunds/{refund_id}").json()["status"] == "confirmed"

@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-from django.contrib.auth.models import User
 from django.db import connection, transaction
 
 from approvals.models import ApprovalRequest, ApprovalStatus
@@ -16,14 +15,15 @@ from approvals.waits import _create
 from examples.refunds.models import Order
 from examples.refunds.services import order_change, order_create, refund_request_create
 from examples.refunds.workflows import order_proposal
+from tests.factories import Users
 from tests.fixtures import NoEnqueue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_change_while_the_request_is_being_raised_supersedes_it(no_enqueue: NoEnqueue) -> None:
+def test_a_change_while_the_request_is_being_raised_supersedes_it(no_enqueue: NoEnqueue, users: Users) -> None:
     # given a refund whose run is about to raise its approval request (no worker: this test is the run)
-    alice = User.objects.create_user("alice")
+    alice = users.alice
     order = order_create(number="7001", customer=alice, amount="150.00")
     refund, _ = refund_request_create(order=order, customer=alice, amount="120.00")
     read = threading.Event()

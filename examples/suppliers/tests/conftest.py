@@ -1,29 +1,24 @@
-"""The cast of the supplier tests, on top of tests.fixtures' users.
-
-- alice requests the assessment; bob and carol are supplier reviewers; mallory is nobody's.
-"""
+"""The supplier tests' cast and assessment: the suite's ``users``, with carol and bob in the supplier
+reviewers' group; alice requests the assessment."""
 
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import Group
 
 from examples.suppliers.models import REVIEWERS, SupplierAssessment
 from examples.suppliers.services import assessment_create
-
-Cast = dict[str, User]
+from tests.factories import Users
 
 SOURCES = {"companies-house": {"status": "active"}, "sanctions": {"hits": 0}}
 
 
 @pytest.fixture
-def cast(users: dict[str, User]) -> Cast:
-    group = Group.objects.create(name=REVIEWERS)
-    users["bob"].groups.add(group)
-    users["carol"].groups.add(group)
+def users(users: Users) -> Users:
+    Group.objects.create(name=REVIEWERS).user_set.add(users.carol, users.bob)
     return users
 
 
 @pytest.fixture
-def assessment(cast: Cast) -> SupplierAssessment:
-    return assessment_create(supplier_name="Acme Metals", requested_by=cast["alice"], sources=SOURCES)
+def assessment(users: Users) -> SupplierAssessment:
+    return assessment_create(supplier_name="Acme Metals", requested_by=users.alice, sources=SOURCES)

@@ -9,19 +9,19 @@ from django.urls import reverse
 
 from examples.suppliers import services
 from examples.suppliers.models import SupplierAssessment
-from examples.suppliers.tests.conftest import Cast
+from tests.factories import Users
 
 pytestmark = pytest.mark.django_db
 
 
 def test_the_change_page_shows_status_revisions_reports_and_run(
     client: Client,
-    cast: Cast,
+    users: Users,
     assessment: SupplierAssessment,
 ) -> None:
-    services.source_record_add(assessment_id=assessment.pk, source="sanctions", content={"hits": 7}, by=cast["alice"])
+    services.source_record_add(assessment_id=assessment.pk, source="sanctions", content={"hits": 7}, by=users.alice)
     services.report_generate(assessment_id=assessment.pk, revisions={"companies-house": 1, "sanctions": 2})
-    services.assessment_submit_input(assessment_id=assessment.pk, by=cast["alice"], data={})
+    services.assessment_submit_input(assessment_id=assessment.pk, by=users.alice, data={})
     run_id = SupplierAssessment.objects.get(pk=assessment.pk).run_id
     client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
 
@@ -38,7 +38,7 @@ def test_the_change_page_shows_status_revisions_reports_and_run(
     assert listing.status_code == 200 and "Acme Metals" in listing.content.decode()
 
 
-def test_outsiders_do_not_see_assessments(client: Client, cast: Cast, assessment: SupplierAssessment) -> None:
-    client.force_login(cast["mallory"])
+def test_outsiders_do_not_see_assessments(client: Client, users: Users, assessment: SupplierAssessment) -> None:
+    client.force_login(users.mallory)
     page = client.get(reverse("admin:suppliers_supplierassessment_change", args=[assessment.pk]))
     assert page.status_code == 302  # not staff: the admin sends them to its login page

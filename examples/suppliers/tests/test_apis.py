@@ -14,8 +14,9 @@ from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest, ApprovalStatus, DecisionLog
 from examples.suppliers.models import AssessmentStatus, SourceRecord, SupplierAssessment
-from examples.suppliers.tests.conftest import SOURCES, Cast
+from examples.suppliers.tests.conftest import SOURCES
 from examples.suppliers.tests.test_services import in_state, snapshot
+from tests.factories import Users
 from tests.support import Worker, wait_for, wait_for_terminal
 from workflows.models import RunStatus, WorkflowRun
 
@@ -36,8 +37,8 @@ def create(api: APIClient, **body: Any) -> Any:
 
 @pytest.mark.django_db
 class TestCreateAndSee:
-    def test_the_requester_creates_an_assessment_with_revision_1_of_each_source(self, cast: Cast) -> None:
-        response = create(client(cast["alice"]))
+    def test_the_requester_creates_an_assessment_with_revision_1_of_each_source(self, users: Users) -> None:
+        response = create(client(users.alice))
 
         assert response.status_code == 201, response.json()
         body = response.json()
@@ -69,9 +70,9 @@ class TestCreateAndSee:
         ],
     )
     def test_bad_input_is_a_400_naming_the_field_and_creates_nothing(
-        self, cast: Cast, body: dict[str, Any], field: str
+        self, users: Users, body: dict[str, Any], field: str
     ) -> None:
-        response = create(client(cast["alice"]), **body)
+        response = create(client(users.alice), **body)
 
         assert response.status_code == 400, response.json()
         error = response.json()["error"]
@@ -83,37 +84,37 @@ class TestCreateAndSee:
         assert client().get(URL).status_code == 401
 
     def test_the_requester_and_reviewers_see_it_and_nobody_else(
-        self, cast: Cast, assessment: SupplierAssessment
+        self, users: Users, assessment: SupplierAssessment
     ) -> None:
         detail = f"{URL}/{assessment.pk}"
         for who in ("alice", "bob", "carol"):
-            assert client(cast[who]).get(detail).status_code == 200, who
-            assert [a["id"] for a in client(cast[who]).get(URL).json()["results"]] == [assessment.pk], who
+            assert client(getattr(users, who)).get(detail).status_code == 200, who
+            assert [a["id"] for a in client(getattr(users, who)).get(URL).json()["results"]] == [assessment.pk], who
         # mallory learns nothing: not even that it exists
-        assert client(cast["mallory"]).get(detail).status_code == 404
-        assert client(cast["mallory"]).get(URL).json()["results"] == []
-        assert client(cast["mallory"]).get(f"{URL}/999999").status_code == 404
+        assert client(users.mallory).get(detail).status_code == 404
+        assert client(users.mallory).get(URL).json()["results"] == []
+        assert client(users.mallory).get(f"{URL}/999999").status_code == 404
         # filters are checked
-        assert client(cast["bob"]).get(URL, {"status": "approved"}).json()["results"] == []
-        assert client(cast["bob"]).get(URL, {"status": "nonsense"}).status_code == 400
+        assert client(users.bob).get(URL, {"status": "approved"}).json()["results"] == []
+        assert client(users.bob).get(URL, {"status": "nonsense"}).status_code == 400
 
 
 @pytest.mark.django_db
 class TestSourcesAndSubmit:
     def test_requester_and_reviewers_add_revisions_others_get_404(
-        self, cast: Cast, assessment: SupplierAssessment
+        self, users: Users, assessment: SupplierAssessment
     ) -> None:
         url = f"{URL}/{assessment.pk}/sources"
 
-        by_alice = client(cast["alice"]).post(url, {"source": "sanctions", "content": {"hits": 1}}, format="json")
-        by_bob = client(cast["bob"]).post(url, {"source": "credit", "content": {"score": 81}}, format="json")
+        by_alice = client(users.alice).post(url, {"source": "sanctions", "content": {"hits": 1}}, format="json")
+        by_bob = client(users.bob).post(url, {"source": "credit", "content": {"score": 81}}, format="json")
         before = snapshot(assessment)
-        by_mallory = client(cast["mallory"]).post(url, {"source": "credit", "content": {}}, format="json")
+        by_mallory = client(users.mallory).post(url, {"source": "credit", "content": {}}, format="json")
 
         assert (by_alice.status_code, by_alice.json()["revision"], by_alice.json()["created_by"]) == (201, 2, "alice")
         assert (by_bob.status_code, by_bob.json()["revision"]) == (201, 1)
         assert by_mallory.status_code == 404 and snapshot(assessment) == before
-        sources = client(cast["alice"]).get(f"{URL}/{assessment.pk}").json()["sources"]
+        sources = client(users.alice).get(f"{URL}/{assessment.pk}").json()["sources"]
         assert [(s["source"], s["revision"]) for s in sources] == [
             ("companies-house", 1),
             ("credit", 1),
@@ -121,11 +122,11 @@ class TestSourcesAndSubmit:
         ]
         assert SourceRecord.objects.filter(assessment=assessment, source="sanctions").count() == 2  # history kept
 
-    def test_a_closed_assessment_takes_no_more_evidence(self, cast: Cast) -> None:
-        closed = in_state(cast, AssessmentStatus.APPROVED)
+    def test_a_closed_assessment_takes_no_more_evidence(self, users: Users) -> None:
+        closed = in_state(users, AssessmentStatus.APPROVED)
         before = snapshot(closed)
 
-        response = client(cast["alice"]).post(
+        response = client(users.alice).post(
             f"{URL}/{closed.pk}/sources", {"source": "credit", "content": {}}, format="json"
         )
 
@@ -134,7 +135,7 @@ class TestSourcesAndSubmit:
         assert response.json()["error"]["detail"] == {"status": "approved"}
         assert snapshot(closed) == before
 
-    def test_bad_source_input_is_a_400(self, cast: Cast, assessment: SupplierAssessment) -> None:
+    def test_bad_source_input_is_a_400(self, users: Users, assessment: SupplierAssessment) -> None:
         url = f"{URL}/{assessment.pk}/sources"
         before = snapshot(assessment)
         body: dict[str, Any]
@@ -147,10 +148,10 @@ class TestSourcesAndSubmit:
             {"source": "cre\u0000dit", "content": {}},
             {"source": "credit", "content": {"a": "\u0000"}},
         ):
-            assert client(cast["alice"]).post(url, body, format="json").status_code == 400, body
+            assert client(users.alice).post(url, body, format="json").status_code == 400, body
         assert snapshot(assessment) == before
 
-    def test_only_the_requester_submits_and_only_once(self, cast: Cast, assessment: SupplierAssessment) -> None:
+    def test_only_the_requester_submits_and_only_once(self, users: Users, assessment: SupplierAssessment) -> None:
         url = f"{URL}/{assessment.pk}/submit"
         before = snapshot(assessment)
 
@@ -160,15 +161,15 @@ class TestSourcesAndSubmit:
             {"input": {"scope": "\u0000"}},
             {"input": "tier 1"},
         ):
-            assert client(cast["alice"]).post(url, bad, format="json").status_code == 400, bad
+            assert client(users.alice).post(url, bad, format="json").status_code == 400, bad
         assert snapshot(assessment) == before
-        by_bob = client(cast["bob"]).post(url, {"input": {"scope": "tier 1"}}, format="json")
-        by_mallory = client(cast["mallory"]).post(url, {"input": {}}, format="json")
+        by_bob = client(users.bob).post(url, {"input": {"scope": "tier 1"}}, format="json")
+        by_mallory = client(users.mallory).post(url, {"input": {}}, format="json")
         assert (by_bob.status_code, by_mallory.status_code) == (403, 404)
         assert snapshot(assessment) == before
 
-        first = client(cast["alice"]).post(url, {"input": {"scope": "tier 1"}}, format="json")
-        again = client(cast["alice"]).post(url, {"input": {"scope": "tier 2"}}, format="json")
+        first = client(users.alice).post(url, {"input": {"scope": "tier 1"}}, format="json")
+        again = client(users.alice).post(url, {"input": {"scope": "tier 2"}}, format="json")
 
         assert first.status_code == 200, first.json()
         assert (first.json()["input"], first.json()["run"]) == (
@@ -178,12 +179,12 @@ class TestSourcesAndSubmit:
         assert again.status_code == 409 and again.json()["error"]["code"] == "invalid_state"
         assert WorkflowRun.objects.filter(workflow="supplier-assessment").count() == 1
 
-    def test_a_review_with_nothing_pending_is_a_409(self, cast: Cast, assessment: SupplierAssessment) -> None:
-        response = client(cast["carol"]).post(
+    def test_a_review_with_nothing_pending_is_a_409(self, users: Users, assessment: SupplierAssessment) -> None:
+        response = client(users.carol).post(
             f"{URL}/{assessment.pk}/review", {"approve": True, "report_version": 1}, format="json"
         )
         assert response.status_code == 409 and response.json()["error"]["code"] == "invalid_state"
-        bad = client(cast["carol"]).post(
+        bad = client(users.carol).post(
             f"{URL}/{assessment.pk}/review", {"approve": "yes", "report_version": 1}, format="json"
         )
         assert bad.status_code == 400 and "approve" in bad.json()["error"]["detail"]
@@ -204,41 +205,56 @@ def test_the_project_schema_has_no_warnings() -> None:
     }
 
 
+def under_review(api: APIClient, detail: str, version: int) -> dict[str, Any]:
+    """The assessment as ``api``'s caller sees it, once report ``version`` is under review."""
+
+    def shown() -> dict[str, Any]:
+        body: dict[str, Any] = api.get(detail).json()
+        review = body["review"]
+        return body if review and review["report_version"] == version and body["status"] == "ready_for_review" else {}
+
+    return wait_for(shown, timeout=WAIT, what=f"report v{version} under review")
+
+
+def approve(api: APIClient, detail: str, version: int, **note: str) -> Any:
+    return api.post(f"{detail}/review", {"approve": True, "report_version": version, **note}, format="json")
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_review_over_http_refuses_a_stale_tab_and_approves_the_current_report(worker: Worker, cast: Cast) -> None:
-    alice, carol = client(cast["alice"]), client(cast["carol"])
+def test_a_review_over_http_refuses_a_stale_tab_and_approves_the_current_report(worker: Worker, users: Users) -> None:
+    # given alice's assessment, its input submitted
+    alice, carol = client(users.alice), client(users.carol)
     assessment_id = create(alice).json()["id"]
     detail = f"{URL}/{assessment_id}"
     assert alice.post(f"{detail}/submit", {"input": {"scope": "tier 1"}}, format="json").status_code == 200
 
-    def review_of(version: int) -> dict[str, Any] | None:
-        body: dict[str, Any] = carol.get(detail).json()
-        review = body["review"]
-        return body if review and review["report_version"] == version and body["status"] == "ready_for_review" else None
-
-    # carol opens the assessment: report v1 is under review, and she may decide it; alice may not
-    tab = wait_for(lambda: review_of(1), timeout=WAIT, what="report v1 under review")
+    # when carol opens it, then report v1 is under review and she may decide it; alice may not
+    tab = under_review(carol, detail, 1)
     assert tab["report"]["version"] == 1 and tab["review"]["can_decide"] is True
     assert alice.get(detail).json()["review"]["can_decide"] is False
-    own = alice.post(f"{detail}/review", {"approve": True, "report_version": 1}, format="json")
+    own = approve(alice, detail, 1)
     assert own.status_code == 403 and own.json()["error"]["code"] == "not_authorised"  # not a reviewer
 
-    # alice revises a source while carol's tab still shows v1
+    # when alice revises a source while carol's tab still shows v1
     revised = alice.post(f"{detail}/sources", {"source": "sanctions", "content": {"hits": 1}}, format="json")
     assert revised.status_code == 201
-    current = wait_for(lambda: review_of(2), timeout=WAIT, what="report v2 under review")
+
+    # then report v2 is built from the new revision and put under review
+    current = under_review(carol, detail, 2)
     assert current["report"]["source_revisions"] == {"companies-house": 1, "sanctions": 2}
 
-    # carol's stale tab is refused, with nothing changed
-    stale = carol.post(f"{detail}/review", {"approve": True, "report_version": 1}, format="json")
+    # when carol approves from her stale tab, then she is refused, with nothing changed
+    stale = approve(carol, detail, 1)
     assert stale.status_code == 409, stale.json()
     assert stale.json()["error"]["code"] == "stale_version"
     assert "review the current version" in stale.json()["error"]["message"]
     assert ApprovalRequest.objects.get(pk=current["review"]["request"]).status == ApprovalStatus.PENDING
 
-    # the current report is approved, and the assessment records that exact version
-    approved = carol.post(f"{detail}/review", {"approve": True, "report_version": 2, "note": "fine"}, format="json")
+    # when she approves the current report
+    approved = approve(carol, detail, 2, note="fine")
     assert approved.status_code == 200, approved.json()
+
+    # then the run completes, and the assessment records that exact version, decided by her
     run_id = SupplierAssessment.objects.get(pk=assessment_id).run_id
     assert run_id is not None
     run = wait_for_terminal(run_id, timeout=WAIT)
@@ -250,5 +266,5 @@ def test_a_review_over_http_refuses_a_stale_tab_and_approves_the_current_report(
         2,
         None,
     )
-    channels = set(DecisionLog.objects.filter(actor=cast["carol"]).values_list("channel", "result"))
+    channels = set(DecisionLog.objects.filter(actor=users.carol).values_list("channel", "result"))
     assert channels == {("api", "refused"), ("api", "accepted")}

@@ -1,0 +1,60 @@
+"""What tests set up by hand: the cast of users, a run in any state, a client signed in as someone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import Permission, User
+from django.test import Client
+
+from workflows.models import TERMINAL, RunAttempt, RunStatus, WorkflowRun
+
+
+@dataclass(frozen=True)
+class Users:
+    """The suite's cast, each with one role everywhere (the ``users`` fixture says which)."""
+
+    alice: User
+    bob: User
+    carol: User
+    dave: User
+    erin: User
+    mallory: User
+
+
+def create_users() -> Users:
+    """The cast, as the ``users`` fixture documents it: who is staff, and the permissions every app
+    gives them. An app's own groups (its approvers) are its tests' to add."""
+    alice, bob, carol, dave, erin, mallory = (
+        User.objects.create_user(name, f"{name}@example.com", "pw-" + name)
+        for name in ("alice", "bob", "carol", "dave", "erin", "mallory")
+    )
+    for staff, codenames in (
+        (carol, ["view_workflowrun", "change_workflowrun", "control_workflowrun"]),
+        (dave, ["view_workflowrun", "view_approvalrequest"]),
+        (erin, ["decide_any"]),
+    ):
+        staff.is_staff = True
+        staff.save()
+        staff.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    return Users(alice=alice, bob=bob, carol=carol, dave=dave, erin=erin, mallory=mallory)
+
+
+def make_run(
+    *, workflow: str = "test.echo", status: str = RunStatus.COMPLETED, owner: User | None = None, **fields: Any
+) -> WorkflowRun:
+    """A run written straight to the database in any state, with its current attempt. Completed by
+    default, so no worker or sweeper ever touches it; an ended run's attempt ended with it (the
+    engine records an attempt's status when it ends)."""
+    # The status is a protected FSM field: set once at creation, as a fixture of any state.
+    run = WorkflowRun.objects.create(workflow=workflow, status=status, owner=owner, **fields)
+    RunAttempt.objects.create(run=run, number=run.attempt, status=status if status in TERMINAL else RunStatus.QUEUED)
+    return run
+
+
+def login(user: User, *, enforce_csrf_checks: bool = False) -> Client:
+    """A test client signed in as ``user`` (a session, as after the login page)."""
+    client = Client(enforce_csrf_checks=enforce_csrf_checks)
+    client.force_login(user)
+    return client
