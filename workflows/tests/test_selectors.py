@@ -7,14 +7,14 @@ Runs are set up in the database directly (any state, as a fixture); nothing is e
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 from uuid import uuid4
 
 import pytest
-from django.contrib.auth.models import AnonymousUser, User
+from django.contrib.auth.models import AnonymousUser
 from django.utils import timezone
 from pytest_django import DjangoAssertNumQueries
 
+from tests.factories import Users, make_run
 from workflows.models import RunAttempt, RunEvent, RunStatus, WorkflowRun
 from workflows.selectors import (
     attempt_status,
@@ -32,22 +32,17 @@ pytestmark = pytest.mark.django_db
 WAKE_AT = timezone.make_aware(datetime(2030, 1, 1, 12, 0, 0))
 
 
-def make_run(workflow: str = "test.echo", status: str = RunStatus.QUEUED, **fields: Any) -> WorkflowRun:
-    # The status is a protected FSM field: set once at creation, as a fixture of any state.
-    return WorkflowRun.objects.create(workflow=workflow, status=status, **fields)
-
-
 def suspended(status: str, *, event_type: str = "", wake_at: datetime | None = WAKE_AT) -> WorkflowRun:
     """An unsaved run suspended in ``status`` at the step "nap"."""
     return WorkflowRun(status=status, wait_step="nap", wait_event_type=event_type, wake_at=wake_at)
 
 
 # --- which runs ------------------------------------------------------------------------------------
-def test_run_list_all_is_every_run_newest_first_by_status_and_workflow(users: dict[str, User]) -> None:
+def test_run_list_all_is_every_run_newest_first_by_status_and_workflow(users: Users) -> None:
     # given
-    older = make_run("test.echo", owner=users["alice"])
-    newer = make_run("test.wait", RunStatus.WAITING, owner=users["mallory"])
-    nobodys = make_run("test.echo", RunStatus.COMPLETED)
+    older = make_run(status=RunStatus.QUEUED, owner=users.alice)
+    newer = make_run(workflow="test.wait", status=RunStatus.WAITING, owner=users.mallory)
+    nobodys = make_run(status=RunStatus.COMPLETED)
 
     # then
     assert list(run_list_all()) == [nobodys, newer, older]
@@ -56,36 +51,35 @@ def test_run_list_all_is_every_run_newest_first_by_status_and_workflow(users: di
     assert list(run_list_all(status=RunStatus.COMPLETED, workflow="test.wait")) == []
 
 
-def test_run_list_is_the_users_own_runs_or_all_for_staff_who_may_view_them(users: dict[str, User]) -> None:
+def test_run_list_is_the_users_own_runs_or_all_for_staff_who_may_view_them(users: Users) -> None:
     # given
-    alices = make_run(owner=users["alice"])
-    mallorys = make_run(owner=users["mallory"], status=RunStatus.COMPLETED)
+    alices = make_run(status=RunStatus.QUEUED, owner=users.alice)
+    mallorys = make_run(owner=users.mallory, status=RunStatus.COMPLETED)
 
     # then
-    assert set(run_list(user=users["alice"])) == {alices}
-    assert set(run_list(user=users["carol"])) == {alices, mallorys}  # staff with view_workflowrun
-    assert set(run_list(user=users["carol"], status=RunStatus.COMPLETED)) == {mallorys}
+    assert set(run_list(user=users.alice)) == {alices}
+    assert set(run_list(user=users.carol)) == {alices, mallorys}  # staff with view_workflowrun
+    assert set(run_list(user=users.carol, status=RunStatus.COMPLETED)) == {mallorys}
     assert not run_list(user=AnonymousUser()).exists()
 
 
 def test_run_get_any_finds_any_run_with_its_owner(
-    users: dict[str, User], django_assert_num_queries: DjangoAssertNumQueries
+    users: Users, django_assert_num_queries: DjangoAssertNumQueries
 ) -> None:
-    run = make_run(owner=users["mallory"])
+    run = make_run(status=RunStatus.QUEUED, owner=users.mallory)
 
     with django_assert_num_queries(1):  # the owner comes with the run
         found = run_get_any(run_id=run.pk)
-        assert found == run and found.owner == users["mallory"]
+        assert found == run and found.owner == users.mallory
 
     assert run_get_any(run_id=uuid4()) is None
 
 
 def test_a_runs_attempts_and_events_in_order() -> None:
     # given
-    run, other = make_run(attempt=2), make_run()
-    second = RunAttempt.objects.create(run=run, number=2)
+    run, other = make_run(status=RunStatus.QUEUED, attempt=2), make_run(status=RunStatus.QUEUED)
+    second = RunAttempt.objects.get(run=run, number=2)  # make_run writes the current attempt
     first = RunAttempt.objects.create(run=run, number=1, status=RunStatus.TERMINATED, finished_at=timezone.now())
-    RunAttempt.objects.create(run=other, number=1)
     early = RunEvent.objects.create(run=run, type="reply")
     late = RunEvent.objects.create(run=run, type="reply", created_at=early.created_at + timedelta(seconds=1))
     RunEvent.objects.create(run=other, type="reply")
@@ -105,11 +99,11 @@ def test_attempt_status_is_the_runs_while_the_attempt_is_current() -> None:
 
 
 def test_waiting_event_types_are_those_waiting_runs_wait_for_each_once() -> None:
-    make_run("test.wait", RunStatus.WAITING, wait_event_type="reply")
-    make_run("test.wait", RunStatus.WAITING, wait_event_type="approve")
-    make_run("test.wait", RunStatus.WAITING, wait_event_type="reply")
-    make_run("test.wait", RunStatus.WAITING)  # a step's deadline: no event
-    make_run("test.wait", RunStatus.QUEUED, wait_event_type="stale")  # woken: not waiting any more
+    make_run(workflow="test.wait", status=RunStatus.WAITING, wait_event_type="reply")
+    make_run(workflow="test.wait", status=RunStatus.WAITING, wait_event_type="approve")
+    make_run(workflow="test.wait", status=RunStatus.WAITING, wait_event_type="reply")
+    make_run(workflow="test.wait", status=RunStatus.WAITING)  # a step's deadline: no event
+    make_run(workflow="test.wait", status=RunStatus.QUEUED, wait_event_type="stale")  # woken: not waiting any more
 
     assert waiting_event_types() == ["approve", "reply"]
 

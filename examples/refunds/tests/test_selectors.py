@@ -7,36 +7,37 @@ enqueued (its enqueue waits for a commit that never comes), so no worker is invo
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import AnonymousUser, User
+from django.contrib.auth.models import AnonymousUser
 
 from examples.refunds.selectors import order_get, refund_request_get, refund_requests_for
 from examples.refunds.services import refund_request_create
 from examples.refunds.tests.support import new_order
+from tests.factories import Users
 
 pytestmark = pytest.mark.django_db
 
 
-def test_order_get_finds_the_customers_own_order_only(users: dict[str, User]) -> None:
+def test_order_get_finds_the_customers_own_order_only(users: Users) -> None:
     # given
-    order = new_order(users["alice"], "3001")
+    order = new_order(users.alice, "3001")
 
     # then
-    assert order_get(user=users["alice"], number="3001") == order
-    assert order_get(user=users["mallory"], number="3001") is None  # another's: as if it did not exist
+    assert order_get(user=users.alice, number="3001") == order
+    assert order_get(user=users.mallory, number="3001") is None  # another's: as if it did not exist
     assert order_get(user=AnonymousUser(), number="3001") is None
-    assert order_get(user=users["alice"], number="3002") is None
+    assert order_get(user=users.alice, number="3002") is None
 
 
-def test_refund_requests_are_their_customers_own(users: dict[str, User]) -> None:
+def test_refund_requests_are_their_customers_own(users: Users) -> None:
     # given
-    order = new_order(users["alice"], "3001")
-    first, _ = refund_request_create(order=order, customer=users["alice"], amount="10.00")
-    second, _ = refund_request_create(order=order, customer=users["alice"], amount="20.00")
+    order = new_order(users.alice, "3001")
+    first, _ = refund_request_create(order=order, customer=users.alice, amount="10.00")
+    second, _ = refund_request_create(order=order, customer=users.alice, amount="20.00")
 
     # then
-    assert refund_request_get(user=users["alice"], request_id=first.pk) == first
-    assert refund_request_get(user=users["mallory"], request_id=first.pk) is None
+    assert refund_request_get(user=users.alice, request_id=first.pk) == first
+    assert refund_request_get(user=users.mallory, request_id=first.pk) is None
     assert refund_request_get(user=AnonymousUser(), request_id=first.pk) is None
-    assert list(refund_requests_for(user=users["alice"])) == [second, first]  # newest first
-    assert not refund_requests_for(user=users["mallory"]).exists()
+    assert list(refund_requests_for(user=users.alice)) == [second, first]  # newest first
+    assert not refund_requests_for(user=users.mallory).exists()
     assert not refund_requests_for(user=AnonymousUser()).exists()
