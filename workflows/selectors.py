@@ -122,10 +122,10 @@ def waiting_for(run: WorkflowRun) -> dict[str, Any] | None:
     }
 
 
-def describe_wait(run: WorkflowRun, *, terminal: bool = False, now: datetime | None = None) -> str:
+def describe_wait(run: WorkflowRun, *, plain: bool = False, now: datetime | None = None) -> str:
     """What a suspended run waits for and until when, in words; empty for a run that is not
     suspended. For a page (the admin): ``event “reply” until 2030-01-01 12:00:00 (in 5 minutes)``.
-    For a ``terminal`` (``manage.py workflows``): ``event 'reply' until 2030-01-01 12:00:00``, the
+    ``plain``, for a terminal (``manage.py workflows``): ``event 'reply' until 2030-01-01 12:00:00``, the
     name as a Python literal (a control character in it shows escaped) and short enough for a
     table cell.
 
@@ -139,11 +139,11 @@ def describe_wait(run: WorkflowRun, *, terminal: bool = False, now: datetime | N
     else:
         kind = {RunStatus.SLEEPING: "sleep", RunStatus.RETRYING: "retry of"}.get(RunStatus(run.status), "step")
         name = run.wait_step
-    what = f"{kind} {name!r}" if terminal else f"{kind} “{name}”"
+    what = f"{kind} {name!r}" if plain else f"{kind} “{name}”"
     if run.wake_at is None:
         return what
     until = timezone.localtime(run.wake_at).strftime("%Y-%m-%d %H:%M:%S")
-    if terminal:
+    if plain:
         return f"{what} until {until}"
     now = now or timezone.now()
     when = "overdue" if run.wake_at <= now else f"in {timeuntil(run.wake_at, now)}"

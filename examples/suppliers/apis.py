@@ -25,7 +25,7 @@ from approvals.apis import StrictBooleanField
 from approvals.exceptions import FORBIDDEN, ApprovalRefused
 from approvals.models import NOTE_MAX, DecisionChannel
 from examples.suppliers import services
-from examples.suppliers.models import AssessmentStatus, SupplierAssessment
+from examples.suppliers.models import SOURCE_NAME_MAX, AssessmentStatus, SupplierAssessment
 from examples.suppliers.selectors import assessment_data, assessment_get, assessment_list, assessment_status
 from workflows.apis.common import (
     CURSOR,
@@ -128,7 +128,7 @@ class AssessmentListCreateApi(ApiBase):
         sources = JsonObjectField(
             allow_empty=False,
             key_pattern=NOT_BLANK,
-            key_max_length=services.SOURCE_NAME_MAX,
+            key_max_length=SOURCE_NAME_MAX,
             child=JsonValueField(),  # each is a source record's content: not null
             help_text="{source name: content}: revision 1 of each. A name is 1 to 100 "
             "characters, not only whitespace; a content any JSON but null.",
@@ -206,7 +206,7 @@ class AssessmentSourceApi(ApiBase):
     @extend_schema_serializer(component_name="AssessmentSourceInput")
     class InputSerializer(StrictSerializer):
         source = StrictCharField(  # type: ignore[assignment]  # a field, not Field.source
-            max_length=services.SOURCE_NAME_MAX,
+            max_length=SOURCE_NAME_MAX,
             pattern=NOT_BLANK,
             help_text="e.g. companies-house, sanctions, credit; not only whitespace",
         )

@@ -161,12 +161,16 @@ class SupplierAssessment(FSMModelMixin, models.Model):
         self.failure_reason = reason
 
 
+# The longest source name (services.check_source_name and the API's schema use it too).
+SOURCE_NAME_MAX = 100
+
+
 class SourceRecord(models.Model):
     """One revision of one source's evidence. A revision is a new row: history is never rewritten,
     so a report can always show exactly the revisions it was built from."""
 
     assessment = models.ForeignKey(SupplierAssessment, on_delete=models.CASCADE, related_name="source_records")
-    source = models.CharField(max_length=100, help_text="e.g. companies-house, sanctions, credit")
+    source = models.CharField(max_length=SOURCE_NAME_MAX, help_text="e.g. companies-house, sanctions, credit")
     revision = models.PositiveIntegerField()
     content = models.JSONField()
     created_by = models.ForeignKey(

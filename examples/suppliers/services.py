@@ -23,6 +23,7 @@ from approvals import Proposal, decide, supersede_pending
 from approvals.models import DecisionChannel
 from approvals.services import Decided
 from examples.suppliers.models import (
+    SOURCE_NAME_MAX,
     SUBJECT_TYPE,
     AssessmentReport,
     AssessmentStatus,
@@ -40,7 +41,6 @@ WORKFLOW = "supplier-assessment"
 
 User = AbstractUser | AnonymousUser
 MAX_REVIEW_TIMEOUT_SECONDS = 90 * 24 * 3600
-SOURCE_NAME_MAX = 100  # SourceRecord.source
 
 
 class AssessmentStateError(Exception):

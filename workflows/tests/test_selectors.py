@@ -110,7 +110,7 @@ def test_waiting_event_types_are_those_waiting_runs_wait_for_each_once() -> None
 
 # --- what a suspended run waits for --------------------------------------------------------------
 @pytest.mark.parametrize(
-    "run, page, terminal",
+    "run, page, plain",
     [
         (suspended(RunStatus.WAITING, event_type="reply"), "event “reply”", "event 'reply'"),
         (suspended(RunStatus.SLEEPING), "sleep “nap”", "sleep 'nap'"),
@@ -118,12 +118,12 @@ def test_waiting_event_types_are_those_waiting_runs_wait_for_each_once() -> None
         (suspended(RunStatus.WAITING), "step “nap”", "step 'nap'"),  # a step's deadline
     ],
 )
-def test_describe_wait_names_what_the_run_waits_for(run: WorkflowRun, page: str, terminal: str) -> None:
+def test_describe_wait_names_what_the_run_waits_for(run: WorkflowRun, page: str, plain: str) -> None:
     until = timezone.localtime(WAKE_AT).strftime("%Y-%m-%d %H:%M:%S")
     now = WAKE_AT - timedelta(minutes=5)
 
     assert describe_wait(run, now=now) == f"{page} until {until} (in 5\xa0minutes)"
-    assert describe_wait(run, terminal=True, now=now) == f"{terminal} until {until}"
+    assert describe_wait(run, plain=True, now=now) == f"{plain} until {until}"
 
 
 def test_describe_wait_says_overdue_without_a_time_or_nothing() -> None:
@@ -133,11 +133,11 @@ def test_describe_wait_says_overdue_without_a_time_or_nothing() -> None:
 
     assert describe_wait(late, now=WAKE_AT).endswith(" (overdue)")
     assert describe_wait(no_time) == "event “reply”"
-    assert describe_wait(no_time, terminal=True) == "event 'reply'"
-    assert describe_wait(woken) == describe_wait(woken, terminal=True) == ""
+    assert describe_wait(no_time, plain=True) == "event 'reply'"
+    assert describe_wait(woken) == describe_wait(woken, plain=True) == ""
 
 
 def test_describe_wait_shows_a_terminal_control_characters_escaped() -> None:
     run = suspended(RunStatus.WAITING, event_type="re\nply\x1b[2J", wake_at=None)
 
-    assert describe_wait(run, terminal=True) == "event 're\\nply\\x1b[2J'"
+    assert describe_wait(run, plain=True) == "event 're\\nply\\x1b[2J'"

@@ -105,7 +105,7 @@ class Command(BaseCommand):
                 run.workflow,
                 _status(run),
                 str(run.attempt),
-                describe_wait(run, terminal=True) or "-",
+                describe_wait(run, plain=True) or "-",
                 _time(run.created_at),
             ]
             for run in page[:limit]
@@ -122,7 +122,7 @@ class Command(BaseCommand):
             ("attempt", str(run.attempt)),
             ("owner", run.owner.get_username() if run.owner else "-"),
             ("idempotency key", run.idempotency_key or "-"),
-            ("waiting for", describe_wait(run, terminal=True) or "-"),
+            ("waiting for", describe_wait(run, plain=True) or "-"),
             ("current step", run.current_step or "-"),
             ("failure reason", run.failure_reason or "-"),
             ("recoveries", str(run.recovery_count)),
