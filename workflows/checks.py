@@ -28,6 +28,15 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         )
     if conf()["LEASE_SECONDS"] <= 0:
         errors.append(Error("WORKFLOWS_LEASE_SECONDS must be positive", id="workflows.E003"))
+    if getattr(settings, "CELERY_TASK_ALWAYS_EAGER", False):
+        errors.append(
+            Error(
+                "CELERY_TASK_ALWAYS_EAGER must be off: the engine sends its tasks by name (workflows.outbox), "
+                "which Celery never runs eagerly, and a run advanced inside the request would hold its lease "
+                "there; tests run a real worker (tests.support.Worker)",
+                id="workflows.E007",
+            )
+        )
     errors += _check_time_limit(visibility)
     return errors
 

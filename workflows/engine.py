@@ -125,7 +125,7 @@ class Step:
                 self._after_failure(key, position, stored.tries, retries, stored.error or {}, None)
             assert stored.wake_at is not None  # set by _after_failure above
             if stored.wake_at > timezone.now():
-                self._suspend(RunStatus.RETRYING, wake_at=stored.wake_at, wait_step=key)
+                self._suspend_run(RunStatus.RETRYING, wake_at=stored.wake_at, wait_step=key)
         if queue is not None:
             return self._dispatched(key, position, stored, fn, args, queue, limit, retries)
         self._boundary(key)
@@ -231,7 +231,7 @@ class Step:
             if not run.pause_requested:
                 raise _LeaseLost
             run.pause()
-            self._save(run)
+            self._save_released(run)
         raise _Suspended
 
     def _hand_back(self) -> None:
@@ -243,7 +243,7 @@ class Step:
         """
         with self._owned() as run:
             run.hand_back(now=timezone.now())
-            self._save(run)
+            self._save_released(run)
             enqueue_run(run.id, queue=run.queue)
         raise _HandedBack
 
@@ -274,7 +274,7 @@ class Step:
         write, self._pending = self._pending, None
         return write
 
-    def _save(self, run: WorkflowRun) -> None:
+    def _save_released(self, run: WorkflowRun) -> None:
         """Store the run after a transition that released it, and push its status on commit."""
         run.save()
         emit_status(run)
@@ -288,12 +288,12 @@ class Step:
             run.sleep(until=wake_at, step=wait_step)
         else:
             run.retry_later(until=wake_at, step=wait_step)
-        self._save(run)
+        self._save_released(run)
         seconds = (wake_at - timezone.now()).total_seconds()
         if status != RunStatus.WAITING and seconds <= COUNTDOWN_MAX_SECONDS:
             enqueue_run(run.id, queue=run.queue, countdown=max(seconds, 0.0))
 
-    def _suspend(self, status: str, *, wake_at: datetime, wait_step: str = "") -> None:
+    def _suspend_run(self, status: str, *, wake_at: datetime, wait_step: str = "") -> None:
         with self._owned() as run:
             self._set_suspended(run, status, wake_at=wake_at, wait_step=wait_step)
         raise _Suspended
@@ -329,7 +329,7 @@ class Step:
             return
         assert stored.wake_at is not None
         if stored.wake_at > timezone.now():
-            self._suspend(RunStatus.SLEEPING, wake_at=stored.wake_at, wait_step=key)
+            self._suspend_run(RunStatus.SLEEPING, wake_at=stored.wake_at, wait_step=key)
         self.flush()
         StepResult.objects.filter(pk=stored.pk).update(status=StepStatus.COMPLETED, finished_at=timezone.now())
 
@@ -449,7 +449,7 @@ class Step:
                     f"queue {queue!r} did not finish within {limit:g}s",
                 }
                 self._after_failure(key, position, stored.tries, retries, error, None)
-            self._suspend(RunStatus.WAITING, wake_at=stored.wake_at, wait_step=key)
+            self._suspend_run(RunStatus.WAITING, wake_at=stored.wake_at, wait_step=key)
         self._boundary(key)
         reference = _reference(fn, key)
         args_value, _ = step_store.encode(list(args), what=f"the arguments of step {key!r}")
@@ -587,7 +587,7 @@ def _finish(
     """
     write = step.take_pending() if step is not None else None
     try:
-        ended = _end(run, owner, result=result, failed=failed, reason=reason, write=write)
+        ended = _finish_run(run, owner, result=result, failed=failed, reason=reason, write=write)
     except DatabaseError as exc:
         if isinstance(exc, (OperationalError, InterfaceError)):
             raise
@@ -597,7 +597,9 @@ def _finish(
         if write is not None:
             _store_last_step(write, error)
         # ``run`` took the transition to its end in memory; the row is still running.
-        ended = _end(WorkflowRun.objects.get(pk=run.pk), owner, failed=error, reason=FailureReason.ERROR, write=None)
+        ended = _finish_run(
+            WorkflowRun.objects.get(pk=run.pk), owner, failed=error, reason=FailureReason.ERROR, write=None
+        )
     if ended is None:
         return "lease_lost"
     if ended.status == RunStatus.FAILED:
@@ -616,7 +618,7 @@ def _store_last_step(write: step_store.StepWrite, error: dict[str, Any]) -> None
         _reconnecting(lambda: step_store.store(failed))
 
 
-def _end(
+def _finish_run(
     run: WorkflowRun,
     owner: str,
     *,

@@ -6,7 +6,9 @@ Timers live here too: a run that sleeps, retries or waits has ``wake_at``; the s
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any
 
 from django.conf import settings
@@ -36,7 +38,9 @@ CLAIMABLE = [RunStatus.QUEUED, RunStatus.RUNNING]
 PAUSABLE = [RunStatus.QUEUED, RunStatus.SLEEPING, RunStatus.WAITING, RunStatus.RETRYING]
 # The wait fields of a run that waits for nothing: WorkflowRun.clear_wait sets them, and the writes
 # that clear them in SQL (statements.py, the sweeper) take them from here.
-NO_WAIT: dict[str, Any] = {"wake_at": None, "wait_step": "", "wait_event_type": ""}
+NO_WAIT: Mapping[str, Any] = MappingProxyType({"wake_at": None, "wait_step": "", "wait_event_type": ""})
+# The fields of a run no worker holds (WorkflowRun.release; statements.finish writes them in SQL).
+NO_LEASE: Mapping[str, Any] = MappingProxyType({"lease_owner": "", "lease_expires_at": None, "current_step": ""})
 
 
 class FailureReason(models.TextChoices):
@@ -189,8 +193,9 @@ class WorkflowRun(FSMModelMixin, models.Model):
             setattr(self, field, value)
 
     def release(self) -> None:
-        """No worker holds the run or runs a step of it."""
-        self.lease_owner, self.lease_expires_at, self.current_step = "", None, ""
+        """No worker holds the run or runs a step of it (NO_LEASE, as the SQL writes it)."""
+        for field, value in NO_LEASE.items():
+            setattr(self, field, value)
 
     def _suspend(self, *, until: datetime, step: str, event_type: str = "") -> None:
         self.wake_at, self.wait_step, self.wait_event_type = until, step, event_type

@@ -11,7 +11,6 @@ engine never imports ``workflows.tasks``: the tasks import the engine, not the o
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
@@ -22,8 +21,6 @@ from django.db import transaction
 from workflows.models import WorkflowRun
 from workflows.selectors import run_status_summary, status_summary
 from workflows.streams import publish_later
-
-logger = logging.getLogger(__name__)
 
 # The Celery tasks' names: workflows.tasks registers its tasks under them; the outbox sends the
 # first two, and beat the sweep (CELERY_BEAT_SCHEDULE names it too).

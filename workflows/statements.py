@@ -8,7 +8,8 @@ statement (data-modifying CTEs); elsewhere (the SQLite demo) they run in one tra
 The status they set follows the transitions declared on ``WorkflowRun``: ``claim`` is ``begin``
 or ``wake``+``begin``, ``finish`` is ``complete`` or ``fail``, and the engine checks those
 transitions on its in-memory run before calling ``finish``. The fields they write are the ones
-those transitions set (the wait fields from ``NO_WAIT`` itself); test_models holds the two alike.
+those transitions set (the wait and lease fields from ``NO_WAIT`` and ``NO_LEASE`` themselves);
+test_models holds the two alike.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -24,7 +26,7 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from workflows.conf import conf
-from workflows.models import CLAIMABLE, NO_WAIT, TIMED, RunAttempt, RunStatus, WorkflowRun
+from workflows.models import CLAIMABLE, NO_LEASE, NO_WAIT, TIMED, RunAttempt, RunStatus, WorkflowRun
 from workflows.step_store import StepWrite, adapt, json_param, upsert_params, upsert_sql
 
 RUNS = WorkflowRun._meta.db_table
@@ -95,7 +97,7 @@ def _in(values: list[RunStatus]) -> str:
     return ", ".join(f"'{v}'" for v in values)
 
 
-def _set(values: dict[str, Any]) -> str:
+def _set(values: Mapping[str, Any]) -> str:
     """``column = value, ...`` for WorkflowRun fields set to constants (None or a plain string)."""
 
     def literal(value: Any) -> str:
@@ -120,7 +122,7 @@ def _sql(vendor: str) -> dict[str, str]:
     """
     finish = f"""
         UPDATE {RUNS} SET status = %s, result = {j}, error = {j}, failure_reason = %s, finished_at = %s,
-            updated_at = %s, lease_owner = '', lease_expires_at = NULL, current_step = '', {_set(NO_WAIT)}
+            updated_at = %s, {_set(NO_LEASE)}, {_set(NO_WAIT)}
         WHERE id = %s AND lease_owner = %s AND status = '{RunStatus.RUNNING}'
         RETURNING attempt
     """

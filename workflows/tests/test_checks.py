@@ -41,3 +41,8 @@ def test_a_hard_time_limit_above_the_visibility_timeout_is_an_error(settings: An
 def test_a_budget_or_grace_of_zero_is_an_error(settings: Any) -> None:
     settings.WORKFLOWS = {**settings.WORKFLOWS, "TASK_BUDGET_SECONDS": 0}
     assert [e.id for e in check_settings()] == ["workflows.E004"]
+
+
+def test_eager_celery_is_an_error(settings: Any) -> None:
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    assert [e.id for e in check_settings()] == ["workflows.E007"]
