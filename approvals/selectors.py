@@ -63,6 +63,11 @@ def approval_list(*, user: User, status: str | None = None) -> QuerySet[Approval
     return requests
 
 
+def approval_queue(*, status: str) -> QuerySet[ApprovalRequest]:
+    """Every request in ``status``, oldest first: the operator's view (``manage.py approvals list``)."""
+    return ApprovalRequest.objects.filter(status=status).order_by("created_at", "id")
+
+
 def approval_get(*, user: User, request_id: int | str) -> ApprovalRequest | None:
     """The request if the user may see it; None both when it does not exist and when it is not theirs."""
     try:

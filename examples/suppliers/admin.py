@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from examples.suppliers.models import AssessmentReport, SourceRecord, SupplierAssessment
+from examples.suppliers.selectors import current_report
 from workflows.admin import ReadOnlyInline
 
 
@@ -70,5 +71,5 @@ class SupplierAssessmentAdmin(admin.ModelAdmin[SupplierAssessment]):
 
     @admin.display(description="latest report")
     def latest_report(self, obj: SupplierAssessment) -> str:
-        report = obj.reports.order_by("-version").first()
+        report = current_report(obj)
         return f"v{report.version}" if report is not None else "-"

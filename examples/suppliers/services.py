@@ -33,7 +33,7 @@ from examples.suppliers.models import (
     is_reviewer,
     report_version_label,
 )
-from examples.suppliers.selectors import decided_review, pending_review
+from examples.suppliers.selectors import current_report, decided_review, pending_review
 from workflows.models import WorkflowRun
 from workflows.services import run_start
 
@@ -237,7 +237,7 @@ def report_current(*, assessment_id: int) -> Proposal:
     first as a new version if any source was revised since it was built."""
     with transaction.atomic():
         assessment = _locked(assessment_id)
-        report = assessment.reports.order_by("-version").first()
+        report = current_report(assessment)
         revisions = current_revisions(assessment)
         if report is None or report.source_revisions != revisions:
             report = _build(assessment, revisions)

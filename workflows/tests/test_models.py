@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from workflows import statements
+from workflows import services, statements
 from workflows.models import NO_WAIT, RunStatus, WorkflowRun
 from workflows.sweeper import sweep
 
@@ -111,3 +111,18 @@ def test_the_sweepers_timer_is_wake(status: str) -> None:
 
     assert row(by_sql) == row(by_model)
     assert row(by_sql)["status"] == RunStatus.QUEUED
+
+
+def test_a_run_paused_between_steps_asks_for_no_pause_any_more() -> None:
+    # given a run its worker handed back to the queue while a pause was asked for (hand_back keeps
+    # the request, so the next worker would pause it at its first step boundary)
+    run = a_run(RunStatus.QUEUED, pause_requested=True)
+
+    # when a person pauses it before a worker takes it
+    services.run_pause(run_id=run.pk)
+
+    # then it is paused, and no pause is pending for when it is resumed
+    stored = WorkflowRun.objects.get(pk=run.pk)
+    assert (stored.status, stored.pause_requested) == (RunStatus.PAUSED, False)
+    services.run_resume(run_id=run.pk)
+    assert WorkflowRun.objects.get(pk=run.pk).pause_requested is False

@@ -7,7 +7,8 @@ from django.utils import timezone
 from django.utils.timesince import timesince
 
 from approvals import services
-from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.models import ApprovalStatus
+from approvals.selectors import approval_queue
 
 
 class Command(BaseCommand):
@@ -24,7 +25,7 @@ class Command(BaseCommand):
             self.stdout.write(f"cancelled {services.cancel_orphans()} orphaned request(s)")
             return
         now = timezone.now()
-        for request in ApprovalRequest.objects.filter(status=options["status"]).order_by("created_at", "id"):
+        for request in approval_queue(status=str(options["status"])):
             expiry = "overdue" if request.expires_at <= now else f"expires in {timesince(now, request.expires_at)}"
             self.stdout.write(
                 f"{request.pk}\t{request.status}\t{request.subject_type}:{request.subject_id} version {request.version}"
