@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import pytest
 
-from ledger.models import OperationStatus
-from ledger.selectors import attention_label, operation_list, resolvable_by_hand
+from ledger.models import ExternalOperation, OperationStatus
+from ledger.selectors import attention_label, in_doubt, operation_list, operations_to_reconcile, resolvable_by_hand
 from ledger.tests.support import make_operation
 from workflows.models import RunStatus, WorkflowRun
 
@@ -21,10 +21,10 @@ def run_in(status: str) -> WorkflowRun:
     return WorkflowRun.objects.create(workflow="ledger.test.refund", queue="none", status=status)
 
 
-def test_resolvable_by_hand_is_unknown_a_stale_submit_or_sent_and_orphaned() -> None:
-    # given
+def every_kind() -> dict[str, ExternalOperation]:
+    """One operation of each kind the rules tell apart, by what it is."""
     ended, running = run_in(RunStatus.TERMINATED), run_in(RunStatus.RUNNING)
-    ops = {
+    return {
         "unknown": make_operation("unknown"),
         "stale submit": make_operation("stale", OperationStatus.SUBMITTED, sent_ago=timedelta(hours=1)),
         "submit never timed": make_operation("untimed", OperationStatus.SUBMITTED, sent_ago=None),
@@ -37,13 +37,28 @@ def test_resolvable_by_hand_is_unknown_a_stale_submit_or_sent_and_orphaned() -> 
         "failed": make_operation("gone", OperationStatus.FAILED),
     }
 
+
+IN_DOUBT = {"unknown", "stale submit", "submit never timed", "sent, run ended"}
+
+
+def test_resolvable_by_hand_is_unknown_a_stale_submit_or_sent_and_orphaned() -> None:
+    # given
+    ops = every_kind()
+
     # then
-    assert {what for what, op in ops.items() if resolvable_by_hand(op)} == {
-        "unknown",
-        "stale submit",
-        "submit never timed",
-        "sent, run ended",
-    }
+    assert {what for what, op in ops.items() if resolvable_by_hand(op)} == IN_DOUBT
+
+
+def test_reconcile_selects_in_sql_what_is_in_doubt_and_what_it_abandons() -> None:
+    # given
+    ops = every_kind()
+
+    # when reconcile selects its operations with one query
+    selected = set(operations_to_reconcile())
+
+    # then they are the ones in_doubt says in Python, and the never-sent ones of ended runs
+    assert {what for what, op in ops.items() if op in selected} == IN_DOUBT | {"never sent, run ended"}
+    assert {what for what, op in ops.items() if in_doubt(op)} == IN_DOUBT
 
 
 def test_operation_list_ranks_what_needs_attention_and_filters() -> None:
