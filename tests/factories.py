@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from django.contrib.auth.models import Permission, User
 from django.test import Client
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 
 from workflows.models import TERMINAL, RunAttempt, RunStatus, WorkflowRun
 
@@ -57,4 +59,26 @@ def login(user: User, *, enforce_csrf_checks: bool = False) -> Client:
     """A test client signed in as ``user`` (a session, as after the login page)."""
     client = Client(enforce_csrf_checks=enforce_csrf_checks)
     client.force_login(user)
+    return client
+
+
+def api_login(
+    user: User | None, *, via: Literal["token", "force", "session"] = "token", enforce_csrf_checks: bool = False
+) -> APIClient:
+    """An API client signed in as ``user``, or anonymous for None. ``via`` says how, as the test means it:
+    ``token``, the way other systems call the API (through the real authentication); ``force``, DRF's
+    ``force_authenticate``, which skips authentication and writes nothing (no token row: safe from
+    threads racing on one user, and in tests that count what a request writes); ``session``, as after
+    the login page, where request.user is Django's lazy user and writes need CSRF once
+    ``enforce_csrf_checks`` is on."""
+    client = APIClient(enforce_csrf_checks=enforce_csrf_checks)
+    if user is None:
+        return client
+    if via == "token":
+        token, _ = Token.objects.get_or_create(user=user)
+        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    elif via == "force":
+        client.force_authenticate(user)
+    else:
+        client.force_login(user)
     return client

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import Group
 from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest, DecisionLog
@@ -22,7 +22,7 @@ from examples.refunds.models import Order, RefundRequest
 from examples.refunds.services import order_create
 from examples.suppliers.models import REVIEWERS, SourceRecord, SupplierAssessment
 from examples.suppliers.services import assessment_create
-from tests.factories import Users
+from tests.factories import Users, api_login
 from workflows import services
 from workflows.models import RunEvent, WorkflowRun
 from workflows.storable import MAX_JSON_DEPTH
@@ -31,12 +31,6 @@ NUL, SURROGATE = "a\x00b", "a\ud800b"
 
 
 # --- helpers --------------------------------------------------------------------------------------
-def caller(user: User) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
-
-
 def post_json(client: APIClient, url: str, body: Any, **headers: str) -> Any:
     """POST ``body`` as JSON with every non-ASCII character escaped (the only way to send a lone
     surrogate; DRF's test renderer would fail to encode it)."""
@@ -162,7 +156,7 @@ def test_json_nested_too_deep_is_a_parse_error(
     endpoint = endpoints[name]
     before = written()
 
-    response = post_json(caller(getattr(users, endpoint.user)), endpoint.url, body)
+    response = post_json(api_login(getattr(users, endpoint.user), via="force"), endpoint.url, body)
 
     assert response.status_code == 400, response.content[:300]
     error = error_of(response)
@@ -177,7 +171,9 @@ def test_json_at_the_depth_limit_is_accepted(users: Users) -> None:
     for _ in range(MAX_JSON_DEPTH - 1):  # plus the payload object itself: exactly the limit
         nested = [nested]
 
-    response = post_json(caller(users.alice), "/api/workflows/test.echo/runs", {"payload": {"x": nested}})
+    response = post_json(
+        api_login(users.alice, via="force"), "/api/workflows/test.echo/runs", {"payload": {"x": nested}}
+    )
 
     assert response.status_code == 201, response.content[:300]
     assert WorkflowRun.objects.get().payload == {"x": nested}
@@ -190,7 +186,7 @@ def test_text_postgresql_cannot_store_is_a_400_naming_the_field(
     endpoints: dict[str, Endpoint], users: Users, name: str, bad: str
 ) -> None:
     endpoint = endpoints[name]
-    client = caller(getattr(users, endpoint.user))
+    client = api_login(getattr(users, endpoint.user), via="force")
     before = written()
     for text_field in endpoint.text:
         response = post_json(client, endpoint.url, {**endpoint.body, text_field: bad})
@@ -208,7 +204,7 @@ def test_json_postgresql_cannot_store_is_a_400_anywhere_in_it(
     endpoints: dict[str, Endpoint], users: Users, name: str, bad: str
 ) -> None:
     endpoint = endpoints[name]
-    client = caller(getattr(users, endpoint.user))
+    client = api_login(getattr(users, endpoint.user), via="force")
     before = written()
     for json_field in endpoint.json:
         for where, value in [("a value", {"note": bad}), ("a key", {bad: 1}), ("deep inside", {"a": [{"b": [bad]}]})]:
@@ -230,7 +226,9 @@ def test_an_idempotency_key_postgresql_cannot_store_is_a_400(
     endpoint = endpoints[name]
     before = written()
 
-    response = post_json(caller(getattr(users, endpoint.user)), endpoint.url, endpoint.body, **{"Idempotency-Key": bad})
+    response = post_json(
+        api_login(getattr(users, endpoint.user), via="force"), endpoint.url, endpoint.body, **{"Idempotency-Key": bad}
+    )
 
     assert response.status_code == 400, response.content[:300]
     assert "Idempotency-Key" in error_of(response)["detail"]
@@ -281,7 +279,7 @@ BAD_IDS = ["\u00b2", "9" * 3_000, "1" * 19, "-1", "1.0", "0x1", "%00"]
     ],
 )
 def test_a_malformed_id_is_the_apis_json_404(users: Users, method: str, path: str) -> None:
-    client = caller(users.carol)
+    client = api_login(users.carol, via="force")
     before = written()
     for bad in BAD_IDS:
         response = client.generic(method, path.format(id=bad), "{}", content_type="application/json")
@@ -297,7 +295,7 @@ def test_an_order_number_with_a_control_character_or_too_long_is_the_json_404(us
     order_create(number="1234", customer=users.alice, amount="50.00")
     before = written()
 
-    response = post_json(caller(users.alice), f"/api/orders/{number}/refunds", {"amount": "1.00"})
+    response = post_json(api_login(users.alice, via="force"), f"/api/orders/{number}/refunds", {"amount": "1.00"})
 
     assert response.status_code == 404, response.content[:300]
     assert error_of(response)["code"] == "not_found"
@@ -307,7 +305,7 @@ def test_an_order_number_with_a_control_character_or_too_long_is_the_json_404(us
 @pytest.mark.django_db
 def test_the_largest_id_the_routes_take_is_looked_up(users: Users) -> None:
     for path in ["/api/approvals/", "/api/refunds/", "/api/assessments/"]:
-        response = caller(users.alice).get(path + "9" * 18)
+        response = api_login(users.alice, via="force").get(path + "9" * 18)
         assert response.status_code == 404 and error_of(response)["code"] == "not_found"
 
 
@@ -328,7 +326,7 @@ def test_the_largest_id_the_routes_take_is_looked_up(users: Users) -> None:
 def test_an_unknown_api_path_is_the_json_404_whatever_the_method_and_whoever_asks(
     users: Users, path: str, method: str, who: str | None
 ) -> None:
-    client = caller(getattr(users, who)) if who else APIClient()
+    client = api_login(getattr(users, who) if who else None, via="force")
 
     response = client.generic(method, path, "{}", content_type="application/json")
 
@@ -340,7 +338,7 @@ def test_an_unknown_api_path_is_the_json_404_whatever_the_method_and_whoever_ask
 
 @pytest.mark.django_db
 def test_pages_outside_the_api_keep_djangos_404(users: Users) -> None:
-    response = caller(users.alice).get("/no-such-page/")
+    response = api_login(users.alice, via="force").get("/no-such-page/")
 
     assert response.status_code == 404
     assert not response["Content-Type"].startswith("application/json")
@@ -379,7 +377,9 @@ def test_a_report_version_beyond_any_report_is_a_400(users: Users, version: int)
 
     # when bob sends a version no report can have
     response = post_json(
-        caller(users.bob), f"/api/assessments/{assessment.pk}/review", {"approve": True, "report_version": version}
+        api_login(users.bob, via="force"),
+        f"/api/assessments/{assessment.pk}/review",
+        {"approve": True, "report_version": version},
     )
 
     # then it is refused as invalid input, the review still pending and nothing logged
@@ -399,7 +399,7 @@ def test_a_services_permission_denied_is_a_403_permission_denied_with_its_reason
     before = written()
 
     # when bob submits the input (the service raises django.core.exceptions.PermissionDenied)
-    response = post_json(caller(users.bob), f"/api/assessments/{assessment.pk}/submit", {"input": {}})
+    response = post_json(api_login(users.bob, via="force"), f"/api/assessments/{assessment.pk}/submit", {"input": {}})
 
     # then the refusal has the API's code for it and the service's reason, and nothing started
     assert response.status_code == 403

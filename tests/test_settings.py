@@ -16,17 +16,25 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def import_settings(**env: str) -> subprocess.CompletedProcess[str]:
-    """``import config.settings`` with only ``env`` on top of a bare environment."""
-    base = {key: value for key, value in os.environ.items() if key not in ("SECRET_KEY", "DEBUG")}
+def fresh_python(
+    code: str, env: dict[str, str], *, unset: tuple[str, ...] = ("SECRET_KEY", "DEBUG")
+) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter at the project's root: this process's environment without
+    ``unset`` (what the test process itself sets), with ``env`` on top."""
+    base = {key: value for key, value in os.environ.items() if key not in unset}
     return subprocess.run(
-        [sys.executable, "-c", "import config.settings as s; print(s.SECRET_KEY)"],
+        [sys.executable, "-c", code],
         cwd=ROOT,
         env={**base, "PYTHONPATH": str(ROOT), **env},
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def import_settings(**env: str) -> subprocess.CompletedProcess[str]:
+    """``import config.settings`` with only ``env`` on top of a bare environment."""
+    return fresh_python("import config.settings as s; print(s.SECRET_KEY)", env)
 
 
 @pytest.mark.parametrize(
@@ -66,15 +74,7 @@ def test_https_turns_on_secure_cookies_the_redirect_and_hsts() -> None:
         "import config.settings as s; print(s.SESSION_COOKIE_SECURE, s.CSRF_COOKIE_SECURE, "
         "s.SECURE_SSL_REDIRECT, s.SECURE_HSTS_SECONDS, s.SECURE_PROXY_SSL_HEADER)"
     )
-    base = {key: value for key, value in os.environ.items() if key not in ("SECRET_KEY", "DEBUG")}
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        timeout=60,
-        capture_output=True,
-        text=True,
-        env={**base, "PYTHONPATH": str(ROOT), "SECRET_KEY": "k" * 50, "HTTPS": "1"},
-    )
+    result = fresh_python(code, {"SECRET_KEY": "k" * 50, "HTTPS": "1"})
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "True True True 3600 ('HTTP_X_FORWARDED_PROTO', 'https')"
@@ -133,15 +133,7 @@ EXAMPLE_APPS = ["examples.demo", "examples.refunds", "examples.suppliers"]
 )
 def test_the_examples_are_installed_only_when_asked(env: dict[str, str], installed: list[str]) -> None:
     code = "import json, config.settings as s; print(json.dumps([s.INSTALL_EXAMPLES, s.INSTALLED_APPS]))"
-    base = {key: value for key, value in os.environ.items() if key not in ("INSTALL_EXAMPLES", "DEBUG")}
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        timeout=60,
-        capture_output=True,
-        text=True,
-        env={**base, "PYTHONPATH": str(ROOT), "SECRET_KEY": "k" * 50, **env},
-    )
+    result = fresh_python(code, {"SECRET_KEY": "k" * 50, **env}, unset=("INSTALL_EXAMPLES", "DEBUG"))
 
     assert result.returncode == 0, result.stderr
     on, apps = json.loads(result.stdout)

@@ -104,18 +104,16 @@ def served_without_examples() -> None:
     from django.apps import apps
     from django.contrib.auth import get_user_model
     from django.core.management import get_commands
-    from django.test import Client
     from django.test.utils import setup_test_environment
 
+    from tests.factories import login
     from workflows.registry import workflow_names
 
     setup_test_environment()  # the test client's host
     user_model = get_user_model()
     erin = user_model.objects.create_user("erin")
     admin = user_model.objects.create_superuser("admin", email="admin@example.com")
-    client, staff = Client(), Client()
-    client.force_login(erin)
-    staff.force_login(admin)
+    client, staff = login(erin), login(admin)
 
     def api(method: str, path: str, body: dict[str, Any] | None = None) -> list[Any]:
         response = getattr(client, method)(path, body or {}, content_type="application/json")

@@ -8,32 +8,22 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.urls import include, path
 from drf_spectacular.drainage import GENERATOR_STATS
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.validation import validate_schema
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from approvals.models import ApprovalRequest, ApprovalStatus, DecisionLog, DecisionResult
 from approvals.tests.support import GROUP, assert_still_waiting, state, waiting_request
 from approvals.tests.test_workflow import WAIT, waiting_for_approval
-from tests.factories import Users
+from tests.factories import Users, api_login
 from tests.support import Worker, wait_for_terminal
 from workflows import public as wf
 from workflows.exceptions import InvalidPayload
 from workflows.models import RunEvent, RunStatus, WorkflowRun
 
 LIST = "/api/approvals"
-
-
-def client_for(user: User | None) -> APIClient:
-    client = APIClient()
-    if user is not None:
-        token, _ = Token.objects.get_or_create(user=user)
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    return client
 
 
 def decision_url(request: ApprovalRequest | int) -> str:
@@ -63,7 +53,7 @@ class TestList:
         waiting_request(approvers="finance-approvers")
         decided = waiting_request(status=ApprovalStatus.APPROVED)
 
-        response = client_for(users.carol).get(LIST, {"status": "pending"})
+        response = api_login(users.carol).get(LIST, {"status": "pending"})
 
         assert ids(response) == [first.pk, second.pk]
         item = response.json()["results"][0]
@@ -76,28 +66,28 @@ class TestList:
         )
         assert item["run"] == str(first.run_id)
         assert response.json()["results"][1]["can_decide"] is False  # carol asked for it herself
-        assert ids(client_for(users.carol).get(LIST)) == [first.pk, second.pk, decided.pk]
+        assert ids(api_login(users.carol).get(LIST)) == [first.pk, second.pk, decided.pk]
 
     def test_staff_with_the_view_permission_and_decide_any_see_all_others_nothing(self, users: Users) -> None:
         ours = waiting_request()
         theirs = waiting_request(approvers="finance-approvers")
 
-        assert ids(client_for(users.dave).get(LIST)) == [ours.pk, theirs.pk]
-        assert ids(client_for(users.erin).get(LIST)) == [ours.pk, theirs.pk]
-        assert ids(client_for(users.alice).get(LIST)) == []
-        assert ids(client_for(users.mallory).get(LIST)) == []
+        assert ids(api_login(users.dave).get(LIST)) == [ours.pk, theirs.pk]
+        assert ids(api_login(users.erin).get(LIST)) == [ours.pk, theirs.pk]
+        assert ids(api_login(users.alice).get(LIST)) == []
+        assert ids(api_login(users.mallory).get(LIST)) == []
 
     def test_bad_filters_and_no_credentials(self, users: Users) -> None:
-        carol = client_for(users.carol)
+        carol = api_login(users.carol)
         assert error_of(carol.get(LIST, {"status": "nope"}))["code"] == "invalid"
         assert carol.get(LIST, {"colour": "red"}).status_code == 400
-        response = client_for(None).get(LIST)
+        response = api_login(None).get(LIST)
         assert response.status_code == 401 and error_of(response)["code"] == "not_authenticated"
 
     def test_the_detail_shows_the_content_of_the_version(self, users: Users) -> None:
         request = waiting_request(requested_by=users.bob, content={"amount": "120.00"})
 
-        response = client_for(users.carol).get(f"/api/approvals/{request.pk}")
+        response = api_login(users.carol).get(f"/api/approvals/{request.pk}")
 
         assert response.status_code == 200
         assert response.json()["content"] == {"amount": "120.00"}
@@ -107,7 +97,7 @@ class TestList:
             ("carol", "/api/approvals/999999"),
             ("carol", "/api/approvals/abc"),
         ]:
-            response = client_for(getattr(users, who)).get(url)
+            response = api_login(getattr(users, who)).get(url)
             assert response.status_code == 404 and error_of(response)["code"] == "not_found"
 
 
@@ -116,9 +106,7 @@ class TestDecision:
     def test_approve_returns_the_request_and_wakes_the_run(self, users: Users) -> None:
         request = waiting_request(requested_by=users.bob)
 
-        response = post(
-            client_for(users.carol), decision_url(request), {"approve": True, "version": "v1", "note": "ok"}
-        )
+        response = post(api_login(users.carol), decision_url(request), {"approve": True, "version": "v1", "note": "ok"})
 
         assert response.status_code == 200, response.content
         body = response.json()
@@ -133,7 +121,7 @@ class TestDecision:
 
     def test_a_replayed_post_is_the_established_result(self, users: Users) -> None:
         request = waiting_request(requested_by=users.bob)
-        carol = client_for(users.carol)
+        carol = api_login(users.carol)
         first = post(carol, decision_url(request), {"approve": False, "version": "v1"})
 
         again = post(carol, decision_url(request), {"approve": False, "version": "v1"})
@@ -156,7 +144,7 @@ class TestDecision:
         request = waiting_request(requested_by=users.bob)
         before = state(request)
 
-        response = post(client_for(getattr(users, who)), decision_url(request), body)
+        response = post(api_login(getattr(users, who)), decision_url(request), body)
 
         assert response.status_code == http_status
         error = error_of(response)
@@ -172,7 +160,7 @@ class TestDecision:
         request = waiting_request(requested_by=users.bob, status=status)
         before = state(request)
 
-        response = post(client_for(users.carol), decision_url(request), {"approve": True, "version": "v1"})
+        response = post(api_login(users.carol), decision_url(request), {"approve": True, "version": "v1"})
 
         assert response.status_code == 409
         error = error_of(response)
@@ -182,11 +170,11 @@ class TestDecision:
 
     def test_the_opposite_decision_and_a_late_one_are_409s(self, users: Users) -> None:
         request = waiting_request(requested_by=users.bob)
-        post(client_for(users.carol), decision_url(request), {"approve": True, "version": "v1"})
+        post(api_login(users.carol), decision_url(request), {"approve": True, "version": "v1"})
         late = waiting_request(requested_by=users.bob, expires_in=timedelta(seconds=-1))
 
-        opposite = post(client_for(users.erin), decision_url(request), {"approve": False, "version": "v1"})
-        too_late = post(client_for(users.carol), decision_url(late), {"approve": True, "version": "v1"})
+        opposite = post(api_login(users.erin), decision_url(request), {"approve": False, "version": "v1"})
+        too_late = post(api_login(users.carol), decision_url(late), {"approve": True, "version": "v1"})
 
         assert opposite.status_code == 409 and error_of(opposite)["detail"]["status"] == "approved"
         assert too_late.status_code == 409 and error_of(too_late)["code"] == "expired"
@@ -203,9 +191,9 @@ class TestDecision:
             ("carol", decision_url(999999)),
             ("carol", "/api/approvals/x/decision"),
         ]:
-            response = post(client_for(getattr(users, who)), url, {"nonsense": 1})
+            response = post(api_login(getattr(users, who)), url, {"nonsense": 1})
             assert response.status_code == 404 and error_of(response)["code"] == "not_found", who
-        assert post(client_for(None), decision_url(request), {}).status_code == 401
+        assert post(api_login(None), decision_url(request), {}).status_code == 401
         assert_still_waiting(request, before)
         assert not DecisionLog.objects.exists()
 
@@ -226,7 +214,7 @@ class TestDecision:
         request = waiting_request(requested_by=users.bob)
         before = state(request)
 
-        response = post(client_for(users.carol), decision_url(request), body)
+        response = post(api_login(users.carol), decision_url(request), body)
 
         assert response.status_code == 400, response.content
         assert error_of(response)["code"] in ("invalid", "parse_error")
@@ -234,13 +222,12 @@ class TestDecision:
 
     def test_malformed_json_is_a_400(self, users: Users) -> None:
         request = waiting_request(requested_by=users.bob)
-        response = client_for(users.carol).post(decision_url(request), "{not json", content_type="application/json")
+        response = api_login(users.carol).post(decision_url(request), "{not json", content_type="application/json")
         assert response.status_code == 400 and error_of(response)["code"] == "parse_error"
 
     def test_session_auth_needs_csrf(self, users: Users) -> None:
         request = waiting_request(requested_by=users.bob)
-        client = APIClient(enforce_csrf_checks=True)
-        client.force_login(users.carol)
+        client = api_login(users.carol, via="session", enforce_csrf_checks=True)
 
         response = post(client, decision_url(request), {"approve": True, "version": "v1"})
 
@@ -265,7 +252,7 @@ def test_the_owner_of_a_waiting_run_cannot_post_the_event_of_a_decision(users: U
     body = json.loads(json.dumps(event).replace('"{id}"', str(request.pk)).replace("{id}", str(request.pk)))
 
     # when she posts what a decision would send, through the runs API and through Python
-    response = post(client_for(users.alice), f"/api/runs/{request.run_id}/events", body)
+    response = post(api_login(users.alice), f"/api/runs/{request.run_id}/events", body)
     with pytest.raises(InvalidPayload) as python:
         wf.send_event(request.run_id, body["type"], body.get("payload"), idempotency_key=body.get("idempotency_key"))
 
@@ -294,7 +281,7 @@ def test_a_decision_over_the_api_resumes_the_run(worker: Worker, users: Users) -
     run = wf.start("approvals.test.simple", {"approvers": GROUP, "requested_by": users.bob.pk})
     request = waiting_for_approval(run)
 
-    response = post(client_for(users.carol), decision_url(request), {"approve": True, "version": "v1"})
+    response = post(api_login(users.carol), decision_url(request), {"approve": True, "version": "v1"})
 
     assert response.status_code == 200
     run = wait_for_terminal(run.id, timeout=WAIT)

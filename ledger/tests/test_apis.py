@@ -11,24 +11,14 @@ from django.urls import include, path
 from drf_spectacular.drainage import GENERATOR_STATS
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.validation import validate_schema
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
 from ledger.models import OperationStatus
 from ledger.tests.support import make_operation
-from tests.factories import Users
+from tests.factories import Users, api_login
 
 pytestmark = pytest.mark.django_db
 
 URL = "/api/operations"
-
-
-def client_for(user: User | None) -> APIClient:
-    client = APIClient()
-    if user is not None:
-        token, _ = Token.objects.get_or_create(user=user)
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    return client
 
 
 def error_of(response: Any) -> dict[str, Any]:
@@ -55,11 +45,11 @@ def test_only_staff_with_the_view_permission_may_list(users: Users, carol: User)
     make_operation("refund:1")
 
     # when
-    anonymous = client_for(None).get(URL)
-    as_alice = client_for(users.alice).get(URL)
-    as_mallory = client_for(users.mallory).get(URL + "?status=unknown")
-    as_dave = client_for(users.dave).get(URL)  # staff who may view runs and approvals, not operations
-    as_carol = client_for(carol).get(URL)
+    anonymous = api_login(None).get(URL)
+    as_alice = api_login(users.alice).get(URL)
+    as_mallory = api_login(users.mallory).get(URL + "?status=unknown")
+    as_dave = api_login(users.dave).get(URL)  # staff who may view runs and approvals, not operations
+    as_carol = api_login(carol).get(URL)
 
     # then
     assert anonymous.status_code == 401 and error_of(anonymous)["code"] == "not_authenticated"
@@ -74,7 +64,7 @@ def test_filters_by_status_and_system(carol: User) -> None:
     make_operation("p-unknown")
     make_operation("p-done", OperationStatus.SUCCEEDED)
     make_operation("m-unknown", system="mail")
-    client = client_for(carol)
+    client = api_login(carol)
 
     assert keys(client.get(URL + "?status=unknown")) == ["m-unknown", "p-unknown"]
     assert keys(client.get(URL + "?system=payments")) == ["p-done", "p-unknown"]
@@ -86,7 +76,7 @@ def test_filters_by_status_and_system(carol: User) -> None:
     "query", ["?status=lost", "?colour=red", "?page_size=0", "?page_size=x", "?cursor=not-a-cursor"]
 )
 def test_bad_filters_are_400_with_the_error_shape(carol: User, query: str) -> None:
-    response = client_for(carol).get(URL + query)
+    response = api_login(carol).get(URL + query)
     assert response.status_code == 400
     assert error_of(response)["code"] == "invalid"
 
@@ -94,7 +84,7 @@ def test_bad_filters_are_400_with_the_error_shape(carol: User, query: str) -> No
 def test_pages_follow_the_cursor_newest_first_without_gaps_or_repeats(carol: User) -> None:
     for i in range(5):
         make_operation(f"op-{i}")
-    client = client_for(carol)
+    client = api_login(carol)
 
     seen: list[str] = []
     url: str | None = URL + "?page_size=2"
@@ -115,7 +105,7 @@ def test_an_operation_shows_its_state_attention_and_redacted_data(carol: User) -
         request={"amount": "5.00", "customer": {"email": "alice@example.com", "Phone": "07700 900123"}},
     )
 
-    response = client_for(carol).get(URL)
+    response = api_login(carol).get(URL)
 
     [op] = response.json()["results"]
     assert op["status"] == "unknown" and op["attention"] == "unknown"

@@ -14,10 +14,9 @@ from django.urls import include, path
 from drf_spectacular.drainage import GENERATOR_STATS
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.validation import validate_schema
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from tests.factories import Users
+from tests.factories import Users, api_login
 from tests.support import Worker, wait_for
 from workflows import services
 from workflows.apis.errors import body_limit
@@ -25,15 +24,6 @@ from workflows.models import RunAttempt, RunEvent, RunStatus, StepKind, StepResu
 
 
 # --- helpers --------------------------------------------------------------------------------------
-def client_for(user: User | None) -> APIClient:
-    """A client authenticated by token (the way other systems call the API), or anonymous."""
-    client = APIClient()
-    if user is not None:
-        token, _ = Token.objects.get_or_create(user=user)
-        client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    return client
-
-
 def start_url(name: str = "test.echo") -> str:
     return f"/api/workflows/{name}/runs"
 
@@ -69,7 +59,7 @@ def snapshot(run: WorkflowRun) -> tuple[Any, ...]:
 # --- authentication -------------------------------------------------------------------------------
 @pytest.mark.django_db
 def test_unauthenticated_requests_are_401_and_start_nothing() -> None:
-    client = client_for(None)
+    client = api_login(None)
 
     start = client.post(start_url(), {"payload": {}}, format="json")
     listing = client.get("/api/runs")
@@ -95,8 +85,7 @@ def test_a_wrong_token_is_401(users: Users) -> None:
 @pytest.mark.django_db
 def test_session_authentication_works_and_enforces_csrf(users: Users) -> None:
     # given alice logged in with a session, and a client that checks CSRF as a browser's would
-    client = APIClient(enforce_csrf_checks=True)
-    client.force_login(users.alice)
+    client = api_login(users.alice, via="session", enforce_csrf_checks=True)
 
     # when she reads, then writes without and with the CSRF token
     listing = client.get("/api/runs")
@@ -116,7 +105,7 @@ def test_session_authentication_works_and_enforces_csrf(users: Users) -> None:
 # --- starting runs --------------------------------------------------------------------------------
 @pytest.mark.django_db
 def test_start_creates_a_run_owned_by_the_caller(users: Users) -> None:
-    response = client_for(users.alice).post(start_url(), {"payload": {"order_id": 1042}}, format="json")
+    response = api_login(users.alice).post(start_url(), {"payload": {"order_id": 1042}}, format="json")
 
     assert response.status_code == 201
     body = response.json()
@@ -134,7 +123,7 @@ def test_start_creates_a_run_owned_by_the_caller(users: Users) -> None:
 
 @pytest.mark.django_db
 def test_start_without_a_body_starts_with_an_empty_payload(users: Users) -> None:
-    response = client_for(users.alice).post(start_url())
+    response = api_login(users.alice).post(start_url())
 
     assert response.status_code == 201
     assert WorkflowRun.objects.get().payload == {}
@@ -142,7 +131,7 @@ def test_start_without_a_body_starts_with_an_empty_payload(users: Users) -> None
 
 @pytest.mark.django_db
 def test_same_key_and_payload_returns_the_existing_run(users: Users) -> None:
-    client = client_for(users.alice)
+    client = api_login(users.alice)
     headers = {"Idempotency-Key": "order-1042"}
 
     first = client.post(start_url(), {"payload": {"order_id": 1042}}, format="json", headers=headers)
@@ -158,7 +147,7 @@ def test_same_key_and_payload_returns_the_existing_run(users: Users) -> None:
 @pytest.mark.django_db
 def test_same_key_with_another_payload_is_409_and_changes_nothing(users: Users) -> None:
     # given a run started with a key
-    client = client_for(users.alice)
+    client = api_login(users.alice)
     headers = {"Idempotency-Key": "order-1042"}
     client.post(start_url(), {"payload": {"order_id": 1042}}, format="json", headers=headers)
 
@@ -176,8 +165,8 @@ def test_same_key_with_another_payload_is_409_and_changes_nothing(users: Users) 
 def test_idempotency_keys_belong_to_the_caller(users: Users) -> None:
     headers = {"Idempotency-Key": "shared-key"}
 
-    alices = client_for(users.alice).post(start_url(), {"payload": {"a": 1}}, format="json", headers=headers)
-    mallorys = client_for(users.mallory).post(start_url(), {"payload": {"m": 2}}, format="json", headers=headers)
+    alices = api_login(users.alice).post(start_url(), {"payload": {"a": 1}}, format="json", headers=headers)
+    mallorys = api_login(users.mallory).post(start_url(), {"payload": {"m": 2}}, format="json", headers=headers)
 
     # Mallory gets her own run: neither a conflict nor a sight of Alice's run.
     assert (alices.status_code, mallorys.status_code) == (201, 201)
@@ -199,7 +188,7 @@ def test_a_workflow_that_is_not_public_is_403_and_starts_nothing(
 ) -> None:
     """A process with its own service (a refund, an assessment) starts only through it: anyone
     else's ids in a payload would otherwise run someone else's process as theirs."""
-    response = client_for(users.mallory).post(start_url(name), {"payload": payload}, format="json")
+    response = api_login(users.mallory).post(start_url(name), {"payload": payload}, format="json")
 
     assert response.status_code == 403
     error = error_of(response)
@@ -221,7 +210,7 @@ def test_the_workflow_validates_the_payload_even_from_its_own_services(users: Us
 
 @pytest.mark.django_db
 def test_unknown_workflow_is_404_and_starts_nothing(users: Users) -> None:
-    response = client_for(users.alice).post(start_url("no.such.workflow"), {"payload": {}}, format="json")
+    response = api_login(users.alice).post(start_url("no.such.workflow"), {"payload": {}}, format="json")
 
     assert response.status_code == 404
     error = error_of(response)
@@ -246,7 +235,7 @@ def test_unknown_workflow_is_404_and_starts_nothing(users: Users) -> None:
     ],
 )
 def test_start_refuses_bad_input_and_starts_nothing(users: Users, body: bytes, code: str, field: str | None) -> None:
-    response = post_raw(client_for(users.alice), start_url(), body)
+    response = post_raw(api_login(users.alice), start_url(), body)
 
     assert response.status_code == 400
     error = error_of(response)
@@ -260,7 +249,7 @@ def test_start_refuses_bad_input_and_starts_nothing(users: Users, body: bytes, c
 @pytest.mark.django_db
 @pytest.mark.parametrize("key", ["", "   ", "k" * 256], ids=["empty", "blank", "too long"])
 def test_start_refuses_a_bad_idempotency_key(users: Users, key: str) -> None:
-    response = client_for(users.alice).post(
+    response = api_login(users.alice).post(
         start_url(), {"payload": {}}, format="json", headers={"Idempotency-Key": key}
     )
 
@@ -271,7 +260,7 @@ def test_start_refuses_a_bad_idempotency_key(users: Users, key: str) -> None:
 
 @pytest.mark.django_db
 def test_start_refuses_a_body_that_is_not_json(users: Users) -> None:
-    response = post_raw(client_for(users.alice), start_url(), b"payload=1", "application/x-www-form-urlencoded")
+    response = post_raw(api_login(users.alice), start_url(), b"payload=1", "application/x-www-form-urlencoded")
 
     assert response.status_code == 415
     assert error_of(response)["code"] == "unsupported_media_type"
@@ -282,7 +271,7 @@ def test_start_refuses_a_body_that_is_not_json(users: Users) -> None:
 def test_an_oversize_body_is_413_and_starts_nothing(users: Users) -> None:
     body = json.dumps({"payload": {"blob": "x" * body_limit()}}).encode()
 
-    response = post_raw(client_for(users.alice), start_url(), body)
+    response = post_raw(api_login(users.alice), start_url(), body)
 
     assert response.status_code == 413
     assert error_of(response)["code"] == "payload_too_large"
@@ -295,7 +284,7 @@ def test_a_payload_over_the_limit_is_413_even_when_the_body_fits(users: Users, s
     settings.WORKFLOWS = {**settings.WORKFLOWS, "MAX_PAYLOAD_BYTES": 1000}
 
     # when a payload of just over 1,000 bytes is sent
-    response = client_for(users.alice).post(start_url(), {"payload": {"blob": "x" * 1000}}, format="json")
+    response = api_login(users.alice).post(start_url(), {"payload": {"blob": "x" * 1000}}, format="json")
 
     # then it is refused as too large, not as merely invalid
     assert response.status_code == 413
@@ -305,7 +294,7 @@ def test_a_payload_over_the_limit_is_413_even_when_the_body_fits(users: Users, s
 
 @pytest.mark.django_db
 def test_a_wrong_method_is_405_in_the_error_shape(users: Users) -> None:
-    response = client_for(users.alice).get(start_url())
+    response = api_login(users.alice).get(start_url())
 
     assert response.status_code == 405
     assert error_of(response)["code"] == "method_not_allowed"
@@ -324,10 +313,10 @@ def test_each_caller_lists_only_their_runs_and_staff_list_all(users: Users) -> N
     mallorys = {str(a_run(users.mallory).id)}
 
     # then each sees their own; carol (staff with the view permission) sees all; bob sees none
-    assert listed_ids(client_for(users.alice).get("/api/runs")) == alices
-    assert listed_ids(client_for(users.mallory).get("/api/runs")) == mallorys
-    assert listed_ids(client_for(users.carol).get("/api/runs")) == alices | mallorys
-    assert listed_ids(client_for(users.bob).get("/api/runs")) == set()
+    assert listed_ids(api_login(users.alice).get("/api/runs")) == alices
+    assert listed_ids(api_login(users.mallory).get("/api/runs")) == mallorys
+    assert listed_ids(api_login(users.carol).get("/api/runs")) == alices | mallorys
+    assert listed_ids(api_login(users.bob).get("/api/runs")) == set()
 
 
 @pytest.mark.django_db
@@ -335,7 +324,7 @@ def test_list_filters_by_status_and_workflow(users: Users) -> None:
     alice = users.alice
     echo, wait = a_run(alice), a_run(alice, "test.wait")
     services.run_terminate(run_id=echo.id)
-    client = client_for(alice)
+    client = api_login(alice)
 
     assert listed_ids(client.get("/api/runs", {"status": "terminated"})) == {str(echo.id)}
     assert listed_ids(client.get("/api/runs", {"status": "queued"})) == {str(wait.id)}
@@ -366,7 +355,7 @@ def test_list_filters_by_status_and_workflow(users: Users) -> None:
 def test_list_refuses_bad_query_parameters(users: Users, query: dict[str, str], field: str) -> None:
     a_run(users.alice)
 
-    response = client_for(users.alice).get("/api/runs", query)
+    response = api_login(users.alice).get("/api/runs", query)
 
     assert response.status_code == 400
     error = error_of(response)
@@ -378,7 +367,7 @@ def test_list_refuses_bad_query_parameters(users: Users, query: dict[str, str], 
 def test_list_pages_through_every_run_once_newest_first(users: Users) -> None:
     # given five runs
     ids = [str(a_run(users.alice, n=i).id) for i in range(5)]
-    client = client_for(users.alice)
+    client = api_login(users.alice)
 
     # when the caller follows the next links two at a time
     seen: list[str] = []
@@ -423,7 +412,7 @@ def test_detail_shows_steps_attempts_and_what_the_run_waits_for(users: Users) ->
     )
 
     # when alice reads it
-    response = client_for(users.alice).get(run_url(run.id))
+    response = api_login(users.alice).get(run_url(run.id))
 
     # then she sees the timeline, the attempt, and what it waits for until when
     assert response.status_code == 200
@@ -447,7 +436,7 @@ def test_detail_shows_steps_attempts_and_what_the_run_waits_for(users: Users) ->
 @pytest.mark.django_db
 def test_another_owners_run_is_404_like_a_missing_one(users: Users) -> None:
     run = a_run(users.alice)
-    mallory = client_for(users.mallory)
+    mallory = api_login(users.mallory)
 
     others = mallory.get(run_url(run.id))
     missing = mallory.get(run_url(uuid4()))
@@ -457,7 +446,7 @@ def test_another_owners_run_is_404_like_a_missing_one(users: Users) -> None:
     # the same answer in all three cases: nothing confirms that alice's run exists
     assert error_of(others) == error_of(missing) == error_of(malformed)
     assert error_of(others)["code"] == "not_found"
-    assert client_for(users.carol).get(run_url(run.id)).status_code == 200
+    assert api_login(users.carol).get(run_url(run.id)).status_code == 200
 
 
 @pytest.mark.django_db
@@ -466,8 +455,8 @@ def test_a_failed_runs_traceback_is_for_staff_only(users: Users) -> None:
     error = {"type": "KeyError", "message": "'order_id'", "traceback": 'Traceback ...\n  File "/srv/app.py"'}
     WorkflowRun.objects.filter(pk=run.pk).update(status=RunStatus.FAILED, error=error, failure_reason="error")
 
-    as_owner = client_for(users.alice).get(run_url(run.id)).json()
-    as_staff = client_for(users.carol).get(run_url(run.id)).json()
+    as_owner = api_login(users.alice).get(run_url(run.id)).json()
+    as_staff = api_login(users.carol).get(run_url(run.id)).json()
 
     assert as_owner["error"] == {"type": "KeyError", "message": "'order_id'"}
     assert as_owner["failure_reason"] == "error"
@@ -478,7 +467,7 @@ def test_a_failed_runs_traceback_is_for_staff_only(users: Users) -> None:
 @pytest.mark.django_db
 def test_an_event_is_created_once_per_key(users: Users) -> None:
     run = a_run(users.alice, "test.wait")
-    client = client_for(users.alice)
+    client = api_login(users.alice)
     event = {"type": "reply", "payload": {"answer": 42}, "idempotency_key": "reply-1"}
 
     first = client.post(run_url(run.id, "events"), event, format="json")
@@ -494,7 +483,7 @@ def test_an_event_is_created_once_per_key(users: Users) -> None:
 @pytest.mark.django_db
 def test_an_event_key_reused_with_another_payload_is_409(users: Users) -> None:
     run = a_run(users.alice, "test.wait")
-    client = client_for(users.alice)
+    client = api_login(users.alice)
     client.post(
         run_url(run.id, "events"), {"type": "reply", "payload": {"answer": 42}, "idempotency_key": "k"}, format="json"
     )
@@ -528,7 +517,7 @@ def test_send_event_refuses_bad_input_and_records_nothing(
 ) -> None:
     run = a_run(users.alice, "test.wait")
 
-    response = post_raw(client_for(users.alice), run_url(run.id, "events"), body)
+    response = post_raw(api_login(users.alice), run_url(run.id, "events"), body)
 
     assert response.status_code == status
     if field is not None:
@@ -541,7 +530,7 @@ def test_an_event_for_a_finished_run_is_409_with_its_status(users: Users) -> Non
     run = a_run(users.alice, "test.wait")
     services.run_terminate(run_id=run.id)
 
-    response = client_for(users.alice).post(run_url(run.id, "events"), {"type": "reply"}, format="json")
+    response = api_login(users.alice).post(run_url(run.id, "events"), {"type": "reply"}, format="json")
 
     assert response.status_code == 409
     error = error_of(response)
@@ -555,10 +544,10 @@ def test_who_may_send_events_to_alices_run(users: Users) -> None:
     run = a_run(users.alice, "test.wait")
     event = {"type": "reply", "payload": {"answer": 42}}
 
-    as_mallory = client_for(users.mallory).post(run_url(run.id, "events"), event, format="json")
-    as_dave = client_for(users.dave).post(run_url(run.id, "events"), event, format="json")
+    as_mallory = api_login(users.mallory).post(run_url(run.id, "events"), event, format="json")
+    as_dave = api_login(users.dave).post(run_url(run.id, "events"), event, format="json")
     nothing_yet = RunEvent.objects.count()
-    as_carol = client_for(users.carol).post(run_url(run.id, "events"), event, format="json")
+    as_carol = api_login(users.carol).post(run_url(run.id, "events"), event, format="json")
 
     assert as_mallory.status_code == 404  # she may not even know the run exists
     assert as_dave.status_code == 403  # he may see it, not act on it
@@ -571,7 +560,7 @@ def test_who_may_send_events_to_alices_run(users: Users) -> None:
 @pytest.mark.django_db
 def test_pause_resume_terminate_restart_and_the_refusals_between(users: Users) -> None:
     run = a_run(users.alice)
-    client = client_for(users.alice)
+    client = api_login(users.alice)
 
     def control(action: str) -> Any:
         return client.post(run_url(run.id, action))
@@ -612,8 +601,8 @@ def test_who_may_control_alices_run(users: Users, action: str) -> None:
     before = snapshot(run)
 
     # when mallory, then dave (staff who may only view) try the action
-    as_mallory = client_for(users.mallory).post(run_url(run.id, action))
-    as_dave = client_for(users.dave).post(run_url(run.id, action))
+    as_mallory = api_login(users.mallory).post(run_url(run.id, action))
+    as_dave = api_login(users.dave).post(run_url(run.id, action))
 
     # then mallory gets a 404, dave a 403, and the run is as it was
     assert as_mallory.status_code == 404
@@ -623,7 +612,7 @@ def test_who_may_control_alices_run(users: Users, action: str) -> None:
     assert snapshot(run) == before
     # carol, staff with the control permission, gets past the check to the run's state machine
     # (which refuses to pause a run that is already paused)
-    as_carol = client_for(users.carol).post(run_url(run.id, action))
+    as_carol = api_login(users.carol).post(run_url(run.id, action))
     assert as_carol.status_code == {"pause": 409, "resume": 200, "terminate": 200, "restart": 200}[action]
 
 
@@ -640,15 +629,15 @@ def test_the_owner_of_a_private_workflows_run_may_see_it_but_not_drive_it(users:
     body = {"type": "reply"} if action == "events" else None
 
     # when alice tries
-    response = client_for(users.alice).post(run_url(run.id, action), body, format="json")
+    response = api_login(users.alice).post(run_url(run.id, action), body, format="json")
 
     # then she may see it (403, not 404), and nothing changed
     assert response.status_code == 403
     assert "driven by its own process" in error_of(response)["message"]
-    assert client_for(users.alice).get(run_url(run.id)).status_code == 200
+    assert api_login(users.alice).get(run_url(run.id)).status_code == 200
     assert snapshot(run) == before
     assert not RunEvent.objects.filter(run=run).exists()
-    as_carol = client_for(users.carol).post(run_url(run.id, action), body, format="json")
+    as_carol = api_login(users.carol).post(run_url(run.id, action), body, format="json")
     assert as_carol.status_code in (200, 201, 409)
 
 
@@ -656,7 +645,7 @@ def test_the_owner_of_a_private_workflows_run_may_see_it_but_not_drive_it(users:
 def test_staff_with_the_control_permission_can_pause_anyones_run(users: Users) -> None:
     run = a_run(users.mallory)
 
-    response = client_for(users.carol).post(run_url(run.id, "pause"))
+    response = api_login(users.carol).post(run_url(run.id, "pause"))
 
     assert response.status_code == 200
     assert response.json()["status"] == "paused"
@@ -691,7 +680,7 @@ def test_the_runs_api_schema_generates_without_warnings() -> None:
 
 @pytest.mark.django_db
 def test_the_schema_endpoint_serves_the_runs_api() -> None:
-    response = APIClient().get("/api/schema/", {"format": "json"})
+    response = api_login(None).get("/api/schema/", {"format": "json"})
 
     assert response.status_code == 200
     paths = json.loads(response.content)["paths"]
@@ -706,7 +695,7 @@ def test_the_schema_endpoint_serves_the_runs_api() -> None:
 
 @pytest.mark.django_db
 def test_the_docs_page_is_swagger_ui_from_local_assets() -> None:
-    response = APIClient().get("/api/docs/")
+    response = api_login(None).get("/api/docs/")
 
     assert response.status_code == 200
     assert response.headers["Content-Type"].startswith("text/html")
@@ -730,7 +719,7 @@ def poll_until(client: APIClient, run_id: str, *statuses: str, timeout: float = 
 @pytest.mark.django_db(transaction=True)
 def test_a_run_started_through_the_api_completes_with_its_timeline(worker: Worker, users: Users) -> None:
     # given alice starts an echo run through the API
-    client = client_for(users.alice)
+    client = api_login(users.alice)
     started = client.post(
         start_url("test.echo"),
         {"payload": {"greeting": "hello"}},
@@ -758,7 +747,7 @@ def test_a_run_started_through_the_api_completes_with_its_timeline(worker: Worke
 @pytest.mark.django_db(transaction=True)
 def test_an_event_sent_through_the_api_resumes_a_waiting_run(worker: Worker, users: Users) -> None:
     # given a run that waits for a "reply" event
-    client = client_for(users.alice)
+    client = api_login(users.alice)
     run_id = client.post(start_url("test.wait"), {"payload": {"timeout": 30}}, format="json").json()["id"]
     waiting = poll_until(client, run_id, "waiting")
     assert waiting["waiting_for"]["event_type"] == "reply"
@@ -793,7 +782,7 @@ def test_one_person_may_have_only_so_many_runs_going(users: Users, settings: Any
     """A customer starting public workflows in a loop must not take every worker from everyone
     else: past WORKFLOWS_MAX_ACTIVE_RUNS_PER_OWNER unfinished runs, a 429 that starts nothing."""
     settings.WORKFLOWS = {**settings.WORKFLOWS, "MAX_ACTIVE_RUNS_PER_OWNER": 3, "PUBLIC_QUEUE": "public-runs"}
-    mallory = client_for(users.mallory)
+    mallory = api_login(users.mallory)
     started = [
         mallory.post(start_url(), {"payload": {"n": i}}, format="json", headers={"Idempotency-Key": f"k{i}"})
         for i in range(3)
@@ -809,7 +798,7 @@ def test_one_person_may_have_only_so_many_runs_going(users: Users, settings: Any
     assert WorkflowRun.objects.filter(owner=users.mallory).count() == 3
     again = mallory.post(start_url(), {"payload": {"n": 0}}, format="json", headers={"Idempotency-Key": "k0"})
     assert again.status_code == 200
-    assert client_for(users.alice).post(start_url(), {"payload": {}}, format="json").status_code == 201
+    assert api_login(users.alice).post(start_url(), {"payload": {}}, format="json").status_code == 201
     # and once one of hers has finished, she may start another
     services.run_terminate(run_id=started[0].json()["id"])
     assert mallory.post(start_url(), {"payload": {"n": 4}}, format="json").status_code == 201
@@ -827,7 +816,7 @@ def test_the_run_limit_holds_for_starts_sent_together_and_counts_only_public_run
     # when she sends eight starts of a public one at the same instant (runs that wait: a worker of
     # the session, if one runs, must not finish them and free their places)
     answers = race(
-        lambda: client_for(users.mallory).post(start_url("test.wait"), {"payload": {"timeout": 300}}, format="json"),
+        lambda: api_login(users.mallory).post(start_url("test.wait"), {"payload": {"timeout": 300}}, format="json"),
         n=8,
     )
 

@@ -9,13 +9,12 @@ import pytest
 from django.contrib.auth import authenticate
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
-from rest_framework.test import APIClient
 
 from approvals import ApprovalRefused, decide
 from approvals.models import ApprovalRequest
 from examples.demo.management.commands.seed_demo import RUN_KEY
 from examples.demo.workflows import APPROVERS
-from tests.factories import Users
+from tests.factories import Users, api_login
 from tests.support import Worker, wait_for_status, wait_for_terminal
 from workflows import public as wf
 from workflows.exceptions import InvalidPayload
@@ -99,8 +98,7 @@ def test_onboarding_carries_on_unapproved_when_the_wait_times_out(worker: Worker
     ],
 )
 def test_a_bad_onboarding_payload_is_a_400_and_starts_nothing(users: Users, payload: dict[str, Any], why: str) -> None:
-    client = APIClient()
-    client.force_authenticate(users.mallory)
+    client = api_login(users.mallory, via="force")
 
     response = client.post("/api/workflows/demo.onboarding/runs", {"payload": payload}, format="json")
 

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.contrib.messages import get_messages
-from django.test import Client
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.tests.support import waiting_request
@@ -21,21 +20,26 @@ from examples.refunds.services import (
     refund_request_create,
 )
 from ledger.models import ExternalOperation, OperationStatus
-from tests.factories import Users
+from tests.factories import Users, login
 from workflows.models import RunEvent
 
 
+@pytest.fixture
+def admin(db: None) -> User:
+    """A superuser: every admin page here is staff's."""
+    return User.objects.create_superuser("root", "root@example.com", "pw")
+
+
 @pytest.mark.django_db
-def test_refund_request_admin_page_lists_operations_needing_reconciliation(client: Client, users: Users) -> None:
+def test_refund_request_admin_page_lists_operations_needing_reconciliation(admin: User, users: Users) -> None:
     alice = users.alice
-    admin = User.objects.create_superuser("root", "root@example.com", "pw")
     order = order_create(number="9001", customer=alice, amount="50.00")
     # No worker here, and the enqueue waits for a commit this test never makes: the run stays queued.
     request, _ = refund_request_create(order=order, customer=alice, amount="10.00")
     ExternalOperation.objects.create(
         key=request.operation_key, system="payments", action="refund", status=OperationStatus.UNKNOWN, submit_count=1
     )
-    client.force_login(admin)
+    client = login(admin)
 
     page = client.get(f"/admin/refunds/refundrequest/{request.pk}/change/")
     assert page.status_code == 200
@@ -47,14 +51,13 @@ def test_refund_request_admin_page_lists_operations_needing_reconciliation(clien
 
 @pytest.mark.django_db
 def test_an_order_edited_in_the_admin_gets_a_new_version_and_its_pending_approval_is_superseded(
-    client: Client, users: Users
+    admin: User, users: Users
 ) -> None:
     # given an order whose refund waits for approval of its version 1
     alice = users.alice
-    admin = User.objects.create_superuser("root", "root@example.com", "pw")
     order = order_create(number="9002", customer=alice, amount="150.00", shipping_address={"street": "1 Old Road"})
     pending = waiting_request(subject_type="refunds.order", subject_id=str(order.pk), version="1")
-    client.force_login(admin)
+    client = login(admin)
     url = f"/admin/refunds/order/{order.pk}/change/"
     form = {
         "amount": "150.00",
@@ -88,12 +91,11 @@ def test_an_order_edited_in_the_admin_gets_a_new_version_and_its_pending_approva
 
 
 @pytest.mark.django_db
-def test_a_stale_order_page_is_refused_instead_of_undoing_a_newer_change(client: Client, users: Users) -> None:
+def test_a_stale_order_page_is_refused_instead_of_undoing_a_newer_change(admin: User, users: Users) -> None:
     # given a page opened on version 1 of an order, which the refund workflow then marks refunded
     alice = users.alice
-    admin = User.objects.create_superuser("root", "root@example.com", "pw")
     order = order_create(number="9003", customer=alice, amount="50.00")
-    client.force_login(admin)
+    client = login(admin)
     url = f"/admin/refunds/order/{order.pk}/change/"
     assert 'name="seen_version" value="1"' in client.get(url).content.decode()
     order_change(order_id=order.pk, status="refunded")
@@ -124,7 +126,7 @@ def test_a_stale_order_page_is_refused_instead_of_undoing_a_newer_change(client:
 
 @pytest.mark.django_db(transaction=True)
 def test_an_order_changed_between_the_forms_check_and_the_save_is_a_form_error_and_not_logged(
-    client: Client,
+    admin: User,
     monkeypatch: pytest.MonkeyPatch,
     users: Users,
 ) -> None:
@@ -136,9 +138,8 @@ def test_an_order_changed_between_the_forms_check_and_the_save_is_a_form_error_a
     from examples.refunds.admin import OrderForm
 
     alice = users.alice
-    admin = User.objects.create_superuser("root", "root@example.com", "pw")
     order = order_create(number="9004", customer=alice, amount="50.00")
-    client.force_login(admin)
+    client = login(admin)
     url = f"/admin/refunds/order/{order.pk}/change/"
     checked = OrderForm.clean
 
@@ -184,13 +185,12 @@ def test_an_order_changed_between_the_forms_check_and_the_save_is_a_form_error_a
 
 
 @pytest.mark.django_db
-def test_a_successful_admin_edit_is_still_logged_and_reported(client: Client, users: Users) -> None:
+def test_a_successful_admin_edit_is_still_logged_and_reported(admin: User, users: Users) -> None:
     from django.contrib.admin.models import LogEntry
 
     alice = users.alice
-    admin = User.objects.create_superuser("root", "root@example.com", "pw")
     order = order_create(number="9005", customer=alice, amount="50.00")
-    client.force_login(admin)
+    client = login(admin)
 
     response = client.post(
         f"/admin/refunds/order/{order.pk}/change/",
@@ -211,14 +211,13 @@ def test_a_successful_admin_edit_is_still_logged_and_reported(client: Client, us
 
 
 @pytest.mark.django_db
-def test_not_even_a_superuser_deletes_a_refund_request(client: Client, users: Users) -> None:
+def test_not_even_a_superuser_deletes_a_refund_request(admin: User, users: Users) -> None:
     """A request holds its order's money (or records that it was paid): deleting it would free the
     amount for another refund."""
     alice = users.alice
-    admin = User.objects.create_superuser("root", "root@example.com", "pw")
     order = order_create(number="9100", customer=alice, amount="50.00")
     request, _ = refund_request_create(order=order, customer=alice, amount="50.00")
-    client.force_login(admin)
+    client = login(admin)
 
     page = client.get(f"/admin/refunds/refundrequest/{request.pk}/delete/")
     bulk = client.post(

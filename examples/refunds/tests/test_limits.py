@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rest_framework.test import APIClient
 
 from examples.refunds.models import RefundRequest
 from examples.refunds.services import order_create
-from tests.factories import Users
+from tests.factories import Users, api_login
 from workflows.services import run_terminate
 
 
@@ -21,8 +20,7 @@ def test_past_the_open_requests_limit_a_refund_request_is_a_429_and_creates_noth
     settings.REFUND_MAX_OPEN_REQUESTS = 2
     mallory = users.mallory
     order_create(number="9200", customer=mallory, amount="10.00")
-    client = APIClient()
-    client.force_login(mallory)  # a session: request.user is Django's lazy user, as in the browser
+    client = api_login(mallory, via="session")  # request.user is Django's lazy user, as in the browser
 
     def ask() -> Any:
         return client.post("/api/orders/9200/refunds", {"amount": "0.01"}, format="json")

@@ -16,7 +16,6 @@ from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from approvals import ApprovalRefused, RefusalCode, decide
 from approvals.models import ApprovalRequest, DecisionLog
@@ -38,7 +37,7 @@ from examples.refunds.tests.support import (
 from ledger.models import ExternalOperation, OperationalRecord, OperationStatus
 from ledger.services import operation_resolve
 from ledger.services.common import may_still_arrive
-from tests.factories import Users
+from tests.factories import Users, api_login
 from tests.support import race, wait_for, wait_for_status, wait_for_terminal
 from workflows import terminate
 from workflows.models import StepResult
@@ -71,8 +70,7 @@ def test_two_requests_for_the_whole_order_sent_together_pay_once(world: World, u
     order = new_order(users.alice, "2001", "30.00")
 
     def ask_over_http() -> Any:
-        client = APIClient()
-        client.force_authenticate(users.alice)
+        client = api_login(users.alice, via="force")
         key = f"k-{id(client)}"
         return client.post("/api/orders/2001/refunds", {"amount": "30.00"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
 
@@ -277,8 +275,7 @@ def test_no_personal_data_or_staff_note_is_stored_outside_the_order(world: World
     assert [(label, pk) for label, pk, text in stored_json(exclude=set()) if "07700" in text] == []
     # and neither the approver's note nor who approved reaches the customer's run
     assert [(label, pk) for label, pk, text in stored_json(exclude=set()) if "STAFFNOTE" in text] == []
-    client = APIClient()
-    client.force_authenticate(users.alice)
+    client = api_login(users.alice, via="force")
     alices_view = client.get(f"/api/runs/{approved.run_id}").content.decode()
     assert "STAFFNOTE" not in alices_view and "carol" not in alices_view
     assert "07700" not in client.get(f"/api/runs/{run.id}").content.decode()
@@ -335,8 +332,7 @@ def test_a_retry_sent_with_the_original_answers_with_the_same_request(world: Wor
     new_order(users.alice, "2011", "50.00")
 
     def ask_over_http() -> Any:
-        client = APIClient()
-        client.force_authenticate(users.alice)
+        client = api_login(users.alice, via="force")
         return client.post(
             "/api/orders/2011/refunds", {"amount": "50.00"}, format="json", HTTP_IDEMPOTENCY_KEY="retry-1"
         )

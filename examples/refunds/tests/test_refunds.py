@@ -6,9 +6,7 @@ import json
 from decimal import Decimal
 
 import pytest
-from django.contrib.auth.models import User
 from django.db.models import F
-from rest_framework.test import APIClient
 
 from approvals import ApprovalRefused, RefusalCode, decide
 from approvals.models import ApprovalRequest, ApprovalStatus
@@ -29,7 +27,7 @@ from examples.refunds.tests.support import (
     wait_status,
 )
 from ledger.models import ExternalOperation, OperationalRecord, OperationStatus
-from tests.factories import Users, login
+from tests.factories import Users, api_login, login
 from tests.support import wait_for, wait_for_status, wait_for_terminal
 from workflows import terminate
 from workflows.models import StepResult, WorkflowRun
@@ -39,12 +37,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 # The provider stores the refund, then answers too late; its lookups fail until drained.
 ANSWER_LOST = (("timeout=3", "create", 1, ""), ("error", "lookup", 100, ""))
 NEEDS_RECONCILIATION = "External operations needing reconciliation"
-
-
-def api_client(user: User) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
 
 
 def checks_the_outcome(request: RefundRequest) -> None:
@@ -272,7 +264,7 @@ def test_terminated_run_shows_its_in_flight_refund_until_reconciled(world: World
 def test_api_requests_a_refund_idempotently(world: World, users: Users) -> None:
     # given a £60 order of alice's
     new_order(users.alice, "1500", "60.00")
-    alice, url = api_client(users.alice), "/api/orders/1500/refunds"
+    alice, url = api_login(users.alice, via="force"), "/api/orders/1500/refunds"
 
     # when she asks for £15 back, then sends the same request again, then another under its key
     first = alice.post(url, {"amount": "15.00", "reason": "late"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
@@ -293,7 +285,11 @@ def test_api_requests_a_refund_idempotently(world: World, users: Users) -> None:
 def test_api_shows_a_refund_to_its_owner_only(world: World, users: Users) -> None:
     # given alice's £15 refund on a £60 order, asked for through the API
     new_order(users.alice, "1500", "60.00")
-    alice, mallory, url = api_client(users.alice), api_client(users.mallory), "/api/orders/1500/refunds"
+    alice, mallory, url = (
+        api_login(users.alice, via="force"),
+        api_login(users.mallory, via="force"),
+        "/api/orders/1500/refunds",
+    )
     created = alice.post(url, {"amount": "15.00", "reason": "late"}, format="json", HTTP_IDEMPOTENCY_KEY="k-1")
     refund_id = created.json()["id"]
 
@@ -306,7 +302,7 @@ def test_api_shows_a_refund_to_its_owner_only(world: World, users: Users) -> Non
     assert shown.json()["status"] in {"being prepared", "submitted", "confirmed"}
     assert mallory.get(f"/api/refunds/{refund_id}").status_code == 404
     assert mallory.post(url, {"amount": "1.00"}, format="json").status_code == 404
-    assert APIClient().get(f"/api/refunds/{refund_id}").status_code == 401
+    assert api_login(None).get(f"/api/refunds/{refund_id}").status_code == 401
     # and once the refund is made, she sees it confirmed
     assert_confirmed(RefundRequest.objects.get(pk=refund_id), world.sandbox)
     assert alice.get(f"/api/refunds/{refund_id}").json()["status"] == "confirmed"

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import Client
 from django.urls import reverse
 
 from examples.suppliers import services
 from examples.suppliers.models import SupplierAssessment
-from tests.factories import Users
+from tests.factories import Users, login
 
 pytestmark = pytest.mark.django_db
 
 
 def test_the_change_page_shows_status_revisions_reports_and_run(
-    client: Client,
     users: Users,
     assessment: SupplierAssessment,
 ) -> None:
@@ -23,7 +21,7 @@ def test_the_change_page_shows_status_revisions_reports_and_run(
     services.report_generate(assessment_id=assessment.pk, revisions={"companies-house": 1, "sanctions": 2})
     services.assessment_submit_input(assessment_id=assessment.pk, by=users.alice, data={})
     run_id = SupplierAssessment.objects.get(pk=assessment.pk).run_id
-    client.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+    client = login(User.objects.create_superuser("root", "root@example.com", "pw"))
 
     page = client.get(reverse("admin:suppliers_supplierassessment_change", args=[assessment.pk]))
     assert page.status_code == 200
@@ -38,7 +36,6 @@ def test_the_change_page_shows_status_revisions_reports_and_run(
     assert listing.status_code == 200 and "Acme Metals" in listing.content.decode()
 
 
-def test_outsiders_do_not_see_assessments(client: Client, users: Users, assessment: SupplierAssessment) -> None:
-    client.force_login(users.mallory)
-    page = client.get(reverse("admin:suppliers_supplierassessment_change", args=[assessment.pk]))
+def test_outsiders_do_not_see_assessments(users: Users, assessment: SupplierAssessment) -> None:
+    page = login(users.mallory).get(reverse("admin:suppliers_supplierassessment_change", args=[assessment.pk]))
     assert page.status_code == 302  # not staff: the admin sends them to its login page

@@ -16,19 +16,12 @@ from approvals.models import ApprovalRequest, ApprovalStatus, DecisionLog
 from examples.suppliers.models import AssessmentStatus, SourceRecord, SupplierAssessment
 from examples.suppliers.tests.conftest import SOURCES
 from examples.suppliers.tests.test_services import in_state, snapshot
-from tests.factories import Users
+from tests.factories import Users, api_login
 from tests.support import Worker, wait_for, wait_for_terminal
 from workflows.models import RunStatus, WorkflowRun
 
 URL = "/api/assessments"
 WAIT = 120.0
-
-
-def client(user: Any = None) -> APIClient:
-    api = APIClient()
-    if user is not None:
-        api.force_authenticate(user)
-    return api
 
 
 def create(api: APIClient, **body: Any) -> Any:
@@ -38,7 +31,7 @@ def create(api: APIClient, **body: Any) -> Any:
 @pytest.mark.django_db
 class TestCreateAndSee:
     def test_the_requester_creates_an_assessment_with_revision_1_of_each_source(self, users: Users) -> None:
-        response = create(client(users.alice))
+        response = create(api_login(users.alice, via="force"))
 
         assert response.status_code == 201, response.json()
         body = response.json()
@@ -72,7 +65,7 @@ class TestCreateAndSee:
     def test_bad_input_is_a_400_naming_the_field_and_creates_nothing(
         self, users: Users, body: dict[str, Any], field: str
     ) -> None:
-        response = create(client(users.alice), **body)
+        response = create(api_login(users.alice, via="force"), **body)
 
         assert response.status_code == 400, response.json()
         error = response.json()["error"]
@@ -80,23 +73,25 @@ class TestCreateAndSee:
         assert not SupplierAssessment.objects.exists()
 
     def test_anonymous_callers_are_refused(self) -> None:
-        assert create(client()).status_code == 401
-        assert client().get(URL).status_code == 401
+        assert create(api_login(None)).status_code == 401
+        assert api_login(None).get(URL).status_code == 401
 
     def test_the_requester_and_reviewers_see_it_and_nobody_else(
         self, users: Users, assessment: SupplierAssessment
     ) -> None:
         detail = f"{URL}/{assessment.pk}"
         for who in ("alice", "bob", "carol"):
-            assert client(getattr(users, who)).get(detail).status_code == 200, who
-            assert [a["id"] for a in client(getattr(users, who)).get(URL).json()["results"]] == [assessment.pk], who
+            assert api_login(getattr(users, who), via="force").get(detail).status_code == 200, who
+            assert [a["id"] for a in api_login(getattr(users, who), via="force").get(URL).json()["results"]] == [
+                assessment.pk
+            ], who
         # mallory learns nothing: not even that it exists
-        assert client(users.mallory).get(detail).status_code == 404
-        assert client(users.mallory).get(URL).json()["results"] == []
-        assert client(users.mallory).get(f"{URL}/999999").status_code == 404
+        assert api_login(users.mallory, via="force").get(detail).status_code == 404
+        assert api_login(users.mallory, via="force").get(URL).json()["results"] == []
+        assert api_login(users.mallory, via="force").get(f"{URL}/999999").status_code == 404
         # filters are checked
-        assert client(users.bob).get(URL, {"status": "approved"}).json()["results"] == []
-        assert client(users.bob).get(URL, {"status": "nonsense"}).status_code == 400
+        assert api_login(users.bob, via="force").get(URL, {"status": "approved"}).json()["results"] == []
+        assert api_login(users.bob, via="force").get(URL, {"status": "nonsense"}).status_code == 400
 
 
 @pytest.mark.django_db
@@ -106,15 +101,19 @@ class TestSourcesAndSubmit:
     ) -> None:
         url = f"{URL}/{assessment.pk}/sources"
 
-        by_alice = client(users.alice).post(url, {"source": "sanctions", "content": {"hits": 1}}, format="json")
-        by_bob = client(users.bob).post(url, {"source": "credit", "content": {"score": 81}}, format="json")
+        by_alice = api_login(users.alice, via="force").post(
+            url, {"source": "sanctions", "content": {"hits": 1}}, format="json"
+        )
+        by_bob = api_login(users.bob, via="force").post(
+            url, {"source": "credit", "content": {"score": 81}}, format="json"
+        )
         before = snapshot(assessment)
-        by_mallory = client(users.mallory).post(url, {"source": "credit", "content": {}}, format="json")
+        by_mallory = api_login(users.mallory, via="force").post(url, {"source": "credit", "content": {}}, format="json")
 
         assert (by_alice.status_code, by_alice.json()["revision"], by_alice.json()["created_by"]) == (201, 2, "alice")
         assert (by_bob.status_code, by_bob.json()["revision"]) == (201, 1)
         assert by_mallory.status_code == 404 and snapshot(assessment) == before
-        sources = client(users.alice).get(f"{URL}/{assessment.pk}").json()["sources"]
+        sources = api_login(users.alice, via="force").get(f"{URL}/{assessment.pk}").json()["sources"]
         assert [(s["source"], s["revision"]) for s in sources] == [
             ("companies-house", 1),
             ("credit", 1),
@@ -126,7 +125,7 @@ class TestSourcesAndSubmit:
         closed = in_state(users, AssessmentStatus.APPROVED)
         before = snapshot(closed)
 
-        response = client(users.alice).post(
+        response = api_login(users.alice, via="force").post(
             f"{URL}/{closed.pk}/sources", {"source": "credit", "content": {}}, format="json"
         )
 
@@ -148,7 +147,7 @@ class TestSourcesAndSubmit:
             {"source": "cre\u0000dit", "content": {}},
             {"source": "credit", "content": {"a": "\u0000"}},
         ):
-            assert client(users.alice).post(url, body, format="json").status_code == 400, body
+            assert api_login(users.alice, via="force").post(url, body, format="json").status_code == 400, body
         assert snapshot(assessment) == before
 
     def test_only_the_requester_submits_and_only_once(self, users: Users, assessment: SupplierAssessment) -> None:
@@ -161,15 +160,15 @@ class TestSourcesAndSubmit:
             {"input": {"scope": "\u0000"}},
             {"input": "tier 1"},
         ):
-            assert client(users.alice).post(url, bad, format="json").status_code == 400, bad
+            assert api_login(users.alice, via="force").post(url, bad, format="json").status_code == 400, bad
         assert snapshot(assessment) == before
-        by_bob = client(users.bob).post(url, {"input": {"scope": "tier 1"}}, format="json")
-        by_mallory = client(users.mallory).post(url, {"input": {}}, format="json")
+        by_bob = api_login(users.bob, via="force").post(url, {"input": {"scope": "tier 1"}}, format="json")
+        by_mallory = api_login(users.mallory, via="force").post(url, {"input": {}}, format="json")
         assert (by_bob.status_code, by_mallory.status_code) == (403, 404)
         assert snapshot(assessment) == before
 
-        first = client(users.alice).post(url, {"input": {"scope": "tier 1"}}, format="json")
-        again = client(users.alice).post(url, {"input": {"scope": "tier 2"}}, format="json")
+        first = api_login(users.alice, via="force").post(url, {"input": {"scope": "tier 1"}}, format="json")
+        again = api_login(users.alice, via="force").post(url, {"input": {"scope": "tier 2"}}, format="json")
 
         assert first.status_code == 200, first.json()
         assert (first.json()["input"], first.json()["run"]) == (
@@ -180,11 +179,11 @@ class TestSourcesAndSubmit:
         assert WorkflowRun.objects.filter(workflow="supplier-assessment").count() == 1
 
     def test_a_review_with_nothing_pending_is_a_409(self, users: Users, assessment: SupplierAssessment) -> None:
-        response = client(users.carol).post(
+        response = api_login(users.carol, via="force").post(
             f"{URL}/{assessment.pk}/review", {"approve": True, "report_version": 1}, format="json"
         )
         assert response.status_code == 409 and response.json()["error"]["code"] == "invalid_state"
-        bad = client(users.carol).post(
+        bad = api_login(users.carol, via="force").post(
             f"{URL}/{assessment.pk}/review", {"approve": "yes", "report_version": 1}, format="json"
         )
         assert bad.status_code == 400 and "approve" in bad.json()["error"]["detail"]
@@ -223,7 +222,7 @@ def approve(api: APIClient, detail: str, version: int, **note: str) -> Any:
 @pytest.mark.django_db(transaction=True)
 def test_a_review_over_http_refuses_a_stale_tab_and_approves_the_current_report(worker: Worker, users: Users) -> None:
     # given alice's assessment, its input submitted
-    alice, carol = client(users.alice), client(users.carol)
+    alice, carol = api_login(users.alice, via="force"), api_login(users.carol, via="force")
     assessment_id = create(alice).json()["id"]
     detail = f"{URL}/{assessment_id}"
     assert alice.post(f"{detail}/submit", {"input": {"scope": "tier 1"}}, format="json").status_code == 200
