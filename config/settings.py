@@ -72,6 +72,8 @@ INSTALLED_APPS = [
     "workflows",
     "ledger",
     "approvals",
+    "accounts",
+    "agents",
     *(EXAMPLE_APPS if INSTALL_EXAMPLES else []),
     "portal",  # the pages a signed-in person sees; may read every app listed above
 ]

@@ -13,6 +13,7 @@ import logging
 import os
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any, TypedDict, cast
 from uuid import UUID
 
@@ -109,20 +110,48 @@ class _Publisher:
     """
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[str, str, Any]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Callable[[asyncio.AbstractEventLoop], None]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._pid = 0
         self._idle = threading.Event()
         self._idle.set()
 
     def submit(self, run_id: UUID | str, kind: str, data: Any) -> None:
+        """Store the event in the run's stream and push it to the run's group."""
+        run_key = str(run_id)
+
+        def job(loop: asyncio.AbstractEventLoop) -> None:
+            event = _store(run_key, kind, data)
+            layer = get_channel_layer()
+            if event is not None and layer is not None:
+                loop.run_until_complete(layer.group_send(group_name(run_key), {"type": "run.event", "event": event}))
+
+        self._put(job, f"{kind} for run {run_key}")
+
+    def group_send(self, group: str, message: dict[str, Any]) -> None:
+        """Push ``message`` to a channel-layer group (for apps whose stream lives in the database)."""
+
+        def job(loop: asyncio.AbstractEventLoop) -> None:
+            layer = get_channel_layer()
+            if layer is not None:
+                loop.run_until_complete(layer.group_send(group, message))
+
+        self._put(job, f"{message.get('type')} to {group}")
+
+    def _put(self, job: Callable[[asyncio.AbstractEventLoop], None], what: str) -> None:
+        def logged(loop: asyncio.AbstractEventLoop) -> None:
+            try:
+                job(loop)
+            except Exception:
+                logger.warning("publishing %s failed", what, exc_info=True)
+
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked worker child
                 self._pid = os.getpid()
                 self._queue = queue.SimpleQueue()
                 threading.Thread(target=self._loop, name="workflows-publisher", daemon=True).start()
             self._idle.clear()
-            self._queue.put((str(run_id), kind, data))
+            self._queue.put(logged)
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Wait until everything submitted so far is published (for tests and shutdown)."""
@@ -133,14 +162,7 @@ class _Publisher:
         asyncio.set_event_loop(loop)
         pending = self._queue
         while True:
-            run_id, kind, data = pending.get()
-            try:
-                event = _store(run_id, kind, data)
-                layer = get_channel_layer()
-                if event is not None and layer is not None:
-                    loop.run_until_complete(layer.group_send(group_name(run_id), {"type": "run.event", "event": event}))
-            except Exception:
-                logger.warning("publishing %s for run %s failed", kind, run_id, exc_info=True)
+            pending.get()(loop)
             if pending.empty():
                 self._idle.set()
 
@@ -151,6 +173,12 @@ publisher = _Publisher()
 def publish_later(run_id: UUID | str, kind: str, data: Any) -> None:
     """Publish from the background thread, in order with everything else this process publishes."""
     publisher.submit(run_id, kind, data)
+
+
+def group_send_later(group: str, message: dict[str, Any]) -> None:
+    """Push ``message`` to a channel-layer group from the background thread, in order with every
+    other event this process publishes. Best effort: receivers resume from their own store."""
+    publisher.group_send(group, message)
 
 
 def publish_progress(run_id: UUID | str, data: Any) -> None:

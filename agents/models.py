@@ -1,0 +1,163 @@
+"""An agent instance, its conversation and its turns.
+
+An agent is ``(account, kind, name)``: the kind names a registered ``ChatAgent`` class, the name
+one instance of it inside the account. Each user message starts a *turn*, run by the engine as a
+run of the ``agents.turn`` workflow; the turn's answer streams as *chunks* numbered ``seq`` 1, 2, …
+within the turn, stored (in batches, fenced by the run's lease) before they are published, so any
+client can resume a stream from the database without a gap or a duplicate.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django_fsm import FSMField, FSMModelMixin, transition
+
+from accounts.models import Account
+
+
+class Agent(models.Model):
+    account = models.ForeignKey(Account, on_delete=models.PROTECT, related_name="agents")
+    kind = models.CharField(max_length=64)
+    name = models.CharField(max_length=128)
+    state = models.JSONField(default=dict, blank=True, help_text="The agent's own JSON state.")
+    state_version = models.PositiveIntegerField(default=0, help_text="Raised by one at every state change.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["account", "kind", "name"], name="agents_one_instance")]
+        ordering = ["account", "kind", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.kind}/{self.name} ({self.account})"
+
+
+class TurnStatus(models.TextChoices):
+    QUEUED = "queued"  # waiting for the turns before it (FIFO per agent)
+    RUNNING = "running"  # its run is going: the model streams or a tool runs
+    WAITING = "waiting"  # waiting for a person to approve a tool call (exempt from the budgets)
+    COMPLETED = "completed"  # answered
+    CANCELLED = "cancelled"  # stopped by someone; never runs again
+    SEALED = "sealed"  # ended without a full answer: too old, or out of recovery budget; says why
+    FAILED = "failed"  # an error ended it
+
+
+TURN_ACTIVE = [TurnStatus.RUNNING, TurnStatus.WAITING]
+TURN_OPEN = [TurnStatus.QUEUED, *TURN_ACTIVE]
+TURN_ENDED = [TurnStatus.COMPLETED, TurnStatus.CANCELLED, TurnStatus.SEALED, TurnStatus.FAILED]
+
+
+class Turn(FSMModelMixin, models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="turns")
+    number = models.PositiveIntegerField(help_text="The turn's place in the agent's queue (1, 2, …).")
+    status = FSMField(default=TurnStatus.QUEUED, choices=TurnStatus.choices, protected=True)
+    run = models.OneToOneField(
+        "workflows.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="agent_turn"
+    )
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    source = models.CharField(max_length=16, default="chat", help_text="chat, submission or system.")
+    text = models.TextField(blank=True, help_text="The answer as delivered (partial for a sealed turn).")
+    end_reason = models.CharField(max_length=500, blank=True, help_text="Why the turn ended, in words.")
+    recoveries = models.PositiveIntegerField(default=0, help_text="Times its stream was recovered after a crash.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["agent", "number"], name="agents_turn_number")]
+        indexes = [models.Index(fields=["agent", "status", "number"], name="agents_turn_queue")]
+        ordering = ["agent", "number"]
+
+    def __str__(self) -> str:
+        return f"turn {self.number} of {self.agent}"
+
+    @property
+    def is_ended(self) -> bool:
+        return self.status in TURN_ENDED
+
+    # --- Transitions: services and the turn's steps call them inside atomic() and save. ---
+    @transition(field=status, source=TurnStatus.QUEUED, target=TurnStatus.RUNNING)
+    def begin(self) -> None:
+        """Its run was started (the turn before it ended, or there was none)."""
+
+    @transition(field=status, source=TurnStatus.RUNNING, target=TurnStatus.WAITING)
+    def await_approval(self) -> None:
+        """A tool call waits for a person's decision."""
+
+    @transition(field=status, source=TurnStatus.WAITING, target=TurnStatus.RUNNING)
+    def resume(self) -> None:
+        """The decision came (either way)."""
+
+    @transition(field=status, source=TURN_ACTIVE, target=TurnStatus.COMPLETED)
+    def complete(self) -> None:
+        pass
+
+    @transition(field=status, source=TURN_OPEN, target=TurnStatus.CANCELLED)
+    def cancel(self) -> None:
+        pass
+
+    @transition(field=status, source=TURN_ACTIVE, target=TurnStatus.SEALED)
+    def seal(self) -> None:
+        pass
+
+    @transition(field=status, source=TURN_OPEN, target=TurnStatus.FAILED)
+    def fail(self) -> None:
+        pass
+
+
+class MessageRole(models.TextChoices):
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class Message(models.Model):
+    """The conversation: user messages (written when sent) and, when a turn ends, what it added
+    (assistant text, the tool calls it made and their results), in order."""
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="messages")
+    turn = models.ForeignKey(Turn, null=True, blank=True, on_delete=models.CASCADE, related_name="messages")
+    role = models.CharField(max_length=16, choices=MessageRole.choices)
+    text = models.TextField(blank=True)
+    # Assistant: {"tool_calls": [{"id", "name", "arguments"}]}; tool: {"tool_call_id", "name", "result"}.
+    parts = models.JSONField(default=dict, blank=True)
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["agent", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.role} message {self.pk}"
+
+
+class Chunk(models.Model):
+    """One piece of a turn's stream, in the shape of the AI SDK UI message stream: ``start``,
+    ``text-delta``, ``tool-input-available``, ``tool-output-available``, ``finish``, ``data-*``."""
+
+    id = models.BigAutoField(primary_key=True)
+    turn = models.ForeignKey(Turn, on_delete=models.CASCADE, related_name="chunks")
+    seq = models.PositiveIntegerField()
+    type = models.CharField(max_length=40)
+    data = models.JSONField(default=dict, blank=True)
+    # Names a chunk that must be written once whatever retries (e.g. a tool call's output); blank otherwise.
+    key = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["turn", "seq"], name="agents_chunk_seq"),
+            models.UniqueConstraint(fields=["turn", "key"], condition=~models.Q(key=""), name="agents_chunk_key"),
+        ]
+        ordering = ["turn", "seq"]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.seq}"

@@ -1,0 +1,38 @@
+"""What an agent's clients receive live: the channel-layer group of an agent and its messages.
+
+The database is the authority (chunks, turns, messages, state); these pushes only save clients a
+poll. Each is sent after the commit that wrote what it announces (``workflows.outbox.on_commit``),
+from the process's one publisher thread, so one writer's pushes arrive in the order it wrote.
+A consumer that sees a gap in a turn's ``seq`` fills it from the database.
+
+Channel-layer messages sent to ``group_name(agent_id)`` (the consumer has one method per type):
+
+- ``{"type": "agent.chunks", "turn": "<uuid>", "chunks": [{"seq", "type", "data"}, …]}``: a
+  batch of one turn's stream, in ``seq`` order, as stored.
+- ``{"type": "agent.turn", "turn": {"id", "number", "status", "end_reason"}}``: a turn was
+  queued, started, waits for an approval, or ended.
+- ``{"type": "agent.message", "message": {"id", "turn", "role", "text", "parts", "created_at"}}``:
+  a message joined the conversation.
+- ``{"type": "agent.state", "version": N, "state": {…}}``: the agent's state changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from workflows.outbox import on_commit
+from workflows.streams import group_send_later
+
+
+def group_name(agent_id: int) -> str:
+    return f"agent.{agent_id}"
+
+
+def push_later(agent_id: int, message: dict[str, Any]) -> None:
+    """Push ``message`` to the agent's clients once the current transaction commits."""
+    group = group_name(agent_id)
+    on_commit(lambda: group_send_later(group, message))
+
+
+def chunk_data(seq: int, type_: str, data: Any) -> dict[str, Any]:
+    return {"seq": seq, "type": type_, "data": data}
