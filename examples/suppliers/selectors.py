@@ -29,8 +29,9 @@ def sees_all(user: User) -> bool:
     return can_see_all(user) or user.has_perm(DECIDE_ANY) or user.groups.filter(name=REVIEWERS).exists()
 
 
-def assessment_list(*, user: User, status: str | None = None) -> QuerySet[SupplierAssessment]:
-    """The requester sees their own assessments; reviewers see all of them."""
+def assessment_list(*, user: User, status: str | None = None, supplier: str = "") -> QuerySet[SupplierAssessment]:
+    """The requester sees their own assessments; reviewers see all of them. ``supplier`` narrows
+    them to suppliers whose name contains it (any case)."""
     if not user.is_authenticated or not user.is_active:
         return SupplierAssessment.objects.none()
     assessments = SupplierAssessment.objects.select_related("requested_by", "decided_by")
@@ -38,6 +39,8 @@ def assessment_list(*, user: User, status: str | None = None) -> QuerySet[Suppli
         assessments = assessments.filter(requested_by_id=user.pk)
     if status:
         assessments = assessments.filter(status=status)
+    if supplier:
+        assessments = assessments.filter(supplier_name__icontains=supplier)
     return assessments
 
 
