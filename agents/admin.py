@@ -1,0 +1,91 @@
+"""Agents in the admin: each conversation, its turns, and for each turn its stream, the tool calls
+and results it added, how often it was recovered and why it ended, with a link to the run that
+drove it. Read-only: turns move only through the services (the status is a protected FSM field),
+and chunks and messages are history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+
+from agents.models import Agent, Chunk, Message, Turn
+from workflows.admin import ReadOnlyInline
+
+
+class _ReadOnly(admin.ModelAdmin[Any]):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # written by the services and the turns' runs
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class TurnInline(ReadOnlyInline[Turn, Agent]):
+    model = Turn
+    fields = ("number", "status", "requested_by", "recoveries", "end_reason", "created_at", "finished_at")
+    readonly_fields = fields
+    ordering = ("-number",)
+    show_change_link = True
+
+
+class MessageInline(ReadOnlyInline[Message, Turn]):
+    model = Message
+    fields = ("role", "text", "parts", "author", "created_at")
+    readonly_fields = fields
+    ordering = ("id",)
+
+
+class ChunkInline(ReadOnlyInline[Chunk, Turn]):
+    model = Chunk
+    fields = ("seq", "type", "data", "created_at")
+    readonly_fields = fields
+    ordering = ("seq",)
+
+
+@admin.register(Agent)
+class AgentAdmin(_ReadOnly):
+    list_display = ("kind", "name", "account", "state_version", "updated_at")
+    list_filter = ("kind",)
+    list_select_related = ("account",)
+    search_fields = ("name", "account__slug")
+    fields = ("account", "kind", "name", "state", "state_version", "created_at", "updated_at")
+    readonly_fields = fields
+    inlines = (TurnInline,)
+
+
+@admin.register(Turn)
+class TurnAdmin(_ReadOnly):
+    list_display = ("__str__", "status", "requested_by", "recoveries", "end_reason", "created_at", "run_link")
+    list_filter = ("status", "agent__kind")
+    list_select_related = ("agent__account", "requested_by")
+    search_fields = ("id", "agent__name", "agent__account__slug")
+    fields = (
+        "agent",
+        "number",
+        "status",
+        "source",
+        "requested_by",
+        "run_link",
+        "text",
+        "recoveries",
+        "end_reason",
+        "created_at",
+        "started_at",
+        "finished_at",
+    )
+    readonly_fields = fields
+    inlines = (MessageInline, ChunkInline)
+
+    @admin.display(description="run")
+    def run_link(self, obj: Turn) -> str:
+        if obj.run_id is None:
+            return "-"
+        url = reverse("admin:workflows_workflowrun_change", args=[obj.run_id])
+        return format_html('<a href="{}">{}</a>', url, obj.run_id)
