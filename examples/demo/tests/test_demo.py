@@ -10,6 +10,7 @@ from django.contrib.auth import authenticate
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 
+from accounts.models import Account
 from approvals import ApprovalRefused, decide
 from approvals.models import ApprovalRequest
 from examples.demo.management.commands.seed_demo import RUN_KEY
@@ -126,6 +127,9 @@ def test_seed_demo_is_idempotent() -> None:
     assert f"Demo run {run.pk} (demo.onboarding, owner alice): started." in first.getvalue()
     assert "already existed" in second.getvalue()
     assert f"Demo run {run.pk} (demo.onboarding, owner alice): already exists" in second.getvalue()
+    # and the tenants: alice and bob share acme, mallory is alone in globex
+    members = {a.slug: sorted(m.user.username for m in a.memberships.all()) for a in Account.objects.all()}
+    assert members == {"acme": ["alice", "bob"], "globex": ["mallory"]}
 
 
 @pytest.mark.django_db

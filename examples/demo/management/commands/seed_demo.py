@@ -49,6 +49,7 @@ ROLES = {
     "dave": "auditor: sees runs, operations, records and approvals, changes nothing",
     "mallory": "another customer: sees none of alice's refunds",
 }
+ACCOUNTS = [("acme", "Acme Household", ["alice", "bob"]), ("globex", "Globex", ["mallory"])]
 DEMO_ORDERS = [("1041", "25.00", [{"sku": "MUG", "qty": 1}]), ("1042", "150.00", [{"sku": "KETTLE", "qty": 1}])]
 # Fixed, because the key is: the same key with another payload is an IdempotencyConflict.
 RUN_PAYLOAD = {"customer": "alice", "plan": "team", "settle_seconds": 3, "approval_timeout_seconds": 3600}
@@ -85,6 +86,20 @@ class Command(BaseCommand):
         from examples.suppliers.demo import seed as seed_suppliers
 
         seed_suppliers(self.stdout)
+        self.seed_accounts()
+
+    def seed_accounts(self) -> None:
+        """The tenants: alice and bob share the account acme, mallory has globex of her own."""
+        from django.contrib.auth.models import User
+
+        from accounts.services import account_ensure
+
+        users = {u.username: u for u in User.objects.filter(username__in=["alice", "bob", "mallory"])}
+        for slug, name, members in ACCOUNTS:
+            account_ensure(slug=slug, name=name, members=[users[m] for m in members])
+        self.stdout.write(
+            "Accounts: " + "; ".join(f"{slug} ({', '.join(members)})" for slug, _name, members in ACCOUNTS) + "."
+        )
 
     def seed_refunds(self, alice: User) -> None:
         """The refund example's cast and alice's orders (examples/refunds). Refunds themselves are
