@@ -220,7 +220,7 @@ def choices(chunk: dict[str, Any]) -> list[dict[str, Any]]:
     found = chunk.get("choices")
     if not isinstance(found, list):
         return []
-    return [c for c in found if isinstance(c, dict) and c.get("index", 0) == 0]
+    return [c for c in found if isinstance(c, dict) and c.get("index") in (0, None)]
 
 
 def finish_reason(reported: str | None, *, called: bool) -> str:

@@ -460,10 +460,12 @@ def test_comments_other_fields_and_blank_lines_are_not_data() -> None:
         ": keep-alive",
         "",
         "event: message",
-        'data:{"choices": [{"delta": {"content": "Hi"}}]}',
+        'data:{"choices": [{"delta": {"content": "Hi"}}]}',  # no space after the colon, no index
         "",
+        'data: {"choices": [{"index": null, "delta": {"content": "!"}}]}',
+        'data: {"choices": [{"index": 1, "delta": {"content": "another choice"}}]}',
         "data: [DONE]",
     ]
 
     # then
-    assert list(stream_events(lines, seed="1")) == [TextDelta("Hi"), Finish("stop")]
+    assert list(stream_events(lines, seed="1")) == [TextDelta("Hi"), TextDelta("!"), Finish("stop")]
