@@ -90,7 +90,7 @@ Decision = Call | str
 
 
 class RulesProvider:
-    """The embedded default model (``AGENTS_MODEL`` "rules")."""
+    """The embedded default model: no network, the same events for the same conversation."""
 
     name = "rules"
 
@@ -169,8 +169,8 @@ def parse_result(content: str) -> dict[str, Any]:
 
 def decide(situation: Situation) -> Decision:
     text = situation.text
-    if ASSESSMENT_WORD.search(text):
-        return assessment(situation)
+    if ASSESSMENT_WORD.search(text) or (SUPPLIER.search(text) and not REFUND_WORD.search(text)):
+        return assessment(situation)  # "the review of Acme" too, but not "the review of my refund"
     if REFUND_WORD.search(text):
         if STATUS_QUESTION.search(text):
             return refund_status(situation)
