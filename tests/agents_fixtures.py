@@ -4,7 +4,8 @@
 model does by what it sends:
 
 - ``story <words> <delay>``: an answer of ``<words>`` words ("w1 w2 …"), ``<delay>`` seconds each;
-- ``record <path>``: calls ``record`` (appends a line to ``<path>``), then answers with its result;
+- ``record <path> [<delay>]``: calls ``record`` (appends a line to ``<path>``), then answers with its
+  result (or, given a delay, with 21 words that slowly);
 - ``refund <amount> <path>``: calls ``refund`` (needs approval by ``agents-test-approvers``;
   appends to ``<path>`` when it runs), then answers with its result;
 - ``pay <path>``: calls ``pay`` (an Effect through the ledger; the adapter appends to ``<path>``);
@@ -107,14 +108,16 @@ def script(request: ModelRequest) -> tuple[list[ModelEvent], float]:
     last: ChatMessage = request.messages[-1]
     asked = users[-1].content.split()
     call_id = f"t{len(users)}"
-    if last.role == "tool":
-        return _words(f"Done: {last.content}", 0.0)
     command = asked[0] if asked else ""
+    if last.role == "tool":
+        if command == "record" and len(asked) > 2:  # record <path> <delay>: a slow answer after the tool
+            return _words("Done: " + " ".join(f"d{i}" for i in range(1, 21)), float(asked[2]))
+        return _words(f"Done: {last.content}", 0.0)
     if command == "story":
         n, delay = int(asked[1]), float(asked[2])
         return _words(" ".join(f"w{i}" for i in range(1, n + 1)), delay)
     calls: dict[str, ToolCall] = {
-        "record": ToolCall(call_id, "record", {"path": asked[-1]}),
+        "record": ToolCall(call_id, "record", {"path": asked[1] if len(asked) > 1 else ""}),
         "refund": ToolCall(call_id, "refund", {"amount": asked[1] if len(asked) > 2 else "1", "path": asked[-1]}),
         "pay": ToolCall(call_id, "pay", {"path": asked[-1]}),
         "bad": ToolCall(call_id, "record", None, error="the arguments were not JSON"),
