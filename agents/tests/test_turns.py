@@ -136,6 +136,7 @@ def test_stop_cancels_a_queued_and_a_running_turn_for_good(worker: Worker, users
     for turn in (queued, running):
         assert_seq_complete(turn)
         assert chunks(turn)[-1].type == "finish" and chunks(turn)[-1].data == {"reason": "stopped"}
+    assert running.run_id is not None
     run = WorkflowRun.objects.get(pk=running.run_id)
     assert run.status == RunStatus.TERMINATED
     # and nothing is added to the stream afterwards, not even by a worker started later
