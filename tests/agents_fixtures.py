@@ -25,7 +25,10 @@ from typing import Any
 from agents.providers.base import ChatMessage, Finish, ModelEvent, ModelRequest, Provider, TextDelta, ToolCall
 from agents.providers.scripted import ScriptedProvider
 from agents.registry import Approval, ChatAgent, Effect, ToolContext, agent, tool
+from agents.state import AgentStep, AgentWorkflow
 from ledger import Succeeded, register_adapter
+from workflows import workflow
+from workflows.registry import Event
 
 APPROVERS = "agents-test-approvers"
 
@@ -151,3 +154,13 @@ class Sealing(TestChat):
 class Retrying(TestChat):
     def on_chat_recovery(self, ctx: Any) -> Any:
         return "retry"
+
+
+@workflow("test.agent-state")
+class StateReport(AgentWorkflow):
+    """Reports a process's stages to an agent's chat through its state (payload ``{"agent": id}``)."""
+
+    def run_agent(self, event: Event, step: AgentStep) -> int:
+        step.merge_agent_state({"refund": "submitted", "note": "x"})
+        step.merge_agent_state({"note": None})
+        return step.update_agent_state({"refund": "confirmed"})
