@@ -21,7 +21,7 @@ from agents import streams
 from agents.chunks import append_unfenced
 from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Message, MessageRole, Turn, TurnStatus
 from workflows.exceptions import InvalidPayload, TransitionNotAllowed
-from workflows.models import WorkflowRun
+from workflows.models import RunStatus, WorkflowRun
 from workflows.services import check_json_size, run_start, run_terminate
 from workflows.storable import text_problem
 
@@ -93,9 +93,27 @@ def message_send(*, agent: Agent, user: User | None, text: str, source: str = "c
         message = Message.objects.create(agent=agent, turn=turn, role=MessageRole.USER, text=text, author=user)
         push_message(message)
         push_turn(turn)
+        repair_locked(agent)
         start_next_locked(agent)
     turn.refresh_from_db()
     return turn
+
+
+RUN_FAILED_MESSAGE = "Sorry: something went wrong and this answer could not be finished. Please try again."
+
+
+def repair_locked(agent: Agent) -> None:
+    """End as failed the active turns whose run ended without ending them (the engine failed it
+    before its workflow ran: too many lost workers, say), so the queue moves on. Call inside atomic()
+    with the agent row locked."""
+    stuck = Turn.objects.select_related("agent", "run").filter(
+        agent=agent, status__in=TURN_ACTIVE, run__status__in=[RunStatus.FAILED, RunStatus.COMPLETED]
+    )
+    for turn in stuck:
+        assert turn.run is not None
+        append_unfenced(turn_id=turn.pk, agent_id=turn.agent_id, type_="data-notice", data={"text": RUN_FAILED_MESSAGE})
+        why = str((turn.run.error or {}).get("message") or turn.run.failure_reason or turn.run.status)
+        end_locked(turn, status=TurnStatus.FAILED, reason=f"its run ended: {why}", finish="error")
 
 
 def start_next_locked(agent: Agent) -> Turn | None:

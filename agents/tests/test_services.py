@@ -13,7 +13,7 @@ from tests.factories import Users
 from tests.fixtures import NoEnqueue
 from tests.support import Worker, wait_for_terminal
 from workflows import public as wf
-from workflows.models import RunStatus
+from workflows.models import RunStatus, WorkflowRun
 from workflows.services import run_terminate
 
 
@@ -124,3 +124,26 @@ def test_a_turn_reads_the_conversation_before_it(worker: Worker, users: Users) -
     assert turn.text == "You said: second"
     texts = list(Message.objects.filter(agent=agent).order_by("id").values_list("text", flat=True))
     assert texts == ["first", "You said: first", "second", "You said: second"]
+
+
+@pytest.mark.django_db
+def test_a_turn_whose_run_failed_outside_its_steps_fails_and_the_queue_moves_on(
+    users: Users, no_enqueue: NoEnqueue
+) -> None:
+    # given a turn whose run the engine failed before the workflow could end it (too many lost workers)
+    agent = chat_agent(users.alice)
+    first = message_send(agent=agent, user=users.alice, text="one")
+    assert first.run_id is not None
+    WorkflowRun.objects.filter(pk=first.run_id).update(
+        status=RunStatus.FAILED, error={"message": "the run's worker was lost 6 times"}
+    )
+
+    # when alice sends another message
+    second = message_send(agent=agent, user=users.alice, text="two")
+
+    # then the first turn failed with a message she sees, and the second runs
+    first.refresh_from_db()
+    assert first.status == TurnStatus.FAILED
+    assert first.end_reason == "its run ended: the run's worker was lost 6 times"
+    assert [c["type"] for c in chunks_after(first)] == ["data-notice", "finish"]
+    assert second.status == TurnStatus.RUNNING
