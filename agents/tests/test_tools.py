@@ -172,3 +172,14 @@ def test_a_tool_with_an_unsupported_type_is_refused_when_declared() -> None:
             """Odd."""
 
     assert schema_of(lambda ctx: None)[0]["properties"] == {}
+
+
+def test_agents_list_names_the_registered_kinds() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("agents", "list", stdout=out)
+    line = next(line for line in out.getvalue().splitlines() if line.startswith("test.chat\t"))
+    assert "tests.agents_fixtures.TestChat" in line and "tools record, refund, pay, explode" in line
