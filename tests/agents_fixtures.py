@@ -164,3 +164,10 @@ class StateReport(AgentWorkflow):
         step.merge_agent_state({"refund": "submitted", "note": "x"})
         step.merge_agent_state({"note": None})
         return step.update_agent_state({"refund": "confirmed"})
+
+
+@agent("test.rules")
+class RulesChat(ChatAgent):
+    """The embedded rules model, with no tools: it says what it can do."""
+
+    model = "rules"

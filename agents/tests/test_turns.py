@@ -166,3 +166,13 @@ def test_a_stop_lets_the_next_queued_turn_run(worker: Worker, users: Users) -> N
     second = wait_ended(second)
     assert second.status == TurnStatus.COMPLETED
     assert second.text == "You said: hello"
+
+
+def test_a_turn_with_the_rules_model_streams_its_answer(worker: Worker, users: Users) -> None:
+    agent = chat_agent(users.alice, kind="test.rules")
+
+    turn = wait_ended(message_send(agent=agent, user=users.alice, text="hello"))
+
+    assert turn.status == TurnStatus.COMPLETED, turn.end_reason
+    assert turn.text and streamed_text(turn) == turn.text
+    assert_seq_complete(turn)
