@@ -1,6 +1,19 @@
 from django.apps import AppConfig
+from django.conf import settings
 
 
 class AgentsConfig(AppConfig):
     name = "agents"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.utils.module_loading import autodiscover_modules
+
+        from agents import services
+        from agents.registry import import_agent_modules
+        from workflows import hooks
+
+        # A turn's run terminated by anyone (a stop, staff in the admin) cancels the turn.
+        hooks.on_run_terminated(services.on_run_terminated)
+        autodiscover_modules("agents")
+        import_agent_modules(getattr(settings, "AGENTS_MODULES", []))

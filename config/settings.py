@@ -326,6 +326,23 @@ LEDGER: dict[str, Any] = {
     "RECONCILE_CONCURRENCY": envint("LEDGER_RECONCILE_CONCURRENCY", 16),
 }
 
+# --- Agents: chat turns as durable runs (agents/) -----------------------------------------------
+# Extra modules that define agents, besides every installed app's agents.py.
+AGENTS_MODULES = envlist("AGENTS_MODULES", [])
+# A turn older than this when its run starts (or recovers) a model round is sealed, not answered late.
+AGENTS_STALE_TURN_SECONDS = envfloat("AGENTS_STALE_TURN_SECONDS", 3600.0)
+# Recoveries of one turn's stream after a crash; past it the turn is sealed with a message saying so.
+AGENTS_MAX_RECOVERIES = envint("AGENTS_MAX_RECOVERIES", 3)
+# A recovery that finds the stream silent for longer than this is out of budget too (sealed).
+AGENTS_MAX_SILENCE_SECONDS = envfloat("AGENTS_MAX_SILENCE_SECONDS", 120.0)
+# Model rounds (a model call and the tool calls it asks for) in one turn.
+AGENTS_MAX_ROUNDS = envint("AGENTS_MAX_ROUNDS", 8)
+AGENTS_MAX_MESSAGE_CHARS = envint("AGENTS_MAX_MESSAGE_CHARS", 4000)
+# A turn's chunks are stored in batches: at this many, or when this long has passed since the
+# last batch, and at the end of each step.
+AGENTS_CHUNK_FLUSH_MS = envfloat("AGENTS_CHUNK_FLUSH_MS", 20.0)
+AGENTS_CHUNK_FLUSH_COUNT = envint("AGENTS_CHUNK_FLUSH_COUNT", 64)
+
 # --- The refund example (examples/refunds; read only where INSTALL_EXAMPLES is on) -------------
 # The payment provider the "payments" ledger adapter talks to (examples/sandbox in development).
 SANDBOX_PAYMENTS_URL = envstr("SANDBOX_PAYMENTS_URL", "http://127.0.0.1:8765")

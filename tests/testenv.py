@@ -10,6 +10,7 @@ os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
 # The suite tests the examples too (tests/test_without_examples.py starts a process without them).
 os.environ["INSTALL_EXAMPLES"] = "1"
 os.environ.setdefault("WORKFLOWS_MODULES", "tests.workflows_fixtures,approvals.tests.workflows")
+os.environ.setdefault("AGENTS_MODULES", "tests.agents_fixtures")
 os.environ.setdefault("WORKFLOWS_QUEUE", f"test-{os.getpid()}")
 os.environ.setdefault("WORKFLOWS_LEASE_SECONDS", "2")
 os.environ.setdefault("WORKFLOWS_ENQUEUE_GRACE_SECONDS", "2")

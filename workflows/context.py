@@ -15,6 +15,9 @@ class StepContext:
     run_id: UUID
     attempt: int
     step: str
+    # The lease owner of the worker running the body ("" for a step sent to another queue, which
+    # runs without the run's lease): writes fenced by the lease (the agents' chunks) check it.
+    owner: str = ""
 
 
 _current: ContextVar[StepContext | None] = ContextVar("workflows_current_step", default=None)
@@ -26,8 +29,8 @@ def current_step() -> StepContext | None:
 
 
 @contextmanager
-def in_step(run_id: UUID, attempt: int, step: str) -> Iterator[None]:
-    token = _current.set(StepContext(run_id, attempt, step))
+def in_step(run_id: UUID, attempt: int, step: str, owner: str = "") -> Iterator[None]:
+    token = _current.set(StepContext(run_id, attempt, step, owner))
     try:
         yield
     finally:

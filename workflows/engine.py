@@ -347,7 +347,7 @@ class Step:
     ) -> Any:
         started = timezone.now()
         message = f"step {key!r} try {tries} ran past its timeout of {limit:g}s"
-        run_id = self._run.id
+        run_id, owner = self._run.id, self._owner
         try:
             # The heartbeat renews the lease only until the timeout plus a grace: a body stuck past
             # it (StepTimeout swallowed, C code with signals blocked) lets another worker recover
@@ -357,7 +357,7 @@ class Step:
                 if atomic:
                     # The body's writes and the step result commit together, or neither does.
                     with transaction.atomic():
-                        with step_store.time_limit(limit, message), in_step(run_id, self._run.attempt, key):
+                        with step_store.time_limit(limit, message), in_step(run_id, self._run.attempt, key, owner):
                             value = fn(*args)
                         value, text = step_store.encode(value, what=f"the result of step {key!r}")
                         if not self._store(
@@ -372,7 +372,7 @@ class Step:
                         ):
                             raise _LostRace
                     return value
-                with step_store.time_limit(limit, message), in_step(run_id, self._run.attempt, key):
+                with step_store.time_limit(limit, message), in_step(run_id, self._run.attempt, key, owner):
                     value = fn(*args)
             finally:
                 heartbeat.step_ended(run_id)

@@ -1,0 +1,143 @@
+"""Writing a turn's stream: chunks stored in batches, fenced by the run's lease, then published.
+
+A model step yields a chunk per token or so; a commit per chunk would make the database the
+bottleneck. ``ChunkWriter`` buffers them and stores a batch with one INSERT when it holds
+``AGENTS_CHUNK_FLUSH_COUNT`` chunks, when ``AGENTS_CHUNK_FLUSH_MS`` have passed since the last
+batch (so a slow model's chunks go out one by one, at once), and when the step ends (``close``).
+
+Each INSERT is fenced: it writes only while the run's row says this worker holds the lease (the
+owner matches, the lease has not expired, the run is ``running``), and it takes a share lock on
+that row, so a terminate or a takeover committed first makes it write nothing, and one that comes
+later waits for it. A writer fenced out raises ``FencedOut``, which ends the step: a worker that
+lost its run can never add to the turn's stream. ``seq`` continues from the highest stored one,
+read when the writer starts (nobody else writes a running turn's chunks: only the lease holder).
+
+A chunk with a ``key`` is stored once whatever retries (a tool call's output): it goes in a batch
+of its own, ``ON CONFLICT DO NOTHING``, and if it was there already it takes no ``seq``.
+
+Every stored batch is pushed after its commit as one ``agent.chunks`` message (``streams``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import IntegrityError, connection, transaction
+from django.db.models import Max
+
+from agents import streams
+from agents.models import Chunk
+from workflows.models import RunStatus, WorkflowRun
+
+CHUNKS = Chunk._meta.db_table
+RUNS = WorkflowRun._meta.db_table
+
+
+class FencedOut(Exception):
+    """The run's lease is no longer this worker's: the chunk was not stored, and the step must stop."""
+
+
+def dumps(data: Any) -> str:
+    return json.dumps(data, cls=DjangoJSONEncoder, allow_nan=False)
+
+
+def last_seq(turn_id: UUID | str) -> int:
+    return int(Chunk.objects.filter(turn_id=turn_id).aggregate(m=Max("seq"))["m"] or 0)
+
+
+def _fence_sql() -> str:
+    return (
+        f"EXISTS (SELECT 1 FROM {RUNS} WHERE id = %s AND lease_owner = %s AND lease_owner <> '' "
+        f"AND lease_expires_at > now() AND status = '{RunStatus.RUNNING}' FOR SHARE)"
+    )
+
+
+def fence(run_id: UUID, owner: str) -> None:
+    """Share-lock the run's row if this worker holds its lease, else raise FencedOut (inside an
+    atomic block: the lock lasts until its commit, so nobody terminates the run meanwhile)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {_fence_sql()}", [run_id, owner])
+        row = cursor.fetchone()
+    if not (row and row[0]):
+        raise FencedOut(f"run {run_id}: the lease is not {owner!r}'s")
+
+
+class ChunkWriter:
+    """The stream of one turn, written by the worker holding its run's lease (``owner``)."""
+
+    def __init__(self, *, turn_id: UUID | str, agent_id: int, run_id: UUID, owner: str) -> None:
+        self.turn_id = UUID(str(turn_id))
+        self.agent_id = agent_id
+        self.run_id = run_id
+        self.owner = owner
+        self.seq = last_seq(self.turn_id)  # the last stored seq; the next chunk is seq + 1
+        self._buffer: list[tuple[str, Any]] = []
+        self._last_flush = 0.0  # monotonic; 0: the first chunk goes out at once
+        self.flush_count = int(settings.AGENTS_CHUNK_FLUSH_COUNT)
+        self.flush_seconds = float(settings.AGENTS_CHUNK_FLUSH_MS) / 1000
+
+    def add(self, type_: str, data: Any) -> None:
+        """Buffer a chunk; store the buffer if it is full or the last batch is old enough."""
+        self._buffer.append((type_, data))
+        if len(self._buffer) >= self.flush_count or time.monotonic() - self._last_flush >= self.flush_seconds:
+            self.flush()
+
+    def add_once(self, type_: str, data: Any, *, key: str) -> bool:
+        """Store a chunk that exists once per turn and ``key``, now; False if it was stored already."""
+        self.flush()
+        return bool(self._insert([(type_, data)], key=key))
+
+    def flush(self) -> None:
+        if self._buffer:
+            batch, self._buffer = self._buffer, []
+            self._insert(batch)
+        self._last_flush = time.monotonic()
+
+    close = flush
+
+    def _insert(self, batch: list[tuple[str, Any]], *, key: str = "") -> int:
+        first = self.seq + 1
+        rows = ", ".join(["(%s, %s, %s::jsonb, %s)"] * len(batch))
+        params: list[Any] = []
+        for i, (type_, data) in enumerate(batch):
+            params += [first + i, type_, dumps(data), key]
+        params += [self.run_id, self.owner]
+        conflict = "ON CONFLICT (turn_id, key) WHERE NOT (key = '') DO NOTHING" if key else ""
+        sql = (
+            f"INSERT INTO {CHUNKS} (turn_id, seq, type, data, key, created_at) "
+            f"SELECT '{self.turn_id}'::uuid, v.seq, v.type, v.data, v.key, now() "
+            f"FROM (VALUES {rows}) AS v(seq, type, data, key) WHERE {_fence_sql()} {conflict} RETURNING seq"
+        )
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                written = len(cursor.fetchall())
+        except IntegrityError as exc:
+            # The seq was taken: someone else wrote this turn's stream (a stop, a worker that took
+            # the run over). Either way this writer is no longer the stream's.
+            raise FencedOut(f"turn {self.turn_id}: seq {first} is taken") from exc
+        if written == 0:
+            if key and Chunk.objects.filter(turn_id=self.turn_id, key=key).exists():
+                return 0
+            raise FencedOut(f"run {self.run_id}: the lease is not {self.owner!r}'s; chunks not stored")
+        self.seq += written
+        chunks = [streams.chunk_data(first + i, t, json.loads(dumps(data))) for i, (t, data) in enumerate(batch)]
+        streams.push_later(self.agent_id, {"type": "agent.chunks", "turn": str(self.turn_id), "chunks": chunks})
+        return written
+
+
+def append_unfenced(*, turn_id: UUID | str, agent_id: int, type_: str, data: Any) -> int:
+    """Store one chunk for a service that ends a turn from outside its run (a stop): call inside
+    atomic() with the turn's run row locked (or no run), so no lease holder writes meanwhile.
+    Returns its seq."""
+    seq = last_seq(turn_id) + 1
+    Chunk.objects.create(turn_id=turn_id, seq=seq, type=type_, data=json.loads(dumps(data)))
+    streams.push_later(
+        agent_id, {"type": "agent.chunks", "turn": str(turn_id), "chunks": [streams.chunk_data(seq, type_, data)]}
+    )
+    return seq

@@ -1,0 +1,225 @@
+"""Writes: messages, turns and their queue, the agent's state. Each runs in one transaction.
+
+The agent's row is the queue's lock: every service that queues, starts or ends a turn locks it
+first (``select_for_update``), so two messages sent at once get consecutive numbers in the order
+they locked, and the check "no turn of this agent is open" and the start of the next turn cannot
+interleave: one agent never runs two turns at once.
+
+Lock order, everywhere: the turn's run row, then the agent row (``workflows.run_terminate`` locks
+the run before its hooks run, and the turn's last step share-locks the run before the agent).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from agents import streams
+from agents.chunks import append_unfenced
+from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Message, MessageRole, Turn, TurnStatus
+from workflows.exceptions import InvalidPayload, TransitionNotAllowed
+from workflows.models import RunStatus, WorkflowRun
+from workflows.services import check_json_size, run_start, run_terminate
+from workflows.storable import text_problem
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+TURN_WORKFLOW = "agents.turn"
+
+
+class InvalidMessage(InvalidPayload):
+    """The message cannot be sent (empty, too long, or text PostgreSQL cannot store): a 400."""
+
+
+class TurnNotStoppable(TransitionNotAllowed):
+    """The turn has ended already: a 409."""
+
+
+# --- pushes -------------------------------------------------------------------------------------------
+def turn_data(turn: Turn) -> dict[str, Any]:
+    return {"id": str(turn.pk), "number": turn.number, "status": turn.status, "end_reason": turn.end_reason}
+
+
+def message_data(message: Message) -> dict[str, Any]:
+    return {
+        "id": message.pk,
+        "turn": str(message.turn_id) if message.turn_id else None,
+        "role": message.role,
+        "text": message.text,
+        "parts": message.parts,
+        "created_at": message.created_at.isoformat() if message.created_at else None,
+    }
+
+
+def push_turn(turn: Turn) -> None:
+    streams.push_later(turn.agent_id, {"type": "agent.turn", "turn": turn_data(turn)})
+
+
+def push_message(message: Message) -> None:
+    streams.push_later(message.agent_id, {"type": "agent.message", "message": message_data(message)})
+
+
+# --- messages and the queue ---------------------------------------------------------------------------
+def check_message(text: Any) -> str:
+    """The text to send, or InvalidMessage."""
+    if not isinstance(text, str):
+        raise InvalidMessage("the message must be text")
+    if not text.strip():
+        raise InvalidMessage("the message is empty")
+    limit = int(settings.AGENTS_MAX_MESSAGE_CHARS)
+    if len(text) > limit:
+        raise InvalidMessage(f"the message is {len(text):,} characters; the limit is {limit:,}")
+    if (problem := text_problem(text)) is not None:
+        raise InvalidMessage(f"the message contains {problem}")
+    return text
+
+
+def lock_agent(agent: Agent) -> Agent:
+    return Agent.objects.select_for_update().get(pk=agent.pk)
+
+
+def message_send(*, agent: Agent, user: User | None, text: str, source: str = "chat") -> Turn:
+    """Write the user's message and its turn; start the turn now if no turn of the agent is open,
+    else leave it queued behind them (FIFO). Pushes ``agent.message`` and ``agent.turn``."""
+    text = check_message(text)
+    with transaction.atomic():
+        agent = lock_agent(agent)
+        last = Turn.objects.filter(agent=agent).order_by("-number").values_list("number", flat=True).first()
+        turn = Turn.objects.create(agent=agent, number=(last or 0) + 1, requested_by=user, source=source)
+        message = Message.objects.create(agent=agent, turn=turn, role=MessageRole.USER, text=text, author=user)
+        push_message(message)
+        push_turn(turn)
+        repair_locked(agent)
+        start_next_locked(agent)
+    turn.refresh_from_db()
+    return turn
+
+
+RUN_FAILED_MESSAGE = "Sorry: something went wrong and this answer could not be finished. Please try again."
+
+
+def repair_locked(agent: Agent) -> None:
+    """End as failed the active turns whose run ended without ending them (the engine failed it
+    before its workflow ran: too many lost workers, say), so the queue moves on. Call inside atomic()
+    with the agent row locked."""
+    stuck = Turn.objects.select_related("agent", "run").filter(
+        agent=agent, status__in=TURN_ACTIVE, run__status__in=[RunStatus.FAILED, RunStatus.COMPLETED]
+    )
+    for turn in stuck:
+        assert turn.run is not None
+        append_unfenced(turn_id=turn.pk, agent_id=turn.agent_id, type_="data-notice", data={"text": RUN_FAILED_MESSAGE})
+        why = str((turn.run.error or {}).get("message") or turn.run.failure_reason or turn.run.status)
+        end_locked(turn, status=TurnStatus.FAILED, reason=f"its run ended: {why}", finish="error")
+
+
+def start_next_locked(agent: Agent) -> Turn | None:
+    """Start the agent's oldest queued turn if none is running or waiting. Call inside atomic() with
+    the agent row locked. Returns the turn started, or None."""
+    if Turn.objects.filter(agent=agent, status__in=TURN_ACTIVE).exists():
+        return None
+    turn = Turn.objects.filter(agent=agent, status=TurnStatus.QUEUED).order_by("number").first()
+    if turn is None:
+        return None
+    run, _ = run_start(workflow=TURN_WORKFLOW, payload={"turn": str(turn.pk)}, owner=_user(turn))
+    turn.begin()
+    turn.run = run
+    turn.started_at = timezone.now()
+    turn.save(update_fields=["status", "run", "started_at"])
+    push_turn(turn)
+    return turn
+
+
+def _user(turn: Turn) -> Any:
+    return turn.requested_by
+
+
+def end_locked(turn: Turn, *, status: str, reason: str, text: str | None = None, finish: str | None = None) -> None:
+    """End an open turn (inside atomic(), its agent row locked): take the transition, write why, write
+    the ``finish`` chunk if ``finish`` (its reason) is given, push, and start the next queued turn."""
+    transition = {
+        TurnStatus.COMPLETED: turn.complete,
+        TurnStatus.CANCELLED: turn.cancel,
+        TurnStatus.SEALED: turn.seal,
+        TurnStatus.FAILED: turn.fail,
+    }[TurnStatus(status)]
+    transition()
+    turn.end_reason = reason[:500]
+    if text is not None:
+        turn.text = text
+    turn.finished_at = timezone.now()
+    turn.save(update_fields=["status", "end_reason", "text", "finished_at"])
+    if finish is not None:
+        append_unfenced(turn_id=turn.pk, agent_id=turn.agent_id, type_="finish", data={"reason": finish})
+    push_turn(turn)
+    start_next_locked(turn.agent)
+
+
+def turn_stop(*, turn: Turn, user: User | None) -> Turn:
+    """Stop a turn for good: a queued one is cancelled; a running or waiting one has its run
+    terminated (its worker writes nothing more; a restart does not revive it) and is cancelled.
+    Either way a ``finish`` chunk ``{"reason": "stopped"}`` ends its stream and the next queued turn
+    starts. An ended turn is refused (TurnNotStoppable)."""
+    with transaction.atomic():
+        run_id = Turn.objects.filter(pk=turn.pk).values_list("run_id", flat=True).first()
+        run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first() if run_id else None  # before the agent
+        lock_agent(turn.agent)
+        turn = Turn.objects.select_related("agent").get(pk=turn.pk)
+        if turn.status not in TURN_OPEN:
+            raise TurnNotStoppable(f"the turn has ended ({turn.status})", status=turn.status)
+        who = getattr(user, "username", "") or "someone"
+        if turn.status in TURN_ACTIVE and run is not None and not run.is_terminal:
+            run_terminate(run_id=run.pk)  # the hook below ends the turn
+            turn.refresh_from_db()
+        if turn.status in TURN_OPEN:
+            end_locked(turn, status=TurnStatus.CANCELLED, reason=f"stopped by {who}", finish="stopped")
+        else:
+            turn.end_reason = f"stopped by {who}"
+            turn.save(update_fields=["end_reason"])
+    return turn
+
+
+def on_run_terminated(run: WorkflowRun) -> None:
+    """The hook (``workflows.hooks.on_run_terminated``): whoever terminated a turn's run (a stop, staff
+    in the admin), the turn is cancelled, its stream finished, and the next queued turn starts."""
+    turn = Turn.objects.filter(run=run).first()
+    if turn is None or turn.status not in TURN_OPEN:
+        return
+    Agent.objects.select_for_update().get(pk=turn.agent_id)
+    turn = Turn.objects.select_related("agent").get(pk=turn.pk)
+    if turn.status in TURN_OPEN:
+        end_locked(turn, status=TurnStatus.CANCELLED, reason="its run was terminated", finish="stopped")
+
+
+# --- state ------------------------------------------------------------------------------------------
+def _save_state(agent: Agent, state: dict[str, Any]) -> Agent:
+    check_json_size(state, what="agent state")
+    agent.state = state
+    agent.state_version += 1
+    agent.save(update_fields=["state", "state_version", "updated_at"])
+    streams.push_later(agent.pk, {"type": "agent.state", "version": agent.state_version, "state": state})
+    return agent
+
+
+def agent_state_update(*, agent_id: int, state: dict[str, Any]) -> int:
+    """Replace the agent's state; returns its new version. Pushes ``agent.state``."""
+    if not isinstance(state, dict):
+        raise InvalidPayload("an agent's state is a JSON object")
+    with transaction.atomic():
+        agent = Agent.objects.select_for_update().get(pk=agent_id)
+        return int(_save_state(agent, state).state_version)
+
+
+def agent_state_merge(*, agent_id: int, patch: dict[str, Any]) -> int:
+    """Merge ``patch`` into the agent's state (top-level keys; a None value removes its key);
+    returns the new version. Pushes ``agent.state``."""
+    if not isinstance(patch, dict):
+        raise InvalidPayload("an agent's state patch is a JSON object")
+    with transaction.atomic():
+        agent = Agent.objects.select_for_update().get(pk=agent_id)
+        state = {**agent.state, **patch}
+        state = {k: v for k, v in state.items() if v is not None}
+        return int(_save_state(agent, state).state_version)

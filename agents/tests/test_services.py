@@ -1,0 +1,149 @@
+"""The services and selectors in-process: who gets which agent, what a message may be, the
+queue's bookkeeping, stops from anywhere, the agent's state and what a client sees first."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.models import Agent, Chunk, Message, Turn, TurnStatus
+from agents.selectors import agent_get, agent_snapshot, chunks_after, open_turn, turn_get
+from agents.services import InvalidMessage, agent_state_merge, agent_state_update, message_send, turn_stop
+from agents.tests.support import chat_agent, wait_ended
+from tests.factories import Users
+from tests.fixtures import NoEnqueue
+from tests.support import Worker, wait_for_terminal
+from workflows import public as wf
+from workflows.models import RunStatus, WorkflowRun
+from workflows.services import run_terminate
+
+
+@pytest.mark.django_db
+def test_an_agent_is_the_accounts_and_created_on_first_use_by_a_member(users: Users) -> None:
+    from accounts.services import account_ensure
+
+    acme = account_ensure(slug="acme", members=[users.alice, users.bob])
+    account_ensure(slug="evil", members=[users.mallory])
+
+    mine = agent_get(user=users.alice, kind="test.chat", name="help")
+    assert mine is not None and mine.account == acme
+    assert agent_get(user=users.bob, kind="test.chat", name="help") == mine  # same account, same agent
+    assert agent_get(user=users.mallory, kind="test.chat", name="help", account="acme") is None
+    assert agent_get(user=users.alice, kind="no.such.kind", name="help") is None
+    assert agent_get(user=users.carol, kind="test.chat", name="help") is None  # a member of no account
+    assert Agent.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("text", ["", "   ", "x" * 4001, "nul \x00 here", 7])
+def test_a_message_that_cannot_be_sent_is_refused_and_nothing_is_stored(
+    users: Users, no_enqueue: NoEnqueue, text: object
+) -> None:
+    agent = chat_agent(users.alice)
+    with pytest.raises(InvalidMessage):
+        message_send(agent=agent, user=users.alice, text=text)  # type: ignore[arg-type]
+    assert not Turn.objects.exists() and not Message.objects.exists()
+
+
+@pytest.mark.django_db
+def test_messages_queue_behind_the_open_turn_and_the_snapshot_says_so(users: Users, no_enqueue: NoEnqueue) -> None:
+    agent = chat_agent(users.alice)
+    first = message_send(agent=agent, user=users.alice, text="one")
+    second = message_send(agent=agent, user=users.alice, text="two")
+
+    assert (first.status, second.status) == (TurnStatus.RUNNING, TurnStatus.QUEUED)
+    assert first.run is not None and second.run is None
+    assert open_turn(agent) == first
+    assert turn_get(agent=agent, turn_id=str(second.pk)) == second
+    assert turn_get(agent=agent, turn_id="not-a-uuid") is None
+    snapshot = agent_snapshot(agent)
+    assert snapshot["turn"] == {"id": str(first.pk), "number": 1, "status": "running", "seq": 0}
+    assert [t["id"] for t in snapshot["queued"]] == [str(second.pk)]
+    assert [m["text"] for m in snapshot["messages"]] == ["one", "two"]
+    assert snapshot["agent"] == {"kind": "test.chat", "name": "t", "account": "acme"}
+
+
+@pytest.mark.django_db
+def test_a_run_terminated_by_anyone_cancels_its_turn_and_starts_the_next(users: Users, no_enqueue: NoEnqueue) -> None:
+    agent = chat_agent(users.alice)
+    first = message_send(agent=agent, user=users.alice, text="one")
+    second = message_send(agent=agent, user=users.alice, text="two")
+    assert first.run_id is not None
+
+    run_terminate(run_id=first.run_id)  # staff in the admin, say
+
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert first.status == TurnStatus.CANCELLED
+    assert [(c["type"], c["data"]) for c in chunks_after(first)] == [("finish", {"reason": "stopped"})]
+    assert second.status == TurnStatus.RUNNING and second.run is not None
+    assert second.run.status == RunStatus.QUEUED
+
+
+@pytest.mark.django_db
+def test_stopping_a_queued_turn_leaves_the_running_one_alone(users: Users, no_enqueue: NoEnqueue) -> None:
+    agent = chat_agent(users.alice)
+    first = message_send(agent=agent, user=users.alice, text="one")
+    second = message_send(agent=agent, user=users.alice, text="two")
+
+    second = turn_stop(turn=second, user=users.alice)
+
+    assert second.status == TurnStatus.CANCELLED and second.end_reason == "stopped by alice"
+    first.refresh_from_db()
+    assert first.status == TurnStatus.RUNNING
+    assert Chunk.objects.filter(turn=second, type="finish").count() == 1
+
+
+@pytest.mark.django_db
+def test_the_agents_state_is_replaced_and_merged_with_a_new_version_each_time(users: Users) -> None:
+    agent = chat_agent(users.alice)
+    assert agent_state_update(agent_id=agent.pk, state={"a": 1, "b": 2}) == 1
+    assert agent_state_merge(agent_id=agent.pk, patch={"b": None, "c": 3}) == 2
+    agent.refresh_from_db()
+    assert agent.state == {"a": 1, "c": 3} and agent.state_version == 2
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_an_agent_workflow_reports_to_the_agents_state_exactly_once_per_step(worker: Worker, users: Users) -> None:
+    agent = chat_agent(users.alice)
+
+    run = wait_for_terminal(wf.start("test.agent-state", {"agent": agent.pk}).id)
+
+    assert run.status == RunStatus.COMPLETED, run.error
+    assert run.result == 3
+    agent.refresh_from_db()
+    assert agent.state == {"refund": "confirmed"} and agent.state_version == 3
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_turn_reads_the_conversation_before_it(worker: Worker, users: Users) -> None:
+    agent = chat_agent(users.alice)
+    wait_ended(message_send(agent=agent, user=users.alice, text="first"))
+    turn = wait_ended(message_send(agent=agent, user=users.alice, text="second"))
+    assert turn.text == "You said: second"
+    texts = list(Message.objects.filter(agent=agent).order_by("id").values_list("text", flat=True))
+    assert texts == ["first", "You said: first", "second", "You said: second"]
+
+
+@pytest.mark.django_db
+def test_a_turn_whose_run_failed_outside_its_steps_fails_and_the_queue_moves_on(
+    users: Users, no_enqueue: NoEnqueue
+) -> None:
+    # given a turn whose run the engine failed before the workflow could end it (too many lost workers)
+    agent = chat_agent(users.alice)
+    first = message_send(agent=agent, user=users.alice, text="one")
+    assert first.run_id is not None
+    WorkflowRun.objects.filter(pk=first.run_id).update(
+        status=RunStatus.FAILED, error={"message": "the run's worker was lost 6 times"}
+    )
+
+    # when alice sends another message
+    second = message_send(agent=agent, user=users.alice, text="two")
+
+    # then the first turn failed with a message she sees, and the second runs
+    first.refresh_from_db()
+    assert first.status == TurnStatus.FAILED
+    assert first.end_reason == "its run ended: the run's worker was lost 6 times"
+    assert [c["type"] for c in chunks_after(first)] == ["data-notice", "finish"]
+    assert second.status == TurnStatus.RUNNING

@@ -1,0 +1,185 @@
+"""Tools that need approval and tools with effects, in real workers; the writer's fence and the
+tool schema, in-process."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from django.contrib.auth.models import Group
+from django.utils import timezone
+
+from agents.chunks import ChunkWriter, FencedOut
+from agents.models import Chunk, Message, Turn, TurnStatus
+from agents.registry import ToolContext, schema_of, tool
+from agents.services import message_send
+from agents.tests.support import assert_seq_complete, chat_agent, chunks, wait_chunks, wait_ended, wait_status
+from approvals import decide
+from approvals.models import ApprovalRequest
+from ledger.models import ExternalOperation
+from tests.agents_fixtures import APPROVERS, count
+from tests.factories import Users, make_run
+from tests.support import Worker
+from workflows.models import RunStatus
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+@pytest.mark.parametrize("approve", [True, False])
+def test_a_tool_needing_approval_waits_and_the_decision_continues_the_turn(
+    worker: Worker, users: Users, tmp_path: Path, approve: bool
+) -> None:
+    # given carol in the approvers' group, and alice asking for something that needs approval
+    Group.objects.get_or_create(name=APPROVERS)[0].user_set.add(users.carol)
+    agent = chat_agent(users.alice)
+    path = str(tmp_path / "refund")
+    turn = message_send(agent=agent, user=users.alice, text=f"refund 20.00 {path}")
+
+    # then the turn waits, and the chat says for whom
+    turn = wait_status(turn, TurnStatus.WAITING)
+    wait_chunks(turn, "data-notice")
+    assert [c.data for c in chunks(turn) if c.type == "data-notice"] == [
+        {"text": f"Waiting for approval by {APPROVERS}…"}
+    ]
+    request = ApprovalRequest.objects.get(subject_type="agents.turn", subject_id=str(turn.pk))
+    assert request.requested_by_id == users.alice.pk
+    assert request.summary == "Refund 20.00 for the test"
+    assert count(path) == 0
+
+    # when carol decides
+    decide(request, by=users.carol, approve=approve, version=request.version)
+
+    # then the turn goes on: the tool runs once if approved, its result says so if not
+    turn = wait_ended(turn)
+    assert turn.status == TurnStatus.COMPLETED, turn.end_reason
+    assert_seq_complete(turn)
+    result = Message.objects.get(turn=turn, role="tool").parts["result"]
+    if approve:
+        assert count(path) == 1
+        assert result == {"refunded": "20.00"}
+    else:
+        assert count(path) == 0
+        assert result == {"error": "The request was not approved: an approver rejected it."}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_an_effect_tool_is_performed_once_under_its_call_key(worker: Worker, users: Users, tmp_path: Path) -> None:
+    agent = chat_agent(users.alice)
+    path = str(tmp_path / "pay")
+
+    turn = wait_ended(message_send(agent=agent, user=users.alice, text=f"pay {path}"))
+
+    assert turn.status == TurnStatus.COMPLETED, turn.end_reason
+    key = f"agent:{agent.pk}:turn:{turn.pk}:call:t1"
+    assert Path(path).read_text().splitlines() == [key]
+    operation = ExternalOperation.objects.get(key=key)
+    assert operation.status == "succeeded"
+    assert Message.objects.get(turn=turn, role="tool").parts["result"] == {"paid": True, "key": key}
+
+
+@pytest.mark.django_db
+def test_a_writer_without_the_lease_cannot_append(users: Users) -> None:
+    # given a turn whose run is leased to another worker
+    agent = chat_agent(users.alice)
+    later = timezone.now() + timedelta(minutes=1)
+    run = make_run(workflow="agents.turn", status=RunStatus.RUNNING, lease_owner="other", lease_expires_at=later)
+    turn = Turn.objects.create(agent=agent, number=1, run=run)
+
+    # when a writer that is not the lease holder appends, it is fenced out and stores nothing
+    writer = ChunkWriter(turn_id=turn.pk, agent_id=agent.pk, run_id=run.pk, owner="me")
+    with pytest.raises(FencedOut):
+        writer.add("text-delta", {"delta": "late"})
+    with pytest.raises(FencedOut):
+        writer.add_once("tool-output-available", {"output": 1}, key="output:x")
+    assert not Chunk.objects.filter(turn=turn).exists()
+
+    # and the lease holder can, while its lease lasts
+    holder = ChunkWriter(turn_id=turn.pk, agent_id=agent.pk, run_id=run.pk, owner="other")
+    holder.add("text-delta", {"delta": "a"})
+    holder.add("text-delta", {"delta": "b"})
+    holder.close()
+    assert holder.add_once("tool-output-available", {"output": 1}, key="output:x")
+    assert not holder.add_once("tool-output-available", {"output": 1}, key="output:x")  # once, and no seq used
+    holder.add("finish", {})
+    holder.close()
+    assert list(Chunk.objects.filter(turn=turn).order_by("seq").values_list("seq", "type")) == [
+        (1, "text-delta"),
+        (2, "text-delta"),
+        (3, "tool-output-available"),
+        (4, "finish"),
+    ]
+
+    # and not once the lease has expired
+    type(run).objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    with pytest.raises(FencedOut):
+        ChunkWriter(turn_id=turn.pk, agent_id=agent.pk, run_id=run.pk, owner="other").add_once(
+            "data-notice", {"text": "x"}, key="late"
+        )
+
+
+def test_a_tool_schema_comes_from_its_signature_and_docstring() -> None:
+    @tool
+    def lookup(
+        ctx: ToolContext,
+        number: str,
+        amount: Decimal,
+        count: int = 1,
+        ratio: float | None = None,
+        urgent: bool = False,
+        mode: Literal["fast", "slow"] = "fast",
+        tags: list[str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Find an order.
+
+        Longer words that are not the description.
+
+        Args:
+            number: the order's number,
+                as printed on the receipt.
+            amount (Decimal): how much.
+        """
+        return {}
+
+    assert lookup.name == "lookup"
+    assert lookup.description == "Find an order."
+    assert lookup.decimals == frozenset({"amount"})
+    props = lookup.parameters["properties"]
+    assert lookup.parameters["required"] == ["number", "amount"]
+    assert lookup.parameters["additionalProperties"] is False
+    assert props["number"] == {"type": "string", "description": "the order's number, as printed on the receipt."}
+    assert props["amount"]["type"] == "string" and props["amount"]["description"] == "how much."
+    assert props["count"] == {"type": "integer", "default": 1}
+    assert props["ratio"] == {"anyOf": [{"type": "number"}, {"type": "null"}], "default": None}
+    assert props["urgent"] == {"type": "boolean", "default": False}
+    assert props["mode"] == {"enum": ["fast", "slow"], "type": "string", "default": "fast"}
+    assert props["tags"]["anyOf"][0] == {"type": "array", "items": {"type": "string"}}
+    assert props["extra"]["anyOf"][0] == {"type": "object"}
+    assert "ctx" not in props
+
+
+def test_a_tool_with_an_unsupported_type_is_refused_when_declared() -> None:
+    from agents.registry import ToolDefinitionError
+
+    with pytest.raises(ToolDefinitionError):
+
+        @tool
+        def odd(ctx: ToolContext, when: object) -> None:
+            """Odd."""
+
+    assert schema_of(lambda ctx: None)[0]["properties"] == {}
+
+
+def test_agents_list_names_the_registered_kinds() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    out = StringIO()
+    call_command("agents", "list", stdout=out)
+    line = next(line for line in out.getvalue().splitlines() if line.startswith("test.chat\t"))
+    assert "tests.agents_fixtures.TestChat" in line and "tools record, refund, pay, explode" in line
