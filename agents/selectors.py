@@ -1,0 +1,159 @@
+"""Reads of agents, turns, messages and chunks, with tenancy: a user reaches an agent only through
+an account they are a member of; anyone else gets None (the callers' 404 and close 4404).
+
+The shapes returned here are the ones the socket, the HTTP API and the pushes of ``agents.streams``
+send, so a client renders a snapshot, a replay and a live push with the same code.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+from uuid import UUID
+
+from django.db.models import Max
+
+from accounts.selectors import User, account_for
+from agents.models import TURN_ACTIVE, Agent, Chunk, Message, Turn, TurnStatus
+from workflows.storable import text_problem
+
+# The columns' lengths (models.Agent): a longer kind or name names no agent, and is not sent to
+# PostgreSQL (a DataError there would be a 500 for a path anyone may type).
+KIND_MAX = Agent._meta.get_field("kind").max_length or 64
+NAME_MAX = Agent._meta.get_field("name").max_length or 128
+# Messages a snapshot carries: the newest ones (the page shows a conversation, not an archive).
+SNAPSHOT_MESSAGES = 200
+# The kinds a member may create an agent of until ``agents.registry`` answers for itself.
+KNOWN_KINDS = frozenset({"support"})
+
+
+class ChunkData(TypedDict):
+    seq: int
+    type: str
+    data: Any
+
+
+class TurnData(TypedDict):
+    id: str
+    number: int
+    status: str
+    end_reason: str
+
+
+class MessageData(TypedDict):
+    id: int
+    turn: str | None
+    role: str
+    text: str
+    parts: Any
+    created_at: str  # ISO 8601: the same text in a snapshot, a push and the API
+
+
+class ActiveTurn(TypedDict):
+    id: str
+    number: int
+    status: str
+    seq: int
+
+
+class AgentSnapshot(TypedDict):
+    agent: dict[str, str]
+    messages: list[MessageData]
+    state: Any
+    state_version: int
+    turn: ActiveTurn | None
+    queued: list[TurnData]
+
+
+def kind_registered(kind: str) -> bool:
+    """Whether ``kind`` names a registered ChatAgent class."""
+    return kind in KNOWN_KINDS
+
+
+def agent_get(*, user: User, kind: str, name: str, account: str | None = None) -> Agent | None:
+    """The agent ``(account, kind, name)`` for a member of the account, created on first use for a
+    registered kind. None for a non-member, an unknown account or kind, or a name no agent can
+    have: the same answer for each, so it confirms nothing."""
+    if not user.is_authenticated or not _storable_name(kind, KIND_MAX) or not _storable_name(name, NAME_MAX):
+        return None
+    if account is not None and text_problem(account) is not None:
+        return None
+    found = account_for(user, account)
+    if found is None or not kind_registered(kind):
+        return None
+    agent, _ = Agent.objects.get_or_create(account=found, kind=kind, name=name)
+    return agent
+
+
+def _storable_name(value: str, limit: int) -> bool:
+    return 0 < len(value) <= limit and text_problem(value) is None
+
+
+def turn_get(*, agent: Agent, turn_id: UUID) -> Turn | None:
+    """The turn if it is ``agent``'s (another agent's turn is None, like a missing one)."""
+    return Turn.objects.filter(agent=agent, pk=turn_id).first()
+
+
+def turn_active(*, agent: Agent) -> Turn | None:
+    """The agent's running (or waiting) turn: at most one is open at a time past the queue."""
+    return Turn.objects.filter(agent=agent, status__in=TURN_ACTIVE).order_by("number").first()
+
+
+def chunks_after(*, turn_id: UUID | str, after: int, until: int | None = None) -> list[ChunkData]:
+    """The turn's stored chunks with ``after < seq <= until``, in order."""
+    chunks = Chunk.objects.filter(turn_id=turn_id, seq__gt=after)
+    if until is not None:
+        chunks = chunks.filter(seq__lte=until)
+    return [
+        {"seq": seq, "type": type_, "data": data}
+        for seq, type_, data in chunks.order_by("seq").values_list("seq", "type", "data")
+    ]
+
+
+def turn_seq(*, turn_id: UUID | str) -> int:
+    """The highest stored seq of the turn (0 before its first chunk)."""
+    return int(Chunk.objects.filter(turn_id=turn_id).aggregate(top=Max("seq"))["top"] or 0)
+
+
+def turn_data(turn: Turn) -> TurnData:
+    return {"id": str(turn.pk), "number": turn.number, "status": turn.status, "end_reason": turn.end_reason}
+
+
+def message_data(message: Message) -> MessageData:
+    return {
+        "id": message.pk,
+        "turn": str(message.turn_id) if message.turn_id is not None else None,
+        "role": message.role,
+        "text": message.text,
+        "parts": message.parts,
+        "created_at": message.created_at.isoformat(),
+    }
+
+
+def agent_snapshot(*, agent: Agent) -> AgentSnapshot:
+    """Everything a client draws first: the conversation so far, the state, the active turn (with
+    the highest seq stored, read now: a caller that joined the agent's group before calling this
+    gets every later chunk live) and the turns queued behind it."""
+    # Turns before messages: a turn that ends in between is then both the active turn and answered
+    # in the messages (the client sees its final message), never neither.
+    open_turns = list(Turn.objects.filter(agent=agent, status__in=[TurnStatus.QUEUED, *TURN_ACTIVE]).order_by("number"))
+    active = next((t for t in open_turns if t.status in TURN_ACTIVE), None)
+    active_seq = turn_seq(turn_id=active.pk) if active is not None else 0
+    newest = list(Message.objects.filter(agent=agent).order_by("-id")[:SNAPSHOT_MESSAGES])
+    agent.refresh_from_db(fields=["state", "state_version"])
+    return {
+        "agent": {"kind": agent.kind, "name": agent.name, "account": agent.account.slug},
+        "messages": [message_data(m) for m in reversed(newest)],
+        "state": agent.state,
+        "state_version": agent.state_version,
+        "turn": (
+            {"id": str(active.pk), "number": active.number, "status": active.status, "seq": active_seq}
+            if active is not None
+            else None
+        ),
+        "queued": [turn_data(t) for t in open_turns if t.status == TurnStatus.QUEUED],
+    }
+
+
+def latest_turn_number(*, agent: Agent) -> int:
+    """The number of the agent's newest turn (0 before the first)."""
+    return int(Turn.objects.filter(agent=agent).aggregate(top=Max("number"))["top"] or 0)
