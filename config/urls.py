@@ -19,6 +19,7 @@ urlpatterns = [
     path("api/", include("workflows.apis.urls")),
     path("api/", include("ledger.urls")),
     path("api/", include("approvals.urls")),
+    path("api/agents/", include("agents.urls")),
     *example_apis,
     re_path(r"^api/", ApiNotFound.as_view(), name="api-not-found"),  # after every api/ route: JSON 404
     path("", include("workflows.urls")),
