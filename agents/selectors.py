@@ -12,7 +12,7 @@ from uuid import UUID
 
 from django.db.models import Max
 
-from accounts.selectors import User, account_for
+from accounts.selectors import User, account_for, accounts_of
 from agents.models import TURN_ACTIVE, Agent, Chunk, Message, Turn, TurnStatus
 from workflows.storable import text_problem
 
@@ -157,3 +157,12 @@ def agent_snapshot(*, agent: Agent) -> AgentSnapshot:
 def latest_turn_number(*, agent: Agent) -> int:
     """The number of the agent's newest turn (0 before the first)."""
     return int(Turn.objects.filter(agent=agent).aggregate(top=Max("number"))["top"] or 0)
+
+
+def agents_of(*, user: User) -> list[Agent]:
+    """The agents of every account ``user`` belongs to (the home page links each chat)."""
+    return list(
+        Agent.objects.filter(account__in=accounts_of(user))
+        .select_related("account")
+        .order_by("account__slug", "kind", "name")
+    )
