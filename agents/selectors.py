@@ -1,76 +1,129 @@
-"""Reads: which agent a person may talk to, a turn's stream, and what a client sees first.
+"""Reads of agents, turns, messages and chunks, with tenancy: a user reaches an agent only through
+an account they are a member of; anyone else gets None (the callers' 404 and close 4404).
 
-The WebSocket consumer and the HTTP views call these; they decide nothing themselves.
+The shapes returned here are the ones the socket, the HTTP API and the pushes of ``agents.streams``
+send, so a client renders a snapshot, a replay and a live push with the same code.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 from uuid import UUID
 
 from django.db.models import Max
 
-from accounts.models import Account
-from accounts.selectors import User, account_for, is_member
+from accounts.selectors import User, account_for, accounts_of
 from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Chunk, Message, Turn, TurnStatus
 from agents.registry import get_agent_class
+from workflows.storable import text_problem
+
+# The columns' lengths (models.Agent): a longer kind or name names no agent, and is not sent to
+# PostgreSQL (a DataError there would be a 500 for a path anyone may type).
+KIND_MAX = Agent._meta.get_field("kind").max_length or 64
+NAME_MAX = Agent._meta.get_field("name").max_length or 128
+# Messages a snapshot carries: the newest ones (the page shows a conversation, not an archive).
+SNAPSHOT_MESSAGES = 200
 
 
-def agent_get(*, user: User, kind: str, name: str, account: str | Account | None = None) -> Agent | None:
-    """The agent ``(account, kind, name)`` for ``user``, created on first use; None (a 404) if the
-    kind is not registered, the name is not a valid one, or ``user`` is not a member of the account
-    (``account``: a slug, an Account, or None for the user's default account)."""
-    if get_agent_class(kind) is None or not isinstance(name, str) or not 0 < len(name) <= 128 or "\x00" in name:
+class ChunkData(TypedDict):
+    seq: int
+    type: str
+    data: Any
+
+
+class TurnData(TypedDict):
+    id: str
+    number: int
+    status: str
+    end_reason: str
+
+
+class MessageData(TypedDict):
+    id: int
+    turn: str | None
+    role: str
+    text: str
+    parts: Any
+    created_at: str  # ISO 8601: the same text in a snapshot, a push and the API
+
+
+class ActiveTurn(TypedDict):
+    id: str
+    number: int
+    status: str
+    seq: int
+
+
+class AgentSnapshot(TypedDict):
+    agent: dict[str, str]
+    messages: list[MessageData]
+    state: Any
+    state_version: int
+    turn: ActiveTurn | None
+    queued: list[TurnData]
+
+
+def kind_registered(kind: str) -> bool:
+    """Whether ``kind`` names a registered ChatAgent class."""
+    return get_agent_class(kind) is not None
+
+
+def agent_get(*, user: User, kind: str, name: str, account: str | None = None) -> Agent | None:
+    """The agent ``(account, kind, name)`` for a member of the account, created on first use for a
+    registered kind. None for a non-member, an unknown account or kind, or a name no agent can
+    have: the same answer for each, so it confirms nothing."""
+    if not user.is_authenticated or not _storable_name(kind, KIND_MAX) or not _storable_name(name, NAME_MAX):
         return None
-    if isinstance(account, Account):
-        found = account if is_member(user, account) else None
-    else:
-        found = account_for(user, account)
-    if found is None:
+    if account is not None and text_problem(account) is not None:
+        return None
+    found = account_for(user, account)
+    if found is None or not kind_registered(kind):
         return None
     agent, _ = Agent.objects.get_or_create(account=found, kind=kind, name=name)
     return agent
 
 
+def _storable_name(value: str, limit: int) -> bool:
+    return 0 < len(value) <= limit and text_problem(value) is None
+
+
 def turn_get(*, agent: Agent, turn_id: UUID | str) -> Turn | None:
-    """The turn of this agent with that id, or None (a turn of another agent is not found either)."""
+    """The turn if it is ``agent``'s (another agent's turn, or no id at all, is None like a missing one)."""
     try:
         return Turn.objects.filter(agent=agent, pk=UUID(str(turn_id))).first()
     except ValueError:
         return None
 
 
-def open_turn(agent: Agent) -> Turn | None:
-    """The turn running or waiting now, if any (at most one per agent)."""
+def turn_active(*, agent: Agent) -> Turn | None:
+    """The agent's running (or waiting) turn: at most one is open at a time past the queue."""
     return Turn.objects.filter(agent=agent, status__in=TURN_ACTIVE).order_by("number").first()
 
 
-def chunks_after(turn: Turn, after: int = 0, *, limit: int | None = None) -> list[dict[str, Any]]:
-    """The turn's stored chunks with ``seq > after``, in order: ``{"seq", "type", "data"}``."""
-    rows = Chunk.objects.filter(turn=turn, seq__gt=after).order_by("seq").values_list("seq", "type", "data")
-    if limit is not None:
-        rows = rows[:limit]
-    return [{"seq": seq, "type": type_, "data": data} for seq, type_, data in rows]
+def chunks_after(*, turn_id: UUID | str, after: int, until: int | None = None) -> list[ChunkData]:
+    """The turn's stored chunks with ``after < seq <= until``, in order."""
+    chunks = Chunk.objects.filter(turn_id=turn_id, seq__gt=after)
+    if until is not None:
+        chunks = chunks.filter(seq__lte=until)
+    return [
+        {"seq": seq, "type": type_, "data": data}
+        for seq, type_, data in chunks.order_by("seq").values_list("seq", "type", "data")
+    ]
 
 
-def highest_seq(turn: Turn) -> int:
-    return int(Chunk.objects.filter(turn=turn).aggregate(m=Max("seq"))["m"] or 0)
+def turn_seq(*, turn_id: UUID | str) -> int:
+    """The highest stored seq of the turn (0 before its first chunk)."""
+    return int(Chunk.objects.filter(turn_id=turn_id).aggregate(top=Max("seq"))["top"] or 0)
 
 
-def turn_summary(turn: Turn) -> dict[str, Any]:
-    return {
-        "id": str(turn.pk),
-        "number": turn.number,
-        "status": turn.status,
-        "end_reason": turn.end_reason,
-        "created_at": turn.created_at.isoformat(),
-    }
+def turn_data(turn: Turn) -> TurnData:
+    return {"id": str(turn.pk), "number": turn.number, "status": turn.status, "end_reason": turn.end_reason}
 
 
-def message_summary(message: Message) -> dict[str, Any]:
+def message_data(message: Message) -> MessageData:
     return {
         "id": message.pk,
-        "turn": str(message.turn_id) if message.turn_id else None,
+        "turn": str(message.turn_id) if message.turn_id is not None else None,
         "role": message.role,
         "text": message.text,
         "parts": message.parts,
@@ -78,30 +131,45 @@ def message_summary(message: Message) -> dict[str, Any]:
     }
 
 
-def agent_messages(agent: Agent, *, limit: int = 200) -> list[dict[str, Any]]:
-    """The conversation's last ``limit`` messages, in conversation order (by turn, then as written)."""
-    rows = Message.objects.filter(agent=agent).order_by("-turn__number", "-id")[:limit]
-    return [message_summary(m) for m in reversed(list(rows))]
-
-
-def agent_snapshot(agent: Agent) -> dict[str, Any]:
-    """What a client sees first: the agent, its messages and state, the active turn with the highest
-    stored seq of its stream (read now: call after joining the agent's group, so nothing pushed in
-    between is missed) and the queued turns."""
-    active = open_turn(agent)
-    turn = None
-    if active is not None:
-        turn = {"id": str(active.pk), "number": active.number, "status": active.status, "seq": highest_seq(active)}
-    queued = Turn.objects.filter(agent=agent, status=TurnStatus.QUEUED).order_by("number")
+def agent_snapshot(*, agent: Agent) -> AgentSnapshot:
+    """Everything a client draws first: the conversation so far, the state, the active turn (with
+    the highest seq stored, read now: a caller that joined the agent's group before calling this
+    gets every later chunk live) and the turns queued behind it."""
+    # Turns before messages: a turn that ends in between is then both the active turn and answered
+    # in the messages (the client sees its final message), never neither.
+    open_turns = turns_open(agent=agent)
+    active = next((t for t in open_turns if t.status in TURN_ACTIVE), None)
+    active_seq = turn_seq(turn_id=active.pk) if active is not None else 0
+    newest = list(Message.objects.filter(agent=agent).order_by("-id")[:SNAPSHOT_MESSAGES])
+    agent.refresh_from_db(fields=["state", "state_version"])
     return {
         "agent": {"kind": agent.kind, "name": agent.name, "account": agent.account.slug},
-        "messages": agent_messages(agent),
+        "messages": [message_data(m) for m in reversed(newest)],
         "state": agent.state,
         "state_version": agent.state_version,
-        "turn": turn,
-        "queued": [turn_summary(t) for t in queued],
+        "turn": (
+            {"id": str(active.pk), "number": active.number, "status": active.status, "seq": active_seq}
+            if active is not None
+            else None
+        ),
+        "queued": [turn_data(t) for t in open_turns if t.status == TurnStatus.QUEUED],
     }
 
 
-def turns_open(agent: Agent) -> list[Turn]:
+def turns_open(*, agent: Agent) -> list[Turn]:
+    """The agent's turns not yet ended, in queue order."""
     return list(Turn.objects.filter(agent=agent, status__in=TURN_OPEN).order_by("number"))
+
+
+def latest_turn_number(*, agent: Agent) -> int:
+    """The number of the agent's newest turn (0 before the first)."""
+    return int(Turn.objects.filter(agent=agent).aggregate(top=Max("number"))["top"] or 0)
+
+
+def agents_of(*, user: User) -> list[Agent]:
+    """The agents of every account ``user`` belongs to (the home page links each chat)."""
+    return list(
+        Agent.objects.filter(account__in=accounts_of(user))
+        .select_related("account")
+        .order_by("account__slug", "kind", "name")
+    )

@@ -20,6 +20,7 @@ from django.utils import timezone
 from agents import streams
 from agents.chunks import append_unfenced
 from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Message, MessageRole, Turn, TurnStatus
+from agents.selectors import message_data, turn_data
 from workflows.exceptions import InvalidPayload, TransitionNotAllowed
 from workflows.models import RunStatus, WorkflowRun
 from workflows.services import check_json_size, run_start, run_terminate
@@ -40,21 +41,6 @@ class TurnNotStoppable(TransitionNotAllowed):
 
 
 # --- pushes -------------------------------------------------------------------------------------------
-def turn_data(turn: Turn) -> dict[str, Any]:
-    return {"id": str(turn.pk), "number": turn.number, "status": turn.status, "end_reason": turn.end_reason}
-
-
-def message_data(message: Message) -> dict[str, Any]:
-    return {
-        "id": message.pk,
-        "turn": str(message.turn_id) if message.turn_id else None,
-        "role": message.role,
-        "text": message.text,
-        "parts": message.parts,
-        "created_at": message.created_at.isoformat() if message.created_at else None,
-    }
-
-
 def push_turn(turn: Turn) -> None:
     streams.push_later(turn.agent_id, {"type": "agent.turn", "turn": turn_data(turn)})
 

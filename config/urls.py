@@ -3,6 +3,8 @@ from django.contrib import admin
 from django.urls import URLPattern, URLResolver, include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from agents.views import chat
+from workflows.apis import converters  # noqa: F401  registers <name:...>
 from workflows.apis.notfound import ApiNotFound
 
 # The examples' APIs, each routed only where its app is installed (settings.INSTALL_EXAMPLES):
@@ -19,8 +21,10 @@ urlpatterns = [
     path("api/", include("workflows.apis.urls")),
     path("api/", include("ledger.urls")),
     path("api/", include("approvals.urls")),
+    path("api/agents/", include("agents.urls")),
     *example_apis,
     re_path(r"^api/", ApiNotFound.as_view(), name="api-not-found"),  # after every api/ route: JSON 404
     path("", include("workflows.urls")),
+    path("chat/<name:kind>/<name:name>/", chat, name="agent-chat"),
     path("", include("portal.urls")),  # /accounts/login/, /accounts/logout/ and the home page /
 ]

@@ -7,6 +7,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from agents.selectors import agents_of
 from portal.selectors import home_page
 
 
@@ -14,4 +15,4 @@ from portal.selectors import home_page
 def home(request: HttpRequest) -> HttpResponse:
     """Their refund requests and supplier assessments (where the examples are installed) and runs,
     in words, with links to each run."""
-    return render(request, "home.html", {"home": home_page(user=request.user)})
+    return render(request, "home.html", {"home": home_page(user=request.user), "agents": agents_of(user=request.user)})

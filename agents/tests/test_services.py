@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agents.models import Agent, Chunk, Message, Turn, TurnStatus
-from agents.selectors import agent_get, agent_snapshot, chunks_after, open_turn, turn_get
+from agents.selectors import agent_get, agent_snapshot, chunks_after, turn_active, turn_get
 from agents.services import InvalidMessage, agent_state_merge, agent_state_update, message_send, turn_stop
 from agents.tests.support import chat_agent, wait_ended
 from tests.factories import Users
@@ -52,10 +52,10 @@ def test_messages_queue_behind_the_open_turn_and_the_snapshot_says_so(users: Use
 
     assert (first.status, second.status) == (TurnStatus.RUNNING, TurnStatus.QUEUED)
     assert first.run is not None and second.run is None
-    assert open_turn(agent) == first
+    assert turn_active(agent=agent) == first
     assert turn_get(agent=agent, turn_id=str(second.pk)) == second
     assert turn_get(agent=agent, turn_id="not-a-uuid") is None
-    snapshot = agent_snapshot(agent)
+    snapshot = agent_snapshot(agent=agent)
     assert snapshot["turn"] == {"id": str(first.pk), "number": 1, "status": "running", "seq": 0}
     assert [t["id"] for t in snapshot["queued"]] == [str(second.pk)]
     assert [m["text"] for m in snapshot["messages"]] == ["one", "two"]
@@ -74,7 +74,9 @@ def test_a_run_terminated_by_anyone_cancels_its_turn_and_starts_the_next(users: 
     first.refresh_from_db()
     second.refresh_from_db()
     assert first.status == TurnStatus.CANCELLED
-    assert [(c["type"], c["data"]) for c in chunks_after(first)] == [("finish", {"reason": "stopped"})]
+    assert [(c["type"], c["data"]) for c in chunks_after(turn_id=first.pk, after=0)] == [
+        ("finish", {"reason": "stopped"})
+    ]
     assert second.status == TurnStatus.RUNNING and second.run is not None
     assert second.run.status == RunStatus.QUEUED
 
@@ -145,5 +147,5 @@ def test_a_turn_whose_run_failed_outside_its_steps_fails_and_the_queue_moves_on(
     first.refresh_from_db()
     assert first.status == TurnStatus.FAILED
     assert first.end_reason == "its run ended: the run's worker was lost 6 times"
-    assert [c["type"] for c in chunks_after(first)] == ["data-notice", "finish"]
+    assert [c["type"] for c in chunks_after(turn_id=first.pk, after=0)] == ["data-notice", "finish"]
     assert second.status == TurnStatus.RUNNING

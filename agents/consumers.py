@@ -1,0 +1,291 @@
+"""The chat socket ``/ws/agents/<kind>/<name>/`` (``?account=<slug>`` optional): thin, like the runs
+socket (``workflows.consumers``). It authorises, sends a snapshot from the database, forwards the
+agent's pushes (``agents.streams``) and hands the client's messages to ``agents.services``; a
+turn never runs here.
+
+Protocol:
+
+- server, first: ``{"type": "snapshot", "agent", "messages", "state", "state_version", "turn",
+  "queued"}`` (``agents.selectors.agent_snapshot``). ``turn.seq`` is the active turn's highest
+  stored seq, read after joining the agent's group: every chunk above it is sent live.
+- client: ``{"type": "message", "text"}`` -> a turn, answered with a ``turn`` frame (and the
+  pushes every tab of the agent gets: ``message``, ``turn``).
+- client: ``{"type": "resume", "turn": "<uuid>", "after": N}`` -> the turn's stored chunks with
+  ``seq > N`` not yet sent on this connection, each with ``"replay": true``, then
+  ``{"type": "replay_complete", "turn", "seq"}`` (the highest seq sent of that turn); live chunks
+  follow. Works for a turn that has no chunk yet, and for an ended one.
+- client: ``{"type": "stop", "turn"?}`` -> the turn (default: the running one) is cancelled.
+- server, live: ``{"type": "chunk", "turn", "seq", "chunk_type", "data"}``, ``{"type": "turn",
+  "id", "number", "status", "end_reason"}``, ``{"type": "message", "id", "turn", "role", "text",
+  "parts", "created_at"}``, ``{"type": "state", "version", "state"}``.
+- bad client messages get ``{"type": "error", "message"}``, the socket stays open and nothing is
+  stored: a binary frame, text that is not JSON or over MAX_MESSAGE_CHARS, a value that is not an
+  object, an unknown type, a bad ``after``, a turn that is not this agent's, an empty or too long
+  text, a stop of an ended turn.
+- close codes: 4401 not signed in; 4404 not a member of the account, an unknown account or kind
+  (indistinguishable).
+
+Per turn, a ``Cursor`` (the runs socket's) records what this connection sent: a chunk is never sent
+twice, and a jump in ``seq`` (a push the channel layer lost) is filled from the database first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+from uuid import UUID
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.http import QueryDict
+
+from agents import selectors, services, streams
+from agents.models import Agent, Turn
+from agents.selectors import AgentSnapshot, ChunkData
+from workflows.consumers import (
+    CLOSE_NOT_FOUND,
+    CLOSE_UNAUTHENTICATED,
+    MAX_SEQ,
+    QUOTE,
+    ClientError,
+    Cursor,
+)
+from workflows.storable import text_problem
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_TEXT_CHARS = 4000
+
+
+def max_text_chars() -> int:
+    """The longest message a customer may send (``AGENTS_MAX_MESSAGE_CHARS``)."""
+    return int(getattr(settings, "AGENTS_MAX_MESSAGE_CHARS", DEFAULT_MAX_TEXT_CHARS))
+
+
+def max_frame_chars() -> int:
+    """A frame is refused unparsed above this: room for the longest text even if every character
+    of it is sent as a 12-character JSON escape (a surrogate pair), plus the envelope. Daphne's own
+    limit (1 MiB) is the one that closes the connection."""
+    return 12 * max_text_chars() + 1024
+
+
+class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels has no types: its classes are Any
+    """Snapshot, then the agent's pushes; ``resume`` replays a turn's chunks a client missed."""
+
+    agent: Agent
+    group: str | None = None
+    ready = False  # set with the snapshot; nothing is forwarded before it
+
+    async def connect(self) -> None:
+        # Accept first: a close code can only be sent on an accepted socket (see RunConsumer).
+        await self.accept()
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED, reason="authentication required")
+            return
+        kwargs = self.scope["url_route"]["kwargs"]
+        account = QueryDict(self.scope.get("query_string", b"").decode("latin-1")).get("account")
+        agent = await database_sync_to_async(selectors.agent_get)(
+            user=user, kind=kwargs["kind"], name=kwargs["name"], account=account
+        )
+        if agent is None:
+            await self.close(code=CLOSE_NOT_FOUND, reason="agent not found")
+            return
+        self.agent = agent
+        self.cursors: dict[str, Cursor] = {}
+        # Turns that had ended at the snapshot: their answers are in its messages, so their late
+        # pushes are dropped (a resume still replays them on request).
+        self.ended: set[str] = set()
+        # Join before the snapshot's reads: every change after them is then pushed here.
+        self.group = streams.group_name(agent.pk)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        snapshot, newest = await self._snapshot()
+        self.newest_number = newest
+        self.open_at_snapshot = {turn["id"] for turn in snapshot["queued"]}
+        if snapshot["turn"] is not None:
+            seq = snapshot["turn"]["seq"]
+            self.cursors[snapshot["turn"]["id"]] = Cursor(low=seq, high=seq)
+        self.state_version = snapshot["state_version"]
+        self.ready = True
+        await self.send_json({"type": "snapshot", **snapshot})
+
+    async def disconnect(self, code: int) -> None:
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    # --- from the client ---------------------------------------------------------------------------
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        try:
+            if text_data is None:
+                raise ClientError("messages are JSON text frames")
+            if len(text_data) > max_frame_chars():
+                raise ClientError(f"a message is at most {max_frame_chars()} characters")
+            try:
+                content = json.loads(text_data)
+            except (ValueError, RecursionError):
+                raise ClientError("the message is not valid JSON") from None
+            await self.receive_json(content)
+        except ClientError as exc:
+            await self.send_json({"type": "error", "message": str(exc)})
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if not isinstance(content, dict):
+            raise ClientError("a message is a JSON object with a 'type'")
+        kind = content.get("type")
+        if kind == "message":
+            await self._message(_check_text(content.get("text")))
+        elif kind == "resume":
+            turn = await self._turn(content.get("turn"))
+            await self._resume(turn, _check_after(content.get("after")))
+        elif kind == "stop":
+            await self._stop(content.get("turn"))
+        else:
+            raise ClientError(f"unknown message type {QUOTE.repr(kind)}; expected 'message', 'resume' or 'stop'")
+
+    async def _message(self, text: str) -> None:
+        turn = await database_sync_to_async(self._send_message)(text)
+        await self.send_json({"type": "turn", **selectors.turn_data(turn)})
+
+    def _send_message(self, text: str) -> Turn:
+        try:
+            return services.message_send(agent=self.agent, user=self.scope["user"], text=text)
+        except services.InvalidMessage as exc:
+            raise ClientError(str(exc)) from None
+
+    async def _stop(self, value: Any) -> None:
+        turn = await (self._turn(value) if value is not None else self._running_turn())
+        if turn.is_ended:
+            raise ClientError(f"turn {turn.number} has already ended ({turn.status})")
+        stopped = await database_sync_to_async(self._stop_turn)(turn)
+        await self.send_json({"type": "turn", **selectors.turn_data(stopped)})
+
+    def _stop_turn(self, turn: Turn) -> Turn:
+        try:
+            return services.turn_stop(turn=turn, user=self.scope["user"])
+        except services.TurnNotStoppable as exc:  # it ended between the check and the lock
+            raise ClientError(str(exc)) from None
+
+    async def _running_turn(self) -> Turn:
+        turn: Turn | None = await database_sync_to_async(selectors.turn_active)(agent=self.agent)
+        if turn is None:
+            raise ClientError("no turn is running")
+        return turn
+
+    async def _turn(self, value: Any) -> Turn:
+        """The agent's turn named by a client's ``turn``; another agent's and a missing one alike
+        are an error."""
+        if not isinstance(value, str):
+            raise ClientError("'turn' must be a turn's id")
+        try:
+            turn_id = UUID(value)
+        except ValueError:
+            raise ClientError("'turn' must be a turn's id") from None
+        turn: Turn | None = await database_sync_to_async(selectors.turn_get)(agent=self.agent, turn_id=turn_id)
+        if turn is None:
+            raise ClientError(f"no such turn {QUOTE.repr(value)}")
+        return turn
+
+    async def _resume(self, turn: Turn, after: int) -> None:
+        key = str(turn.pk)
+        cursor = self.cursors.get(key)
+        if cursor is None:
+            cursor = self.cursors[key] = Cursor(low=after, high=after)
+            self.ended.discard(key)
+        for chunk in await self._stored(key, after):
+            if not cursor.was_sent(chunk["seq"]):
+                await self._send_chunk(key, cursor, chunk, replay=True)
+        # Everything after ``after`` now counts as sent or missing: the same resume twice sends nothing twice.
+        cursor.low = min(cursor.low, after)
+        await self.send_json({"type": "replay_complete", "turn": key, "seq": cursor.high})
+
+    # --- from the channel layer --------------------------------------------------------------------
+    async def agent_chunks(self, message: dict[str, Any]) -> None:
+        """A batch of one turn's chunks. Channels handles one message at a time, so a batch that
+        arrives during a replay waits and is handled after it, never lost."""
+        if not self.ready:
+            return
+        key = str(message["turn"])
+        cursor = await self._cursor(key)
+        if cursor is None:
+            return
+        for chunk in message["chunks"]:
+            seq = chunk["seq"]
+            if not cursor.wants_live(seq):
+                continue
+            if seq > cursor.high + 1:
+                # A push the channel layer lost (it is best effort): the store has what came before.
+                for missed in await self._stored(key, cursor.high, until=seq - 1):
+                    if cursor.wants_live(missed["seq"]):
+                        await self._send_chunk(key, cursor, missed)
+            await self._send_chunk(key, cursor, chunk)
+
+    async def agent_turn(self, message: dict[str, Any]) -> None:
+        if self.ready:
+            await self.send_json({"type": "turn", **message["turn"]})
+
+    async def agent_message(self, message: dict[str, Any]) -> None:
+        if self.ready:
+            await self.send_json({"type": "message", **message["message"]})
+
+    async def agent_state(self, message: dict[str, Any]) -> None:
+        """The agent's state; an older version than one already sent (pushes from two writers can
+        cross) is dropped."""
+        if self.ready and message["version"] > self.state_version:
+            self.state_version = message["version"]
+            await self.send_json({"type": "state", "version": message["version"], "state": message["state"]})
+
+    async def _cursor(self, key: str) -> Cursor | None:
+        """The turn's cursor; a turn met for the first time starts one from seq 0 if it started after
+        the snapshot (or was queued then), and none if it had ended by then."""
+        cursor = self.cursors.get(key)
+        if cursor is not None or key in self.ended:
+            return cursor
+        turn: Turn | None = await database_sync_to_async(selectors.turn_get)(agent=self.agent, turn_id=UUID(key))
+        if turn is None or (turn.number <= self.newest_number and key not in self.open_at_snapshot):
+            self.ended.add(key)
+            return None
+        cursor = self.cursors[key] = Cursor(low=0, high=0)
+        return cursor
+
+    async def _send_chunk(self, turn: str, cursor: Cursor, chunk: ChunkData, *, replay: bool = False) -> None:
+        frame: dict[str, Any] = {
+            "type": "chunk",
+            "turn": turn,
+            "seq": chunk["seq"],
+            "chunk_type": chunk["type"],
+            "data": chunk["data"],
+        }
+        if replay:
+            frame["replay"] = True
+        cursor.mark_sent(chunk["seq"])
+        await self.send_json(frame)
+
+    # --- reads ---------------------------------------------------------------------------------------
+    async def _stored(self, turn: str, after: int, *, until: int | None = None) -> list[ChunkData]:
+        return await database_sync_to_async(selectors.chunks_after)(turn_id=turn, after=after, until=until)  # type: ignore[no-any-return]
+
+    @database_sync_to_async  # type: ignore[untyped-decorator]  # channels has no types
+    def _snapshot(self) -> tuple[AgentSnapshot, int]:
+        # The newest turn's number first: a turn above it started after the snapshot was read.
+        newest = selectors.latest_turn_number(agent=self.agent)
+        return selectors.agent_snapshot(agent=self.agent), newest
+
+
+def _check_after(value: Any) -> int:
+    # bool is an int subclass; ``true`` is not a sequence number.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_SEQ:
+        raise ClientError("'after' must be a non-negative integer sequence number")
+    return value
+
+
+def _check_text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ClientError("'text' must be a non-empty string")
+    if len(value) > max_text_chars():
+        raise ClientError(f"'text' is at most {max_text_chars()} characters")
+    problem = text_problem(value)
+    if problem is not None:
+        raise ClientError(f"'text' contains {problem}")
+    return value

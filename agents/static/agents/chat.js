@@ -1,0 +1,211 @@
+// The chat page (agents/templates/agents/chat.html): follows /ws/agents/<kind>/<name>/ live.
+// Protocol: agents/consumers.py. The server sends a snapshot first; the page asks to resume each
+// turn it is rendering after the last seq it rendered, so a reconnect shows every chunk once.
+"use strict";
+(function () {
+  const root = document.getElementById("chat");
+  const $ = (id) => document.getElementById(id);
+  let socket = null;
+  let retries = 0;
+  const messages = new Map();  // id -> message
+  const turns = new Map();     // id -> {id, number, status, end_reason}
+  const streams = new Map();   // turn id -> {seq, parts: [{kind, text|tool}], notices, finished}
+  let stateVersion = -1;
+  const ENDED = ["completed", "cancelled", "sealed", "failed"];
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (key === "class") node.className = value; else node.setAttribute(key, value);
+    }
+    for (const child of children) {
+      if (child !== null && child !== undefined) node.append(child instanceof Node ? child : String(child));
+    }
+    return node;
+  }
+
+  function send(message) {
+    if (socket && socket.readyState === WebSocket.OPEN) { socket.send(JSON.stringify(message)); return true; }
+    return false;
+  }
+
+  // --- the stream of a turn ----------------------------------------------------------------------
+  function stream(turnId) {
+    if (!streams.has(turnId)) streams.set(turnId, {seq: 0, parts: [], notices: [], finished: false});
+    return streams.get(turnId);
+  }
+
+  function words(value) {
+    if (value === null || value === undefined) return "";
+    if (typeof value !== "object") return String(value);
+    return Object.entries(value).map(([k, v]) => k + " " + (typeof v === "object" ? JSON.stringify(v) : v)).join(", ");
+  }
+
+  function applyChunk(msg) {
+    const s = stream(msg.turn);
+    if (msg.seq <= s.seq) return;  // already rendered (the server sends none twice; a reload may)
+    s.seq = msg.seq;
+    const data = msg.data || {};
+    const last = s.parts[s.parts.length - 1];
+    switch (msg.chunk_type) {
+      case "text-delta":
+        if (last && last.kind === "text") last.text += data.delta || "";
+        else s.parts.push({kind: "text", text: data.delta || ""});
+        break;
+      case "data-reset":  // a recovered round starts its text again
+        if (last && last.kind === "text") last.text = "";
+        break;
+      case "tool-input-available":
+        s.parts.push({kind: "tool", id: data.toolCallId, text: "Using " + data.toolName + (data.input ? " (" + words(data.input) + ")" : "") + "…"});
+        break;
+      case "tool-output-available":
+        for (const part of s.parts) {
+          if (part.kind === "tool" && part.id === data.toolCallId) part.text = part.text.replace(/…$/, ": done.");
+        }
+        break;
+      case "data-notice":
+        s.notices.push(data.text || "");
+        break;
+      case "finish":
+        s.finished = true;
+        if (data.reason === "stopped") s.notices.push("Stopped.");
+        break;
+    }
+    render();
+  }
+
+  // --- drawing -------------------------------------------------------------------------------------
+  function answered(turnId) {
+    for (const m of messages.values()) if (m.turn === turnId && m.role === "assistant") return true;
+    return false;
+  }
+
+  function render() {
+    // A sealed or failed turn says why, in words, where its answer would be.
+    for (const t of turns.values()) {
+      if ((t.status === "sealed" || t.status === "failed") && t.end_reason && !answered(t.id)) {
+        const s = stream(t.id);
+        if (!s.notices.includes(t.end_reason)) s.notices.push(t.end_reason);
+      }
+    }
+    const list = $("messages");
+    list.replaceChildren();
+    const ordered = Array.from(messages.values()).sort((a, b) => a.id - b.id);
+    const drawn = new Set();
+    const drawStream = (turnId) => {
+      if (drawn.has(turnId) || answered(turnId) || !streams.has(turnId)) return;
+      drawn.add(turnId);
+      const s = streams.get(turnId);
+      const item = el("li", {class: "streaming", "data-turn": turnId});
+      for (const part of s.parts) item.append(part.kind === "text" ? part.text : el("div", {class: "tool"}, part.text));
+      for (const notice of s.notices) item.append(el("div", {}, el("span", {class: "notice"}, notice)));
+      if (!s.parts.length && !s.notices.length) item.append(el("span", {class: "muted"}, "…"));
+      list.append(item);
+    };
+    for (const m of ordered) {
+      if (m.role === "tool") continue;  // tool results are told in the assistant's words
+      const turn = m.turn ? turns.get(m.turn) : null;
+      const queued = turn && turn.status === "queued";
+      list.append(el("li", {class: "role-" + m.role + (queued ? " queued" : ""), "data-message": m.id},
+        m.text, queued ? el("div", {class: "muted"}, "queued") : null));
+      if (m.role === "user" && m.turn) drawStream(m.turn);
+    }
+    for (const turnId of streams.keys()) drawStream(turnId);
+    if (!list.children.length) list.append(el("li", {class: "muted", id: "empty"}, "No messages yet: say what you need."));
+    let active = null;
+    for (const t of turns.values()) if (t.status === "running" || t.status === "waiting") active = t;
+    $("status").textContent = active ? (active.status === "waiting" ? "waiting for an approval" : "answering…") : "";
+    $("stop").hidden = !active;
+  }
+
+  function renderState(state) {
+    const body = $("state-body");
+    body.replaceChildren();
+    const entries = state && typeof state === "object" ? Object.entries(state) : [];
+    if (!entries.length) { body.append(el("p", {class: "muted"}, "Nothing in progress.")); return; }
+    const list = el("dl");
+    for (const [key, value] of entries) {
+      if (value && typeof value === "object" && !Array.isArray(value)) {
+        for (const [inner, v] of Object.entries(value)) list.append(el("dt", {}, key + " " + inner), el("dd", {}, words(v)));
+      } else {
+        list.append(el("dt", {}, key), el("dd", {}, words(value)));
+      }
+    }
+    body.append(list);
+  }
+
+  // --- the socket ----------------------------------------------------------------------------------
+  function handle(msg) {
+    switch (msg.type) {
+      case "snapshot":
+        retries = 0;
+        setConnection("live");
+        for (const m of msg.messages) messages.set(m.id, m);
+        for (const q of msg.queued) turns.set(q.id, q);
+        if (msg.turn) turns.set(msg.turn.id, Object.assign({end_reason: ""}, msg.turn));
+        if (msg.state_version > stateVersion) { stateVersion = msg.state_version; renderState(msg.state); }
+        // Resume the active turn, and any turn this page was drawing when the connection dropped.
+        if (msg.turn) stream(msg.turn.id);
+        for (const [turnId, s] of streams) {
+          if (!s.finished && !answered(turnId)) send({type: "resume", turn: turnId, after: s.seq});
+        }
+        render();
+        break;
+      case "chunk":
+        applyChunk(msg);
+        break;
+      case "turn": {
+        const known = turns.get(msg.id);
+        if (known && ENDED.includes(known.status)) break;  // an ended turn never changes again
+        turns.set(msg.id, msg);
+        if (msg.status === "running" || msg.status === "waiting") stream(msg.id);
+        render();
+        break;
+      }
+      case "message":
+        messages.set(msg.id, msg);
+        render();
+        break;
+      case "state":
+        if (msg.version > stateVersion) { stateVersion = msg.version; renderState(msg.state); }
+        break;
+      case "error":
+        console.warn("chat:", msg.message);
+        break;
+    }
+  }
+
+  function setConnection(text) {
+    $("connection").textContent = text;
+  }
+
+  function connect() {
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    socket = new WebSocket(scheme + location.host + root.dataset.wsPath);
+    setConnection("connecting…");
+    socket.onmessage = (message) => handle(JSON.parse(message.data));
+    socket.onclose = (event) => {
+      if (event.code === 4401 || event.code === 4404) {
+        setConnection(event.code === 4401 ? "signed out: reload to sign in" : "agent not found");
+        return;
+      }
+      // Exponential backoff with jitter, capped, so a restarted server is not stampeded.
+      const delay = Math.min(10000, 500 * 2 ** retries) * (0.5 + Math.random() / 2);
+      retries += 1;
+      setConnection("reconnecting in " + Math.ceil(delay / 1000) + " s");
+      setTimeout(connect, delay);
+    };
+  }
+
+  $("composer").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const text = $("text").value;
+    if (!text.trim()) return;
+    if (send({type: "message", text})) $("text").value = "";
+    else setConnection("not connected: your message was not sent");
+  });
+  $("stop").addEventListener("click", () => send({type: "stop"}));
+  window.addEventListener("online", () => { if (socket && socket.readyState === WebSocket.CLOSED) connect(); });
+
+  connect();
+})();

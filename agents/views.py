@@ -1,0 +1,30 @@
+"""The chat page. Thin: authorise, read through a selector, render; the page then follows
+``/ws/agents/<kind>/<name>/`` live (``agents/static/agents/chat.js``)."""
+
+from __future__ import annotations
+
+from urllib.parse import quote, urlencode
+
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from agents import selectors
+
+
+@login_required
+def chat(request: HttpRequest, kind: str, name: str) -> HttpResponse:
+    """The conversation with the agent ``kind``/``name`` of an account the user belongs to."""
+    account = request.GET.get("account")
+    agent = selectors.agent_get(user=request.user, kind=kind, name=name, account=account)
+    if agent is None:
+        # The same answer for another account's agent, an unknown account and an unknown kind.
+        raise Http404("No such agent.")
+    snapshot = selectors.agent_snapshot(agent=agent)
+    query = f"?{urlencode({'account': agent.account.slug})}"
+    context = {
+        "agent": agent,
+        "snapshot": snapshot,
+        "ws_path": f"/ws/agents/{quote(kind, safe='')}/{quote(name, safe='')}/{query}",
+    }
+    return render(request, "agents/chat.html", context)

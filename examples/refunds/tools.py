@@ -1,0 +1,81 @@
+"""What the support agent may do about refunds, as tools: each acts as the customer who wrote the
+message, on their own orders only, exactly as the refunds API does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
+from agents import ToolContext, tool
+from examples.refunds.selectors import order_balance, order_get, refund_request_get, refund_requests_for
+from examples.refunds.selectors import refund_status as in_words
+from examples.refunds.services import TooManyOpenRequests, refund_request_create
+from workflows.exceptions import IdempotencyConflict
+
+
+@tool
+def find_order(ctx: ToolContext, number: str) -> dict[str, Any]:
+    """Look up one of the customer's orders by its number.
+
+    Args:
+        number: The order number, e.g. 1042.
+    """
+    order = order_get(user=ctx.user, number=number) if ctx.user is not None else None
+    if order is None:
+        return {"error": f"You have no order {number}."}
+    return {
+        "number": order.number,
+        "amount": str(order.amount),
+        "currency": order.currency,
+        "refundable": str(order_balance(order=order).refundable),
+        "status": order.status,
+    }
+
+
+@tool
+def request_refund(ctx: ToolContext, order: str, amount: str, reason: str) -> dict[str, Any]:
+    """Ask for a refund on one of the customer's orders. Large refunds wait for a person's approval.
+
+    Args:
+        order: The order number.
+        amount: The amount to refund, e.g. 20.00.
+        reason: Why, in the customer's words.
+    """
+    found = order_get(user=ctx.user, number=order) if ctx.user is not None else None
+    if found is None or ctx.user is None:
+        return {"error": f"You have no order {order}."}
+    try:
+        request, _ = refund_request_create(
+            order=found,
+            customer=ctx.user,
+            amount=amount,
+            reason=reason[:500],
+            # One request per tool call, however often the call's step runs.
+            idempotency_key=f"agent:{ctx.agent.pk}:turn:{ctx.turn_id}:call:{ctx.call_id}"[:200],
+        )
+    except (ValidationError, IdempotencyConflict, TooManyOpenRequests) as exc:
+        return {"error": "; ".join(getattr(exc, "messages", [str(exc)]))}
+    return {"request_id": request.pk, "amount": str(request.amount), "status": in_words(request)}
+
+
+@tool
+def refund_status(ctx: ToolContext, request_id: int | None = None) -> dict[str, Any]:
+    """Where the customer's refund requests are, in words (one request, or the latest five).
+
+    Args:
+        request_id: One request's id; leave out for the latest ones.
+    """
+    if ctx.user is None:
+        return {"requests": []}
+    if request_id is not None:
+        one = refund_request_get(user=ctx.user, request_id=request_id)
+        requests = [one] if one is not None else []
+    else:
+        requests = list(refund_requests_for(user=ctx.user)[:5])
+    return {
+        "requests": [
+            {"request_id": r.pk, "order": r.order.number, "amount": str(r.amount), "status": in_words(r)}
+            for r in requests
+        ]
+    }
