@@ -342,6 +342,15 @@ AGENTS_MAX_MESSAGE_CHARS = envint("AGENTS_MAX_MESSAGE_CHARS", 4000)
 # last batch, and at the end of each step.
 AGENTS_CHUNK_FLUSH_MS = envfloat("AGENTS_CHUNK_FLUSH_MS", 20.0)
 AGENTS_CHUNK_FLUSH_COUNT = envint("AGENTS_CHUNK_FLUSH_COUNT", 64)
+# The embedded `rules` model: seconds before each word it streams (0: as fast as it can).
+AGENTS_RULES_WORD_DELAY = envfloat("AGENTS_RULES_WORD_DELAY", 0.0)
+# The `openai` model: any OpenAI-compatible server (/chat/completions, streaming).
+AGENTS_OPENAI_BASE_URL = envstr("AGENTS_OPENAI_BASE_URL", "")  # e.g. http://127.0.0.1:8000/v1
+AGENTS_OPENAI_API_KEY = envstr("AGENTS_OPENAI_API_KEY", "")
+AGENTS_OPENAI_MODEL = envstr("AGENTS_OPENAI_MODEL", "")
+AGENTS_OPENAI_TIMEOUT = envfloat("AGENTS_OPENAI_TIMEOUT", 30.0)
+# Continue a recovered answer with vLLM's continue_final_message; off for servers that refuse it.
+AGENTS_OPENAI_CONTINUE_FINAL_MESSAGE = envbool("AGENTS_OPENAI_CONTINUE_FINAL_MESSAGE", True)
 
 # --- The refund example (examples/refunds; read only where INSTALL_EXAMPLES is on) -------------
 # The payment provider the "payments" ledger adapter talks to (examples/sandbox in development).
