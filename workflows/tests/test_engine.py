@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from tests.fixtures import NoEnqueue
 from tests.support import Worker, wait_for_status, wait_for_terminal
 from tests.workflows_fixtures import lines
 from workflows import public as wf
@@ -251,11 +252,16 @@ def test_the_sweeper_fires_timers_from_the_database(worker: Worker) -> None:
     assert run.status == RunStatus.COMPLETED
 
 
-def test_a_run_of_a_workflow_that_no_longer_exists_fails_clearly(worker: Worker) -> None:
+def test_a_run_of_a_workflow_that_no_longer_exists_fails_clearly(worker: Worker, no_enqueue: NoEnqueue) -> None:
     from workflows.models import WorkflowRun
+    from workflows.outbox import enqueue_run
 
+    # given a run whose workflow is gone by the time a worker takes it (held back until then)
     run = wf.start("test.echo", {})
     WorkflowRun.objects.filter(pk=run.pk).update(workflow="gone.away")
+    no_enqueue.stop()
+    enqueue_run(run.id, queue=run.queue)
+
     run = wait_for_terminal(run.id)
 
     assert run.status == RunStatus.FAILED

@@ -76,8 +76,10 @@ def test_a_lost_enqueue_is_recovered_by_the_sweeper(
     path = str(tmp_path / "lines")
     run = wf.start("test.lines", {"path": path, "steps": 2})
     no_enqueue.stop()
-    workers.append(Worker(queue=queue, beat=False))
     assert WorkflowRun.objects.get(pk=run.pk).status == RunStatus.QUEUED
+    # (checked before the worker starts: a start slower than the enqueue grace period would let
+    # the session worker's beat requeue it already, which is the recovery this test is about)
+    workers.append(Worker(queue=queue, beat=False))
 
     # when the sweeper runs after the enqueue grace period (this one, or the beat of another
     # test's worker: both re-enqueue to the run's own queue, where nothing else would send it)
