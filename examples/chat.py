@@ -18,7 +18,12 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
     from workflows.engine import Step
+
+# The customer's support agent (examples/demo/agents.py registers this kind).
+SUPPORT_KIND = "support"
 
 
 def chat_report(agent_id: int, section: str, key: str, entry: dict[str, Any]) -> int | None:
@@ -53,3 +58,18 @@ def agent_of(payload: dict[str, Any]) -> int | None:
     """The agent a run reports to: the payload's ``"agent"`` (an id), or None."""
     value = payload.get("agent")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def account_agent(user: User) -> int | None:
+    """The agent that hears about a process ``user`` started outside a chat (a supplier assessment):
+    the oldest support agent of their default account, or None if it has none (none is created:
+    a customer who never chatted has nobody to tell)."""
+    from accounts.selectors import account_for
+    from agents.models import Agent
+
+    account = account_for(user)
+    if account is None:
+        return None
+    agents = Agent.objects.filter(account=account, kind=SUPPORT_KIND).order_by("created_at", "pk")
+    found: int | None = agents.values_list("pk", flat=True).first()
+    return found
