@@ -127,6 +127,7 @@ class RefundRequestAdmin(admin.ModelAdmin[RefundRequest]):
         "reason",
         "idempotency_key",
         "run",
+        "agent",  # the chat it was asked in, which its run tells of each change
         "created_at",
         "status_in_words",
         "pending_operations",

@@ -40,6 +40,9 @@ class RefundRequest(models.Model):
     # The customer's Idempotency-Key ("" when none was given): a replayed POST finds its request.
     idempotency_key = models.CharField(max_length=255, blank=True)
     run = models.ForeignKey("workflows.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The chat the customer asked in (the support agent's ``request_refund`` tool), or None (the API):
+    # the refund's run reports each state the customer cares about to that agent's state.
+    agent = models.ForeignKey("agents.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Literal
 
+from django.conf import settings
 from django.db.models import QuerySet
 
 from approvals.models import ApprovalRequest, ApprovalStatus
@@ -83,6 +84,13 @@ class OrderBalance:
     def refundable(self) -> Decimal:
         """What a new request may still ask for."""
         return self.amount - self.refunded - self.in_flight
+
+
+def needs_approval(*, balance: OrderBalance, amount: Decimal) -> bool:
+    """Whether a request of ``amount`` on an order with ``balance`` (its other requests) waits for
+    a person: judged per order, not per request, so what the order's other requests refunded or may
+    still refund counts too, and splitting a refund into pieces below the limit avoids no reviewer."""
+    return balance.refunded + balance.in_flight + amount > Decimal(str(settings.REFUND_APPROVAL_LIMIT))
 
 
 def refund_hold(*, operation_status: str | None, run: WorkflowRun | None) -> Hold:

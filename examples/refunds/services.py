@@ -30,6 +30,8 @@ from workflows.models import TERMINAL, WorkflowRun
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
+    from agents.models import Agent
+
 WORKFLOW = "refund"
 CHANGEABLE = frozenset({"amount", "currency", "items", "shipping_address", "status"})
 # Payload keys a caller (tests, the demo) may set to shorten the workflow's waits.
@@ -115,8 +117,12 @@ def refund_request_create(
     reason: str = "",
     idempotency_key: str | None = None,
     options: dict[str, Any] | None = None,
+    agent: Agent | None = None,
 ) -> tuple[RefundRequest, bool]:
     """Ask for a refund of ``amount`` on ``order`` (the customer's own) and start its workflow.
+
+    ``agent``: the chat the customer asked in (the support agent's tool); the run then reports the
+    request's state to it, in words, each time the state changes.
 
     Returns (request, created). The same Idempotency-Key with the same order, amount and reason
     returns the existing request; with anything else raises IdempotencyConflict. ValidationError
@@ -146,8 +152,10 @@ def refund_request_create(
                     return _same(existing, order=order, amount=value, reason=reason), False
             check_refundable(locked, value, order_balance(order=locked))
             request = RefundRequest.objects.create(
-                order=locked, customer=customer, amount=value, reason=reason, idempotency_key=key
+                order=locked, customer=customer, amount=value, reason=reason, idempotency_key=key, agent=agent
             )
+            if agent is not None:
+                extra["agent"] = agent.pk
             # The run and its request commit together: no request without its run.
             run, _ = workflow_services.run_start(
                 workflow=WORKFLOW,

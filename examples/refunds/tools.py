@@ -8,7 +8,16 @@ from typing import Any
 from django.core.exceptions import ValidationError
 
 from agents import ToolContext, tool
-from examples.refunds.selectors import order_balance, order_get, refund_request_get, refund_requests_for
+from examples.refunds.models import RefundRequest
+from examples.refunds.selectors import (
+    AWAITING_APPROVAL,
+    BEING_PREPARED,
+    needs_approval,
+    order_balance,
+    order_get,
+    refund_request_get,
+    refund_requests_for,
+)
 from examples.refunds.selectors import refund_status as in_words
 from examples.refunds.services import TooManyOpenRequests, refund_request_create
 from workflows.exceptions import IdempotencyConflict
@@ -52,11 +61,29 @@ def request_refund(ctx: ToolContext, order: str, amount: str, reason: str) -> di
             amount=amount,
             reason=reason[:500],
             # One request per tool call, however often the call's step runs.
-            idempotency_key=f"agent:{ctx.agent.pk}:turn:{ctx.turn_id}:call:{ctx.call_id}"[:200],
+            idempotency_key=idempotency_key(ctx),
+            agent=ctx.agent,  # its run tells this chat each change of the request's state
         )
     except (ValidationError, IdempotencyConflict, TooManyOpenRequests) as exc:
         return {"error": "; ".join(getattr(exc, "messages", [str(exc)]))}
-    return {"request_id": request.pk, "amount": str(request.amount), "status": in_words(request)}
+    return {"request_id": request.pk, "amount": str(request.amount), "status": status_now(request)}
+
+
+def idempotency_key(ctx: ToolContext) -> str:
+    """The refund request's key for this tool call: the same request whatever retries the call."""
+    return f"agent:{ctx.agent.pk}:turn:{ctx.turn_id}:call:{ctx.call_id}"[:200]
+
+
+def status_now(request: RefundRequest) -> str:
+    """What to tell the customer right after asking: the request's state in words, except that a
+    request whose run has not decided yet is "awaiting approval" when it will wait for one (its run
+    decides the same way from the same order, once it loads it)."""
+    status = in_words(request)
+    if status == BEING_PREPARED and needs_approval(
+        balance=order_balance(order=request.order, exclude_request_id=request.pk), amount=request.amount
+    ):
+        return AWAITING_APPROVAL
+    return status
 
 
 @tool

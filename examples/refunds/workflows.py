@@ -2,7 +2,14 @@
 
 Payload: ``{"request_id": int, "order": str}`` plus optional waits for tests and demos:
 ``approval_timeout_seconds`` (48 h), ``retry_delay_seconds`` (2 s, the refund step's first
-backoff) and ``check_interval_seconds`` (10 min between outcome checks once it is unknown).
+backoff) and ``check_interval_seconds`` (10 min between outcome checks once it is unknown), and
+``agent`` (an agent's id) for a request asked for in a chat.
+
+A run that names an agent tells that chat each state the customer cares about, in words (awaiting
+approval, submitted, outcome being checked, then confirmed, rejected, expired or could not be
+completed), each by an atomic step (``examples.chat.tell_chat``): exactly once, whatever replays.
+A run without an agent takes none of those steps, so runs started before they existed replay as
+they were recorded.
 
 The refund goes through ``ledger.perform`` with one key per request, so no retry, replay or
 recovered worker can refund twice; right before it, ``refund_reserve`` checks the order's balance
@@ -22,14 +29,24 @@ from decimal import Decimal
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from approvals import ApprovalExpired, ApprovalRejected, Proposal, approve_current
+from examples.chat import agent_of, tell_chat
 from examples.refunds.models import Order, RefundRequest, operation_key
-from examples.refunds.selectors import order_balance
+from examples.refunds.selectors import (
+    AWAITING_APPROVAL,
+    BEING_CHECKED,
+    CONFIRMED,
+    EXPIRED,
+    NOT_COMPLETED,
+    REJECTED,
+    SUBMITTED,
+    needs_approval,
+    order_balance,
+)
 from examples.refunds.services import OPTIONS, RefundRefused, order_mark_refunded, refund_reserve
 from ledger import OperationFailed, OperationInProgress, OutcomeUnknown, ProviderUnavailable, perform, record_create
 from ledger.models import ExternalOperation
@@ -47,20 +64,26 @@ MAX_CHECKS = 144  # a day of checks at the default interval, then the run fails 
 # Step errors that leave the refund possibly done: never a new refund, only checks of this key.
 UNSETTLED = frozenset(e.__name__ for e in (OutcomeUnknown, OperationInProgress, ProviderUnavailable, StepTimeout))
 CURRENCY_SIGNS = {"GBP": "£", "EUR": "€", "USD": "$"}
+# What the customer's chat is told when the run ends, by its outcome.
+OUTCOME_WORDS = {"refunded": CONFIRMED, "rejected": REJECTED, "expired": EXPIRED, "failed": NOT_COMPLETED}
 
 
 @workflow("refund")
 class Refund(Workflow):
     """Not public: ``refund_request_create`` starts it, for the order's customer only."""
 
-    version = "2"
+    # 3: runs that name an agent tell its chat their states (steps "tell the chat: <status>"). The
+    # engine replays any version with today's code; runs in flight name no agent, so take no new step.
+    version = "3"
 
     @classmethod
     def validate_payload(cls, payload: dict[str, Any]) -> dict[str, Any]:
         check_ids(payload, "request_id")
         if not isinstance(payload.get("order"), str):
             raise InvalidPayload("order must be the order's number")
-        unknown = sorted(set(payload) - {"request_id", "order"} - OPTIONS)
+        if "agent" in payload and agent_of(payload) is None:
+            raise InvalidPayload("agent must be an agent's id")
+        unknown = sorted(set(payload) - {"request_id", "order", "agent"} - OPTIONS)
         if unknown:
             raise InvalidPayload(f"unknown payload keys: {', '.join(unknown)}")
         for key in OPTIONS & set(payload):
@@ -70,9 +93,25 @@ class Refund(Workflow):
         return payload
 
     def run(self, event: Event, step: Step) -> dict[str, Any]:
+        snapshot: dict[str, Any] = step.do("load order", load_snapshot, int(event.payload["request_id"]))
+        result = self.refund(event, step, snapshot)
+        self.tell(step, event, snapshot, OUTCOME_WORDS.get(result["outcome"], NOT_COMPLETED))
+        return result
+
+    def tell(self, step: Step, event: Event, snapshot: dict[str, Any], status: str) -> None:
+        """Tell the chat the request was asked in (if any) its new status, once."""
+        entry = {
+            "order": snapshot["order"],
+            "amount": snapshot["refund_amount"],
+            "currency": snapshot["currency"],
+            "status": status,
+        }
+        tell_chat(step, agent_of(event.payload), "refunds", str(snapshot["request_id"]), entry)
+
+    def refund(self, event: Event, step: Step, snapshot: dict[str, Any]) -> dict[str, Any]:
+        """Decide, ask for an approval when needed, and pay: the run's outcome."""
         payload = event.payload
         request_id = int(payload["request_id"])
-        snapshot: dict[str, Any] = step.do("load order", load_snapshot, request_id)
         key = operation_key(snapshot["order"], request_id)
         # A restarted run whose earlier attempt reserved (and perhaps sent) this request's refund
         # continues that operation: the money is already committed, so it is neither checked nor
@@ -85,6 +124,7 @@ class Refund(Workflow):
         if snapshot["needs_approval"]:
             timeout = float(payload.get("approval_timeout_seconds") or APPROVAL_TIMEOUT.total_seconds())
             self.report_progress({"stage": "awaiting approval"})
+            self.tell(step, event, snapshot, AWAITING_APPROVAL)
             try:
                 approve_current(
                     step,
@@ -111,6 +151,7 @@ class Refund(Workflow):
         """Reserve and send the refund once, wait for an unknown outcome, then record it."""
         payload, request_id = event.payload, int(event.payload["request_id"])
         self.report_progress({"stage": "submitting"})
+        self.tell(step, event, snapshot, SUBMITTED)
         delay = float(payload.get("retry_delay_seconds") or 2)
         try:
             response = step.do(
@@ -128,6 +169,7 @@ class Refund(Workflow):
             if exc.error_type not in UNSETTLED:
                 raise
             self.report_progress({"stage": "outcome being checked"})
+            self.tell(step, event, snapshot, BEING_CHECKED)
             interval = float(payload.get("check_interval_seconds") or CHECK_INTERVAL.total_seconds())
             response = self.await_outcome(step, key, request, interval)
             if response is None:
@@ -143,7 +185,7 @@ class Refund(Workflow):
             response,
             atomic=True,
         )
-        self.report_progress({"stage": "confirmed"})
+        self.report_progress({"stage": "confirmed"})  # the chat hears it from run(), with every outcome
         return {"outcome": "refunded", "request_id": request_id, "refund": response}
 
     def refused_by_policy(self, step: Step, name: str, snapshot: dict[str, Any]) -> dict[str, Any] | None:
@@ -188,7 +230,6 @@ def load_snapshot(request_id: int, *, lock: bool = False) -> dict[str, Any]:
         raise NonRetryableError(f"refund request {request_id} belongs to another run")
     order = Order.objects.select_for_update().get(pk=request.order_id) if lock else request.order
     balance = order_balance(order=order, exclude_request_id=request.pk)
-    limit = Decimal(str(settings.REFUND_APPROVAL_LIMIT))
     return {
         "request_id": request.pk,
         "order_id": order.pk,
@@ -207,7 +248,7 @@ def load_snapshot(request_id: int, *, lock: bool = False) -> dict[str, Any]:
         # Per order, not per request: what the order's other requests refunded or may still refund
         # counts too, so splitting a refund into pieces below the limit does not avoid a reviewer.
         # Decided once and stored: a limit changed later does not change a run in flight.
-        "needs_approval": balance.refunded + balance.in_flight + request.amount > limit,
+        "needs_approval": needs_approval(balance=balance, amount=request.amount),
     }
 
 

@@ -22,6 +22,7 @@ from django_fsm import can_proceed, has_transition_perm
 from approvals import Proposal, decide, supersede_pending
 from approvals.models import DecisionChannel
 from approvals.services import Decided
+from examples.chat import account_agent
 from examples.suppliers.models import (
     SOURCE_NAME_MAX,
     SUBJECT_TYPE,
@@ -151,6 +152,8 @@ def assessment_submit_input(
         payload: dict[str, Any] = {"assessment_id": assessment.pk, "requested_by_id": owner.pk}
         if review_timeout_seconds is not None:
             payload["review_timeout_seconds"] = review_timeout_seconds
+        if (agent_id := account_agent(owner)) is not None:
+            payload["agent"] = agent_id  # the run tells the requester's chat where it stands
         run, _ = run_start(
             workflow=WORKFLOW, owner=owner, payload=payload, idempotency_key=f"supplier-assessment:{assessment.pk}"
         )

@@ -2,8 +2,12 @@
 revisions, generate a versioned report, wait for an authorised reviewer's decision on that exact
 version, apply it.
 
-Payload: ``{"assessment_id": int, "requested_by_id": int, "review_timeout_seconds": float?}``;
-``assessment_submit_input`` starts it.
+Payload: ``{"assessment_id": int, "requested_by_id": int, "review_timeout_seconds": float?,
+"agent": int?}``; ``assessment_submit_input`` starts it, naming the requester's account agent (if
+their account has one): the run then tells that chat where the assessment stands, in words
+(submitted, ready for review, approved, rejected, could not be completed), each by an atomic step,
+exactly once. A run without an agent takes none of those steps, so runs in flight replay as they
+were recorded.
 
 1. ``start gathering``: awaiting_input → gathering_evidence.
 2. ``gather source records``: {source: revision} of the latest revisions; stored, so every replay
@@ -29,6 +33,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from approvals import ApprovalExpired, ApprovalRejected, approve_current
+from examples.chat import agent_of, chat_report
 from examples.suppliers.models import REVIEWERS, SUBJECT_TYPE, report_number
 from workflows import NonRetryableError, StepError, Workflow, workflow
 from workflows.exceptions import InvalidPayload, check_ids
@@ -39,6 +44,9 @@ if TYPE_CHECKING:
 
 NAME = "supplier-assessment"
 DEFAULT_REVIEW_TIMEOUT = timedelta(days=7)
+# What the requester's chat is told, in words: on the way, then by the run's outcome.
+SUBMITTED, READY, NOT_COMPLETED = "submitted", "ready for review", "could not be completed"
+OUTCOME_WORDS = {"approved": "approved", "rejected": "rejected", "failed": NOT_COMPLETED}
 
 
 # Step bodies import the services when called: this module is imported while apps load.
@@ -106,6 +114,13 @@ def apply_decision(assessment_id: int, approve: bool, request_id: int, version: 
         raise NonRetryableError(str(exc)) from exc
 
 
+def report_status(agent_id: int, assessment_id: int, status: str) -> int | None:
+    from examples.suppliers.models import SupplierAssessment
+
+    supplier = SupplierAssessment.objects.values_list("supplier_name", flat=True).get(pk=assessment_id)
+    return chat_report(agent_id, "assessments", str(assessment_id), {"supplier": supplier, "status": status})
+
+
 def fail(assessment_id: int, reason: str) -> str:
     from examples.suppliers import services
 
@@ -116,11 +131,15 @@ def fail(assessment_id: int, reason: str) -> str:
 class SupplierAssessmentWorkflow(Workflow):
     """Not public: ``assessment_submit_input`` starts it, for the requester only."""
 
-    version = "1"
+    # 2: runs that name an agent tell its chat their states (steps "tell the chat: <status>"). The
+    # engine replays any version with today's code; runs in flight name no agent, so take no new step.
+    version = "2"
 
     @classmethod
     def validate_payload(cls, payload: dict[str, Any]) -> dict[str, Any]:
         check_ids(payload, "assessment_id", "requested_by_id")
+        if "agent" in payload and agent_of(payload) is None:
+            raise InvalidPayload("agent must be an agent's id")
         timeout = payload.get("review_timeout_seconds")
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 90 * 24 * 3600
@@ -129,6 +148,18 @@ class SupplierAssessmentWorkflow(Workflow):
         return payload
 
     def run(self, event: Event, step: Step) -> dict[str, Any]:
+        result = self.assess(event, step)
+        self.tell(step, event, OUTCOME_WORDS.get(result["outcome"], NOT_COMPLETED))
+        return result
+
+    def tell(self, step: Step, event: Event, status: str) -> None:
+        """Tell the requester's chat (if the run names one) the assessment's new status, once."""
+        agent_id, assessment_id = agent_of(event.payload), int(event.payload["assessment_id"])
+        if agent_id is not None:
+            step.do(f"tell the chat: {status}", report_status, agent_id, assessment_id, status, atomic=True)
+
+    def assess(self, event: Event, step: Step) -> dict[str, Any]:
+        """Gather, report, ask for the review and apply it: the run's outcome."""
         payload = event.payload
         assessment_id = int(payload["assessment_id"])
         requester = payload.get("requested_by_id")
@@ -136,11 +167,13 @@ class SupplierAssessmentWorkflow(Workflow):
             seconds=float(payload.get("review_timeout_seconds", DEFAULT_REVIEW_TIMEOUT.total_seconds()))
         )
 
-        step.do("start gathering", start_gathering, assessment_id, atomic=True)
+        step.do("start gathering", start_gathering, assessment_id, atomic=True)  # checks it is this run's
+        self.tell(step, event, SUBMITTED)
         revisions: dict[str, int] = step.do("gather source records", gather, assessment_id)
         version: int = step.do("generate report", generate, assessment_id, revisions, atomic=True)
         self.report_progress({"stage": "report generated", "report_version": version})
         step.do("ready for review", mark_ready, assessment_id, atomic=True)
+        self.tell(step, event, READY)
 
         try:
             decision = approve_current(

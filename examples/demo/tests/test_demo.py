@@ -11,6 +11,7 @@ from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 
 from accounts.models import Account
+from agents.models import Agent
 from approvals import ApprovalRefused, decide
 from approvals.models import ApprovalRequest
 from examples.demo.management.commands.seed_demo import RUN_KEY
@@ -130,6 +131,12 @@ def test_seed_demo_is_idempotent() -> None:
     # and the tenants: alice and bob share acme, mallory is alone in globex
     members = {a.slug: sorted(m.user.username for m in a.memberships.all()) for a in Account.objects.all()}
     assert members == {"acme": ["alice", "bob"], "globex": ["mallory"]}
+    # and alice's support agent in acme, made once, its chat's address and what to type printed each time
+    agent = Agent.objects.get()
+    assert (agent.account.slug, agent.kind, agent.name) == ("acme", "support", "help")
+    for out in (first.getvalue(), second.getvalue()):
+        assert "Support chat of acme (signed in as alice, or bob): /chat/support/help/" in out
+        assert 'Type: "I\'d like a refund for order 1042 because it arrived damaged"' in out
 
 
 @pytest.mark.django_db

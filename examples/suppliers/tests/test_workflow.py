@@ -15,7 +15,7 @@ from examples.suppliers.models import AssessmentReport, AssessmentStatus, Suppli
 from tests.factories import Users
 from tests.support import Worker, wait_for, wait_for_terminal
 from workflows import public as wf
-from workflows.models import RunStatus, WorkflowRun
+from workflows.models import RunStatus, StepResult, WorkflowRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -253,3 +253,58 @@ def test_a_run_started_for_someone_elses_assessment_touches_nothing(
     assert status(assessment) == AssessmentStatus.AWAITING_INPUT  # not moved to gathering evidence
     assert not AssessmentReport.objects.filter(assessment=assessment).exists()
     assert not ApprovalRequest.objects.filter(run=run).exists()
+
+
+def test_the_requesters_chat_hears_each_change_once(
+    worker: Worker, users: Users, assessment: SupplierAssessment
+) -> None:
+    """alice's account has a support agent: her assessment's run tells that chat where it stands."""
+    from accounts.services import account_ensure
+    from agents.models import Agent
+    from agents.selectors import agent_get
+
+    # given alice's account acme and its support agent
+    account_ensure(slug="acme", members=[users.alice])
+    agent = agent_get(user=users.alice, kind="support", name="help")
+    assert agent is not None
+
+    def told() -> Any:
+        return Agent.objects.get(pk=agent.pk).state.get("assessments", {}).get(str(assessment.pk))
+
+    # when she submits the input, the report is ready for review, and carol approves it
+    run = submit(assessment, users.alice, scope="tier 1")
+    assert run.payload["agent"] == agent.pk
+    review_pending(assessment)
+    assert wait_for(lambda: (t := told()) and t["status"] == "ready for review" and t, timeout=WAIT) == {
+        "supplier": "Acme Metals",
+        "status": "ready for review",
+    }
+    review(assessment, users.carol, approve=True, report_version=1)
+
+    # then the chat says approved, having been told each change once, in order
+    assert outcome_of(run) == {"outcome": "approved", "report_version": 1}
+    assert told() == {"supplier": "Acme Metals", "status": "approved"}
+    steps = StepResult.objects.filter(run=run, name__startswith="tell the chat").order_by("position")
+    assert list(steps.values_list("name", flat=True)) == [
+        "tell the chat: submitted",
+        "tell the chat: ready for review",
+        "tell the chat: approved",
+    ]
+    assert Agent.objects.get(pk=agent.pk).state_version == 3
+
+
+def test_a_requester_without_an_account_agent_is_told_nothing(
+    worker: Worker, users: Users, assessment: SupplierAssessment
+) -> None:
+    # given alice in an account with no agent: the run names none, and takes no step to tell one
+    from accounts.services import account_ensure
+
+    account_ensure(slug="acme", members=[users.alice])
+
+    run = submit(assessment, users.alice)
+    review_pending(assessment)
+    review(assessment, users.bob, approve=False, report_version=1)
+
+    assert outcome_of(run) == {"outcome": "rejected", "report_version": 1}
+    assert "agent" not in run.payload
+    assert not StepResult.objects.filter(run=run, name__startswith="tell the chat").exists()

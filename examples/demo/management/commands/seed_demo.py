@@ -1,4 +1,4 @@
-"""``manage.py seed_demo``: demo logins and one onboarding run to look at. Safe to run again.
+"""``manage.py seed_demo``: demo logins, one onboarding run and alice's support chat to look at. Safe to run again.
 
 The passwords are for a local demo only; the command says so when it prints them.
 """
@@ -50,13 +50,16 @@ ROLES = {
     "mallory": "another customer: sees none of alice's refunds",
 }
 ACCOUNTS = [("acme", "Acme Household", ["alice", "bob"]), ("globex", "Globex", ["mallory"])]
+# alice's support agent in acme (examples/demo/agents.py): (kind, name), its page /chat/<kind>/<name>/.
+SUPPORT_AGENT = ("support", "help")
+CHAT_ASK = "I'd like a refund for order 1042 because it arrived damaged"
 DEMO_ORDERS = [("1041", "25.00", [{"sku": "MUG", "qty": 1}]), ("1042", "150.00", [{"sku": "KETTLE", "qty": 1}])]
 # Fixed, because the key is: the same key with another payload is an IdempotencyConflict.
 RUN_PAYLOAD = {"customer": "alice", "plan": "team", "settle_seconds": 3, "approval_timeout_seconds": 3600}
 
 
 class Command(BaseCommand):
-    help = "Create the demo users (admin, alice) and one demo.onboarding run owned by alice; idempotent."
+    help = "Create the demo users (admin, alice), an onboarding run owned by alice and her support agent; idempotent."
 
     def handle(self, *args: Any, **options: Any) -> None:
         with transaction.atomic():
@@ -87,6 +90,7 @@ class Command(BaseCommand):
 
         seed_suppliers(self.stdout)
         self.seed_accounts()
+        self.seed_agent(alice)
 
     def seed_accounts(self) -> None:
         """The tenants: alice and bob share the account acme, mallory has globex of her own."""
@@ -99,6 +103,22 @@ class Command(BaseCommand):
             account_ensure(slug=slug, name=name, members=[users[m] for m in members])
         self.stdout.write(
             "Accounts: " + "; ".join(f"{slug} ({', '.join(members)})" for slug, _name, members in ACCOUNTS) + "."
+        )
+
+    def seed_agent(self, alice: User) -> None:
+        """alice's support agent in acme (bob, in the same account, chats with the same agent)."""
+        from agents.selectors import agent_get
+
+        kind, name = SUPPORT_AGENT
+        agent = agent_get(user=alice, kind=kind, name=name, account="acme")  # created on first use
+        if agent is None:
+            raise CommandError(
+                f"could not create alice's {kind} agent: is its kind registered (manage.py agents list)?"
+            )
+        self.stdout.write(
+            f"Support chat of {agent.account.slug} (signed in as alice, or bob): /chat/{kind}/{name}/\n"
+            f'  Type: "{CHAT_ASK}" -- order 1042 is above the approval limit, so carol approves it in\n'
+            "  Admin -> Approval requests, and the chat says when the refund is confirmed."
         )
 
     def seed_refunds(self, alice: User) -> None:
