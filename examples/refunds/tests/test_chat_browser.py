@@ -25,7 +25,7 @@ from tests.support import AsgiServer, Worker, wait_for
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 ASK = "I'd like a refund for order 1042 because it arrived damaged"
-WORD_DELAY = "0.1"  # seconds a word: an answer of about twenty words takes two seconds
+WORD_DELAY = "0.15"  # seconds a word: an answer of about twenty words takes three seconds
 PAGE = "/chat/support/help/"
 STATUS = "What's happening with my refund?"
 
