@@ -24,6 +24,10 @@ Protocol:
   text, a stop of an ended turn.
 - close codes: 4401 not signed in; 4404 not a member of the account, an unknown account or kind
   (indistinguishable).
+- a client that goes away (closes the tab, loses its network) stops nothing: its turns run on and a
+  reconnect resumes them. Unless the agent's class says ``cancel_on_client_abort = True``: then the
+  turns this connection's ``message`` frames started and that have not ended are stopped
+  (``services.turn_stop``) when it disconnects, whoever else is watching them.
 
 Per turn, a ``Cursor`` (the runs socket's) records what this connection sent: a chunk is never sent
 twice, and a jump in ``seq`` (a push the channel layer lost) is filled from the database first.
@@ -42,7 +46,8 @@ from django.conf import settings
 from django.http import QueryDict
 
 from agents import selectors, services, streams
-from agents.models import Agent, Turn
+from agents.models import TURN_OPEN, Agent, Turn
+from agents.registry import get_agent_class
 from agents.selectors import AgentSnapshot, ChunkData
 from workflows.consumers import (
     CLOSE_NOT_FOUND,
@@ -77,6 +82,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
     agent: Agent
     group: str | None = None
     ready = False  # set with the snapshot; nothing is forwarded before it
+    started: tuple[UUID, ...] = ()  # the turns this connection's messages started, oldest first
 
     async def connect(self) -> None:
         # Accept first: a close code can only be sent on an accepted socket (see RunConsumer).
@@ -114,6 +120,19 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
     async def disconnect(self, code: int) -> None:
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
+        if self.started:
+            await database_sync_to_async(self._abort_started)()
+
+    def _abort_started(self) -> None:
+        """The client went away: stop the turns it started if the agent's class asks for it."""
+        cls = get_agent_class(self.agent.kind)
+        if cls is None or not cls.cancel_on_client_abort:
+            return
+        for turn in Turn.objects.filter(pk__in=self.started, status__in=TURN_OPEN).select_related("agent"):
+            try:
+                services.turn_stop(turn=turn, user=self.scope["user"])
+            except services.TurnNotStoppable:  # it ended meanwhile
+                pass
 
     # --- from the client ---------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
@@ -146,6 +165,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
 
     async def _message(self, text: str) -> None:
         turn = await database_sync_to_async(self._send_message)(text)
+        self.started = (*self.started, turn.pk)
         await self.send_json({"type": "turn", **selectors.turn_data(turn)})
 
     def _send_message(self, text: str) -> Turn:

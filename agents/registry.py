@@ -234,7 +234,8 @@ class ChatAgent:
     model: ClassVar[str] = "rules"
     system_prompt: ClassVar[str] = ""
     tools: ClassVar[Sequence[Tool]] = ()
-    # Closing the tab does not stop the turn; a client's explicit stop always does.
+    # Closing the tab does not stop the turn; a client's explicit stop always does. True: a socket
+    # that disconnects stops the turns its own messages started (``agents.consumers``).
     cancel_on_client_abort: ClassVar[bool] = False
 
     def __init__(self, row: Agent | None = None) -> None:

@@ -171,3 +171,10 @@ class RulesChat(ChatAgent):
     """The embedded rules model, with no tools: it says what it can do."""
 
     model = "rules"
+
+
+@agent("test.abortable")
+class Abortable(TestChat):
+    """Its turns stop when the client that sent their message goes away."""
+
+    cancel_on_client_abort = True

@@ -6,6 +6,7 @@
   const root = document.getElementById("chat");
   const $ = (id) => document.getElementById(id);
   let socket = null;
+  let reconnectTimer = null;
   let retries = 0;
   const messages = new Map();  // id -> message
   const turns = new Map();     // id -> {id, number, status, end_reason}
@@ -104,10 +105,12 @@
     };
     for (const m of ordered) {
       if (m.role === "tool") continue;  // tool results are told in the assistant's words
+      if (m.role === "assistant" && !m.text) continue;  // a round that only called tools: nothing to read
       const turn = m.turn ? turns.get(m.turn) : null;
       const queued = turn && turn.status === "queued";
-      list.append(el("li", {class: "role-" + m.role + (queued ? " queued" : ""), "data-message": m.id},
-        m.text, queued ? el("div", {class: "muted"}, "queued") : null));
+      const attrs = {class: "role-" + m.role + (queued ? " queued" : ""), "data-message": m.id};
+      if (m.turn) attrs["data-turn"] = m.turn;
+      list.append(el("li", attrs, m.text, queued ? el("div", {class: "muted"}, "queued") : null));
       if (m.role === "user" && m.turn) drawStream(m.turn);
     }
     for (const turnId of streams.keys()) drawStream(turnId);
@@ -141,6 +144,9 @@
         retries = 0;
         setConnection("live");
         for (const m of msg.messages) messages.set(m.id, m);
+        // A turn this page saw open that is neither active nor queued now ended while it was away.
+        const open = new Set(msg.queued.map((q) => q.id).concat(msg.turn ? [msg.turn.id] : []));
+        for (const t of turns.values()) if (!ENDED.includes(t.status) && !open.has(t.id)) t.status = "ended";
         for (const q of msg.queued) turns.set(q.id, q);
         if (msg.turn) turns.set(msg.turn.id, Object.assign({end_reason: ""}, msg.turn));
         if (msg.state_version > stateVersion) { stateVersion = msg.state_version; renderState(msg.state); }
@@ -179,21 +185,39 @@
     $("connection").textContent = text;
   }
 
+  // One socket at a time: a reconnect (the backoff's timer, or the browser coming back online)
+  // replaces the socket, and whatever an old one still delivers is ignored.
+  function drop() {
+    if (!socket) return;
+    socket.onopen = socket.onclose = socket.onmessage = null;
+    socket.close();
+    socket = null;
+  }
+
+  function retry() {
+    // Exponential backoff with jitter, capped, so a restarted server is not stampeded.
+    const delay = Math.min(10000, 500 * 2 ** retries) * (0.5 + Math.random() / 2);
+    retries += 1;
+    setConnection((navigator.onLine ? "" : "offline: ") + "reconnecting in " + Math.ceil(delay / 1000) + " s");
+    clearTimeout(reconnectTimer);
+    reconnectTimer = setTimeout(connect, delay);
+  }
+
   function connect() {
+    clearTimeout(reconnectTimer);
+    reconnectTimer = null;
+    drop();
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    socket = new WebSocket(scheme + location.host + root.dataset.wsPath);
+    const current = socket = new WebSocket(scheme + location.host + root.dataset.wsPath);
     setConnection("connecting…");
-    socket.onmessage = (message) => handle(JSON.parse(message.data));
-    socket.onclose = (event) => {
+    current.onmessage = (message) => handle(JSON.parse(message.data));
+    current.onclose = (event) => {
+      socket = null;
       if (event.code === 4401 || event.code === 4404) {
         setConnection(event.code === 4401 ? "signed out: reload to sign in" : "agent not found");
         return;
       }
-      // Exponential backoff with jitter, capped, so a restarted server is not stampeded.
-      const delay = Math.min(10000, 500 * 2 ** retries) * (0.5 + Math.random() / 2);
-      retries += 1;
-      setConnection("reconnecting in " + Math.ceil(delay / 1000) + " s");
-      setTimeout(connect, delay);
+      retry();
     };
   }
 
@@ -205,7 +229,15 @@
     else setConnection("not connected: your message was not sent");
   });
   $("stop").addEventListener("click", () => send({type: "stop"}));
-  window.addEventListener("online", () => { if (socket && socket.readyState === WebSocket.CLOSED) connect(); });
+  // Offline, a socket can stay open for minutes with nothing arriving, and closing it can wait as
+  // long for the server's answer: let it go now. Back online, reconnect at once, not at the
+  // backoff's next try.
+  window.addEventListener("offline", () => { drop(); retry(); });
+  window.addEventListener("online", () => {
+    if (socket && socket.readyState === WebSocket.OPEN) return;
+    retries = 0;
+    connect();
+  });
 
   connect();
 })();
