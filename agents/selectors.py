@@ -125,8 +125,15 @@ def turn_seq(*, turn_id: UUID | str) -> int:
     return int(Chunk.objects.filter(turn_id=turn_id).aggregate(top=Max("seq"))["top"] or 0)
 
 
+# What members read of a failed turn's reason: the reason itself (an exception's text, a setting's
+# name) is for staff, who read it in the admin with the run that failed.
+FAILED_REASON = "something went wrong and this answer could not be finished"
+
+
 def turn_data(turn: Turn) -> TurnData:
-    return {"id": str(turn.pk), "number": turn.number, "status": turn.status, "end_reason": turn.end_reason}
+    """A turn as every member of the account sees it (the socket, the API, the pushes)."""
+    reason = FAILED_REASON if turn.status == TurnStatus.FAILED else turn.end_reason
+    return {"id": str(turn.pk), "number": turn.number, "status": turn.status, "end_reason": reason}
 
 
 def message_data(message: Message) -> MessageData:

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from accounts.services import account_ensure
-from agents.models import Agent
-from agents.selectors import agent_get
+from agents.models import Agent, Turn, TurnStatus
+from agents.selectors import FAILED_REASON, agent_get, turn_data
 from tests.factories import Users
 
 pytestmark = pytest.mark.django_db
@@ -33,3 +33,19 @@ def test_a_name_decoded_from_bytes_that_are_not_utf8_names_no_agent(users: Users
     assert agent_get(user=users.alice, kind="test.chat", name="caf\ufffd") is None
     assert agent_get(user=users.alice, kind="test.chat", name="café") is not None
     assert not Agent.objects.filter(name__contains="\ufffd").exists()
+
+
+def test_members_read_that_a_turn_failed_not_the_error_behind_it(users: Users) -> None:
+    # given a turn that failed on an internal error, and one sealed for a reason meant for them
+    account_ensure(slug="acme", members=[users.alice])
+    agent = agent_get(user=users.alice, kind="test.chat", name="help")
+    assert agent is not None
+    failed = Turn.objects.create(
+        agent=agent, number=1, status=TurnStatus.FAILED, end_reason="ResultTooLarge: 1,050,617 bytes"
+    )
+    sealed = Turn.objects.create(agent=agent, number=2, status=TurnStatus.SEALED, end_reason="too many rounds")
+
+    # then members read that it failed, staff keep the error on the row, and other reasons are shown
+    assert turn_data(failed)["end_reason"] == FAILED_REASON
+    assert failed.end_reason.startswith("ResultTooLarge")
+    assert turn_data(sealed)["end_reason"] == "too many rounds"
