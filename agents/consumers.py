@@ -209,6 +209,9 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
 
     async def _resume(self, turn: Turn, after: int) -> None:
         key = str(turn.pk)
+        # A client's ``after`` beyond what is stored (a stale number of its own) counts as the stored
+        # top: taken as given, every live chunk up to it would count as already sent.
+        after = min(after, await database_sync_to_async(selectors.turn_seq)(turn_id=key))
         cursor = self.cursors.get(key)
         if cursor is None:
             cursor = self.cursors[key] = Cursor(low=after, high=after)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, TypedDict
 from uuid import UUID
 
+from django.conf import settings
 from django.db.models import Max
 
 from accounts.selectors import User, account_for, accounts_of
@@ -79,12 +80,20 @@ def agent_get(*, user: User, kind: str, name: str, account: str | None = None) -
     found = account_for(user, account)
     if found is None or not kind_registered(kind):
         return None
-    agent, _ = Agent.objects.get_or_create(account=found, kind=kind, name=name)
+    agent = Agent.objects.filter(account=found, kind=kind, name=name).first()
+    if agent is None:
+        # Opening an agent creates it, so the count per account is bounded: past the limit a new
+        # name is not found (the account's existing agents stay reachable).
+        if Agent.objects.filter(account=found).count() >= settings.AGENTS_MAX_AGENTS_PER_ACCOUNT:
+            return None
+        agent, _ = Agent.objects.get_or_create(account=found, kind=kind, name=name)
     return agent
 
 
 def _storable_name(value: str, limit: int) -> bool:
-    return 0 < len(value) <= limit and text_problem(value) is None
+    """1 to ``limit`` characters PostgreSQL can store, none of them U+FFFD: a path's bytes that
+    are not UTF-8 decode to it, and different such paths must not all name one agent."""
+    return 0 < len(value) <= limit and text_problem(value) is None and "\ufffd" not in value
 
 
 def turn_get(*, agent: Agent, turn_id: UUID | str) -> Turn | None:
@@ -116,8 +125,15 @@ def turn_seq(*, turn_id: UUID | str) -> int:
     return int(Chunk.objects.filter(turn_id=turn_id).aggregate(top=Max("seq"))["top"] or 0)
 
 
+# What members read of a failed turn's reason: the reason itself (an exception's text, a setting's
+# name) is for staff, who read it in the admin with the run that failed.
+FAILED_REASON = "something went wrong and this answer could not be finished"
+
+
 def turn_data(turn: Turn) -> TurnData:
-    return {"id": str(turn.pk), "number": turn.number, "status": turn.status, "end_reason": turn.end_reason}
+    """A turn as every member of the account sees it (the socket, the API, the pushes)."""
+    reason = FAILED_REASON if turn.status == TurnStatus.FAILED else turn.end_reason
+    return {"id": str(turn.pk), "number": turn.number, "status": turn.status, "end_reason": reason}
 
 
 def message_data(message: Message) -> MessageData:

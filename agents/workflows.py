@@ -245,17 +245,33 @@ def load_turn(turn_id: str) -> dict[str, Any]:
     turn = _turn(turn_id)
     if turn.status not in TURN_OPEN:
         return {"ended": turn.status}
-    rows = (
+    newest = (
         Message.objects.filter(agent_id=turn.agent_id, turn__number__lte=turn.number)
-        .order_by("turn__number", "id")
-        .only("role", "text", "parts")
+        .order_by("-turn__number", "-id")
+        .only("role", "text", "parts")[: settings.AGENTS_HISTORY_MESSAGES]
     )
     return {
         "kind": turn.agent.kind,
         "user": turn.requested_by_id,
-        "messages": [message_for_model(m) for m in rows],
+        "messages": recent_history([message_for_model(m) for m in reversed(newest)]),
         "seq": last_seq(turn.pk),
     }
+
+
+def recent_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The newest part of the conversation that fits in AGENTS_HISTORY_CHARS of JSON, starting at a
+    user message (a tool result without the call before it means nothing to a model). The turn's
+    own message is the last one and always stays: a conversation may grow for ever, a turn's
+    ``load`` step (a stored result, bounded by WORKFLOWS_MAX_RESULT_BYTES) may not."""
+    budget = int(settings.AGENTS_HISTORY_CHARS)
+    sizes = [len(json.dumps(m, default=str)) for m in messages]
+    start, total = len(messages), 0
+    while start > 0 and (start == len(messages) or total + sizes[start - 1] <= budget):
+        start -= 1
+        total += sizes[start]
+    while start < len(messages) - 1 and messages[start]["role"] != "user":
+        start += 1
+    return messages[start:]
 
 
 def message_for_model(m: Message) -> dict[str, Any]:

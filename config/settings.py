@@ -338,6 +338,12 @@ AGENTS_MAX_SILENCE_SECONDS = envfloat("AGENTS_MAX_SILENCE_SECONDS", 120.0)
 # Model rounds (a model call and the tool calls it asks for) in one turn.
 AGENTS_MAX_ROUNDS = envint("AGENTS_MAX_ROUNDS", 8)
 AGENTS_MAX_MESSAGE_CHARS = envint("AGENTS_MAX_MESSAGE_CHARS", 4000)
+# What a turn gives the model of the conversation: the newest messages, at most this many and this
+# many characters of JSON (the turn's own message always); older ones stay stored and shown.
+AGENTS_HISTORY_MESSAGES = envint("AGENTS_HISTORY_MESSAGES", 40)
+# Agents one account may have: opening one creates it, so opening ever new names stops here.
+AGENTS_MAX_AGENTS_PER_ACCOUNT = envint("AGENTS_MAX_AGENTS_PER_ACCOUNT", 100)
+AGENTS_HISTORY_CHARS = envint("AGENTS_HISTORY_CHARS", 200_000)
 # A turn's chunks are stored in batches: at this many, or when this long has passed since the
 # last batch, and at the end of each step.
 AGENTS_CHUNK_FLUSH_MS = envfloat("AGENTS_CHUNK_FLUSH_MS", 20.0)

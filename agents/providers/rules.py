@@ -47,6 +47,14 @@ AMOUNT = re.compile(
     r"|\b(?P<bare>\d[\d,]*(?:\.\d{1,2})?)\s*(?:gbp|eur|usd|pounds?|euros?|dollars?)\b",
     re.IGNORECASE,
 )
+# Anything written as money, well formed or not ("-5 pounds", "£1e1", "£5.005"): an amount the
+# customer wrote that AMOUNT does not read exactly is asked about, never read as another amount.
+MONEY_ATTEMPT = re.compile(
+    r"(?P<symbolled>-?\s*[£$€]\s*[-+]?[\d.,eE+-]*\d[\d.,eE+-]*)"
+    r"|(?P<worded>[-+]?\d[\d.,eE+-]*)\s*(?:gbp|eur|usd|pounds?|euros?|dollars?)\b",
+    re.IGNORECASE,
+)
+CLEAN_AMOUNT = re.compile(r"(?:[£$€]\s*)?\d[\d,]*(?:\.\d{1,2})?")
 REASON = re.compile(
     r"\b(?:because|since|due\s+to|reason(?:\s+is)?:?)\s+(?:it(?:'s|\s+was|\s+is)?\s+|they\s+)?(?P<reason>[^.!?]+)",
     re.IGNORECASE,
@@ -182,6 +190,12 @@ def decide(situation: Situation) -> Decision:
 
 def refund(situation: Situation) -> Decision:
     """Look the order up, ask for the refund, say what became of it."""
+    unreadable = unreadable_amount(situation.text)
+    if unreadable is not None:
+        return (
+            f"I couldn't read the amount {unreadable!r}. Please write it as a positive amount with at most "
+            "two decimal places, e.g. £20.00, or leave it out to ask for all that is left to refund."
+        )
     number = match_group(ORDER_NUMBER, situation.text, "number")
     order = situation.results.get("find_order")
     if order is None:
@@ -287,6 +301,16 @@ def requested_amount(text: str) -> Decimal | None:
     if not found:
         return None
     return decimal_or_none((found.group("value") or found.group("bare")).replace(",", ""))
+
+
+def unreadable_amount(text: str) -> str | None:
+    """The first amount the customer wrote that is not exactly a positive amount with at most two
+    decimal places ("-5 pounds", "£1e1", "£5.005"), as written; None when every amount reads."""
+    for found in MONEY_ATTEMPT.finditer(text):
+        written = (found.group("symbolled") or found.group("worded")).strip().rstrip(".,")
+        if CLEAN_AMOUNT.fullmatch(written) is None:
+            return written
+    return None
 
 
 def reason_of(text: str) -> str:

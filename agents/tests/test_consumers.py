@@ -241,6 +241,26 @@ def test_resume_replays_then_live_chunks_follow_with_no_gap_and_no_duplicate(
         assert chunk_seqs([receive(ws)]) == [11]
 
 
+def test_resume_after_more_than_is_stored_counts_as_the_stored_top(asgi_server: AsgiServer, world: World) -> None:
+    with open_chat(asgi_server, world.users.alice) as ws:
+        receive(ws)
+        # given a turn that starts after the snapshot, with two chunks stored
+        turn = make_turn(world.agent)
+        write(turn, [1, 2], push=False)
+
+        # when a client resumes it after a number of its own far beyond them
+        ws.send(json.dumps({"type": "resume", "turn": str(turn.pk), "after": 2**31}))
+
+        # then the replay ends at what is stored, and every later chunk still comes live
+        assert receive(ws) == {"type": "replay_complete", "turn": str(turn.pk), "seq": 2}
+        write(turn, [3, 4])
+        assert chunk_seqs([receive(ws) for _ in range(2)]) == [3, 4]
+        # and an earlier resume still replays the older ones
+        ws.send(json.dumps({"type": "resume", "turn": str(turn.pk), "after": 0}))
+        older = receive_until(ws, is_replay_complete)
+        assert [(f["type"], f["seq"]) for f in older] == [("chunk", 1), ("chunk", 2), ("replay_complete", 4)]
+
+
 def test_resume_before_the_first_token_then_the_stream_arrives_from_seq_1(
     asgi_server: AsgiServer, world: World
 ) -> None:

@@ -108,6 +108,25 @@ def test_the_amount_asked_for_wins_over_the_refundable_amount_and_a_missing_reas
     assert request.arguments == {"order": "1042", "amount": "20.00", "reason": "not given"}
 
 
+@pytest.mark.parametrize(
+    "text, written",
+    [
+        ("Please refund order 1041 -5 pounds", "-5"),
+        ("Refund order 1041 £1e1", "£1e1"),
+        ("Refund order 1041 £5.005 please", "£5.005"),
+        ("Refund order 1042 £150.001", "£150.001"),
+        ("Refund order 1042 £-5", "£-5"),
+    ],
+)
+def test_an_amount_that_does_not_read_exactly_is_asked_about_and_no_tool_is_called(text: str, written: str) -> None:
+    # when the customer writes an amount that is not a positive amount with at most two decimals
+    events = ask(user(text))
+
+    # then no tool is called (no refund of some other amount), and the answer names what was written
+    assert not [e for e in events if isinstance(e, ToolCall)]
+    assert text_of(events).startswith(f"I couldn't read the amount {written!r}.")
+
+
 def test_the_refund_reports_the_amount_and_status_the_tool_gave() -> None:
     # given
     message = user(REFUND_1042)

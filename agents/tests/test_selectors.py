@@ -1,0 +1,51 @@
+"""Which agent a person reaches, read directly: bounded creation and names no path can forge."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from accounts.services import account_ensure
+from agents.models import Agent, Turn, TurnStatus
+from agents.selectors import FAILED_REASON, agent_get, turn_data
+from tests.factories import Users
+
+pytestmark = pytest.mark.django_db
+
+
+def test_opening_new_names_stops_at_the_accounts_limit(settings: Any, users: Users) -> None:
+    # given an account allowed three agents, with three already opened
+    settings.AGENTS_MAX_AGENTS_PER_ACCOUNT = 3
+    account_ensure(slug="acme", members=[users.alice, users.bob])
+    opened = [agent_get(user=users.alice, kind="test.chat", name=f"a{i}") for i in range(3)]
+
+    # then a fourth name is not found, and the three stay reachable, for bob too
+    assert agent_get(user=users.alice, kind="test.chat", name="a3") is None
+    assert [agent_get(user=users.bob, kind="test.chat", name=f"a{i}") for i in range(3)] == opened
+    assert Agent.objects.count() == 3
+
+
+def test_a_name_decoded_from_bytes_that_are_not_utf8_names_no_agent(users: Users) -> None:
+    account_ensure(slug="acme", members=[users.alice])
+
+    assert agent_get(user=users.alice, kind="test.chat", name="\ufffd\ufffd\ufffd") is None
+    assert agent_get(user=users.alice, kind="test.chat", name="caf\ufffd") is None
+    assert agent_get(user=users.alice, kind="test.chat", name="café") is not None
+    assert not Agent.objects.filter(name__contains="\ufffd").exists()
+
+
+def test_members_read_that_a_turn_failed_not_the_error_behind_it(users: Users) -> None:
+    # given a turn that failed on an internal error, and one sealed for a reason meant for them
+    account_ensure(slug="acme", members=[users.alice])
+    agent = agent_get(user=users.alice, kind="test.chat", name="help")
+    assert agent is not None
+    failed = Turn.objects.create(
+        agent=agent, number=1, status=TurnStatus.FAILED, end_reason="ResultTooLarge: 1,050,617 bytes"
+    )
+    sealed = Turn.objects.create(agent=agent, number=2, status=TurnStatus.SEALED, end_reason="too many rounds")
+
+    # then members read that it failed, staff keep the error on the row, and other reasons are shown
+    assert turn_data(failed)["end_reason"] == FAILED_REASON
+    assert failed.end_reason.startswith("ResultTooLarge")
+    assert turn_data(sealed)["end_reason"] == "too many rounds"
