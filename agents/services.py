@@ -102,6 +102,16 @@ def repair_locked(agent: Agent) -> None:
         end_locked(turn, status=TurnStatus.FAILED, reason=f"its run ended: {why}", finish="error")
 
 
+def on_run_failed(run: WorkflowRun) -> None:
+    """The hook (``workflows.hooks.on_run_failed``): the engine failed a turn's run where the
+    workflow could not end the turn itself (too many lost workers, say); the turn fails with a
+    notice the customer reads, its stream is finished and the next queued turn starts, now rather
+    than at the agent's next message. Inside the hook's transaction: the run's row, then the agent's."""
+    agent_id = Turn.objects.filter(run=run, status__in=TURN_ACTIVE).values_list("agent_id", flat=True).first()
+    if agent_id is not None:
+        repair_locked(Agent.objects.select_for_update().get(pk=agent_id))
+
+
 def start_next_locked(agent: Agent) -> Turn | None:
     """Start the agent's oldest queued turn if none is running or waiting. Call inside atomic() with
     the agent row locked. Returns the turn started, or None."""
