@@ -40,6 +40,10 @@ class TurnNotStoppable(TransitionNotAllowed):
     """The turn has ended already: a 409."""
 
 
+class TooManyQueuedTurns(Exception):
+    """The agent has AGENTS_MAX_QUEUED_TURNS turns queued already: a 429 (an error frame on the socket)."""
+
+
 # --- pushes -------------------------------------------------------------------------------------------
 def push_turn(turn: Turn) -> None:
     streams.push_later(turn.agent_id, {"type": "agent.turn", "turn": turn_data(turn)})
@@ -70,19 +74,36 @@ def lock_agent(agent: Agent) -> Agent:
 
 def message_send(*, agent: Agent, user: User | None, text: str, source: str = "chat") -> Turn:
     """Write the user's message and its turn; start the turn now if no turn of the agent is open,
-    else leave it queued behind them (FIFO). Pushes ``agent.message`` and ``agent.turn``."""
+    else leave it queued behind them (FIFO). Pushes ``agent.message`` and ``agent.turn``.
+    TooManyQueuedTurns, with nothing stored, past AGENTS_MAX_QUEUED_TURNS queued turns."""
     text = check_message(text)
     with transaction.atomic():
         agent = lock_agent(agent)
+        repair_locked(agent)  # first: a turn it ends lets the queue move before it is counted
+        check_queued_turns(agent)
         last = Turn.objects.filter(agent=agent).order_by("-number").values_list("number", flat=True).first()
         turn = Turn.objects.create(agent=agent, number=(last or 0) + 1, requested_by=user, source=source)
         message = Message.objects.create(agent=agent, turn=turn, role=MessageRole.USER, text=text, author=user)
         push_message(message)
         push_turn(turn)
-        repair_locked(agent)
         start_next_locked(agent)
     turn.refresh_from_db()
     return turn
+
+
+def check_queued_turns(agent: Agent) -> None:
+    """TooManyQueuedTurns if the agent has AGENTS_MAX_QUEUED_TURNS turns queued: a member sending
+    messages in a loop must not pile up answers nobody waits for. Call with the agent row locked,
+    so messages sent together are counted one after the other."""
+    limit = int(settings.AGENTS_MAX_QUEUED_TURNS)
+    if not limit:
+        return
+    queued = Turn.objects.filter(agent=agent, status=TurnStatus.QUEUED).count()
+    if queued >= limit:
+        raise TooManyQueuedTurns(
+            f"{queued} messages are waiting for an answer already (the limit is {limit}); "
+            "send more once some have been answered"
+        )
 
 
 RUN_FAILED_MESSAGE = "Sorry: something went wrong and this answer could not be finished. Please try again."

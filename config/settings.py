@@ -338,6 +338,9 @@ AGENTS_MAX_SILENCE_SECONDS = envfloat("AGENTS_MAX_SILENCE_SECONDS", 120.0)
 # Model rounds (a model call and the tool calls it asks for) in one turn.
 AGENTS_MAX_ROUNDS = envint("AGENTS_MAX_ROUNDS", 8)
 AGENTS_MAX_MESSAGE_CHARS = envint("AGENTS_MAX_MESSAGE_CHARS", 4000)
+# Turns one agent may have queued behind its running one; a message beyond it is refused (a 429 over
+# HTTP, an error frame on the socket) and stores nothing. 0: no limit.
+AGENTS_MAX_QUEUED_TURNS = envint("AGENTS_MAX_QUEUED_TURNS", 5)
 # A turn's chunks are stored in batches: at this many, or when this long has passed since the
 # last batch, and at the end of each step.
 AGENTS_CHUNK_FLUSH_MS = envfloat("AGENTS_CHUNK_FLUSH_MS", 20.0)
