@@ -111,8 +111,9 @@ RUN_FAILED_MESSAGE = "Sorry: something went wrong and this answer could not be f
 
 def repair_locked(agent: Agent) -> None:
     """End as failed the active turns whose run ended without ending them (the engine failed it
-    before its workflow ran: too many lost workers, say), so the queue moves on. Call inside atomic()
-    with the agent row locked."""
+    before its workflow ran: too many lost workers, say), so the queue moves on: from the hook on
+    ``on_run_failed``, and at each message for a turn whose hook never ran (its worker died between
+    the failure and the hook). Call inside atomic() with the agent row locked."""
     stuck = Turn.objects.select_related("agent", "run").filter(
         agent=agent, status__in=TURN_ACTIVE, run__status__in=[RunStatus.FAILED, RunStatus.COMPLETED]
     )
