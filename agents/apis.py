@@ -197,7 +197,9 @@ class AgentMessageApi(ApiBase):
         tags=TAGS,
         parameters=[KIND, NAME, AgentQuerySerializer],
         request=InputSerializer,
-        responses={202: OutputSerializer, **error_responses(400, 401, 403, 404, 413, 415)},
+        description="202 with the turn, running or queued. 429 too_many_requests when the agent has "
+        "AGENTS_MAX_QUEUED_TURNS turns queued already (nothing is stored).",
+        responses={202: OutputSerializer, **error_responses(400, 401, 403, 404, 413, 415, 429)},
         examples=[
             OpenApiExample(
                 "refund", value={"text": "I'd like a refund for order 1042, it arrived damaged"}, request_only=True
@@ -208,7 +210,10 @@ class AgentMessageApi(ApiBase):
         agent = visible_agent(request, kind, name)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        turn = services.message_send(agent=agent, user=user_of(request), text=serializer.validated_data["text"])
+        try:
+            turn = services.message_send(agent=agent, user=user_of(request), text=serializer.validated_data["text"])
+        except services.TooManyQueuedTurns as exc:
+            return error_response("too_many_requests", str(exc), status.HTTP_429_TOO_MANY_REQUESTS)
         return Response(self.OutputSerializer(turn_detail_data(turn)).data, status=status.HTTP_202_ACCEPTED)
 
 

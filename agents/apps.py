@@ -15,5 +15,7 @@ class AgentsConfig(AppConfig):
 
         # A turn's run terminated by anyone (a stop, staff in the admin) cancels the turn.
         hooks.on_run_terminated(services.on_run_terminated)
+        # A turn's run the engine failed outside the workflow's own steps fails the turn.
+        hooks.on_run_failed(services.on_run_failed)
         autodiscover_modules("agents")
         import_agent_modules(getattr(settings, "AGENTS_MODULES", []))

@@ -21,7 +21,7 @@ Protocol:
 - bad client messages get ``{"type": "error", "message"}``, the socket stays open and nothing is
   stored: a binary frame, text that is not JSON or over MAX_MESSAGE_CHARS, a value that is not an
   object, an unknown type, a bad ``after``, a turn that is not this agent's, an empty or too long
-  text, a stop of an ended turn.
+  text, a message past AGENTS_MAX_QUEUED_TURNS queued turns, a stop of an ended turn.
 - close codes: 4401 not signed in; 4404 not a member of the account, an unknown account or kind
   (indistinguishable).
 - a client that goes away (closes the tab, loses its network) stops nothing: its turns run on and a
@@ -171,7 +171,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
     def _send_message(self, text: str) -> Turn:
         try:
             return services.message_send(agent=self.agent, user=self.scope["user"], text=text)
-        except services.InvalidMessage as exc:
+        except (services.InvalidMessage, services.TooManyQueuedTurns) as exc:
             raise ClientError(str(exc)) from None
 
     async def _stop(self, value: Any) -> None:

@@ -40,6 +40,10 @@ class TurnNotStoppable(TransitionNotAllowed):
     """The turn has ended already: a 409."""
 
 
+class TooManyQueuedTurns(Exception):
+    """The agent has AGENTS_MAX_QUEUED_TURNS turns queued already: a 429 (an error frame on the socket)."""
+
+
 # --- pushes -------------------------------------------------------------------------------------------
 def push_turn(turn: Turn) -> None:
     streams.push_later(turn.agent_id, {"type": "agent.turn", "turn": turn_data(turn)})
@@ -70,19 +74,36 @@ def lock_agent(agent: Agent) -> Agent:
 
 def message_send(*, agent: Agent, user: User | None, text: str, source: str = "chat") -> Turn:
     """Write the user's message and its turn; start the turn now if no turn of the agent is open,
-    else leave it queued behind them (FIFO). Pushes ``agent.message`` and ``agent.turn``."""
+    else leave it queued behind them (FIFO). Pushes ``agent.message`` and ``agent.turn``.
+    TooManyQueuedTurns, with nothing stored, past AGENTS_MAX_QUEUED_TURNS queued turns."""
     text = check_message(text)
     with transaction.atomic():
         agent = lock_agent(agent)
+        repair_locked(agent)  # first: a turn it ends lets the queue move before it is counted
+        check_queued_turns(agent)
         last = Turn.objects.filter(agent=agent).order_by("-number").values_list("number", flat=True).first()
         turn = Turn.objects.create(agent=agent, number=(last or 0) + 1, requested_by=user, source=source)
         message = Message.objects.create(agent=agent, turn=turn, role=MessageRole.USER, text=text, author=user)
         push_message(message)
         push_turn(turn)
-        repair_locked(agent)
         start_next_locked(agent)
     turn.refresh_from_db()
     return turn
+
+
+def check_queued_turns(agent: Agent) -> None:
+    """TooManyQueuedTurns if the agent has AGENTS_MAX_QUEUED_TURNS turns queued: a member sending
+    messages in a loop must not pile up answers nobody waits for. Call with the agent row locked,
+    so messages sent together are counted one after the other."""
+    limit = int(settings.AGENTS_MAX_QUEUED_TURNS)
+    if not limit:
+        return
+    queued = Turn.objects.filter(agent=agent, status=TurnStatus.QUEUED).count()
+    if queued >= limit:
+        raise TooManyQueuedTurns(
+            f"{queued} messages are waiting for an answer already (the limit is {limit}); "
+            "send more once some have been answered"
+        )
 
 
 RUN_FAILED_MESSAGE = "Sorry: something went wrong and this answer could not be finished. Please try again."
@@ -90,8 +111,9 @@ RUN_FAILED_MESSAGE = "Sorry: something went wrong and this answer could not be f
 
 def repair_locked(agent: Agent) -> None:
     """End as failed the active turns whose run ended without ending them (the engine failed it
-    before its workflow ran: too many lost workers, say), so the queue moves on. Call inside atomic()
-    with the agent row locked."""
+    before its workflow ran: too many lost workers, say), so the queue moves on: from the hook on
+    ``on_run_failed``, and at each message for a turn whose hook never ran (its worker died between
+    the failure and the hook). Call inside atomic() with the agent row locked."""
     stuck = Turn.objects.select_related("agent", "run").filter(
         agent=agent, status__in=TURN_ACTIVE, run__status__in=[RunStatus.FAILED, RunStatus.COMPLETED]
     )
@@ -100,6 +122,16 @@ def repair_locked(agent: Agent) -> None:
         append_unfenced(turn_id=turn.pk, agent_id=turn.agent_id, type_="data-notice", data={"text": RUN_FAILED_MESSAGE})
         why = str((turn.run.error or {}).get("message") or turn.run.failure_reason or turn.run.status)
         end_locked(turn, status=TurnStatus.FAILED, reason=f"its run ended: {why}", finish="error")
+
+
+def on_run_failed(run: WorkflowRun) -> None:
+    """The hook (``workflows.hooks.on_run_failed``): the engine failed a turn's run where the
+    workflow could not end the turn itself (too many lost workers, say); the turn fails with a
+    notice the customer reads, its stream is finished and the next queued turn starts, now rather
+    than at the agent's next message. Inside the hook's transaction: the run's row, then the agent's."""
+    agent_id = Turn.objects.filter(run=run, status__in=TURN_ACTIVE).values_list("agent_id", flat=True).first()
+    if agent_id is not None:
+        repair_locked(Agent.objects.select_for_update().get(pk=agent_id))
 
 
 def start_next_locked(agent: Agent) -> Turn | None:

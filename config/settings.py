@@ -341,9 +341,12 @@ AGENTS_MAX_MESSAGE_CHARS = envint("AGENTS_MAX_MESSAGE_CHARS", 4000)
 # What a turn gives the model of the conversation: the newest messages, at most this many and this
 # many characters of JSON (the turn's own message always); older ones stay stored and shown.
 AGENTS_HISTORY_MESSAGES = envint("AGENTS_HISTORY_MESSAGES", 40)
+AGENTS_HISTORY_CHARS = envint("AGENTS_HISTORY_CHARS", 200_000)
 # Agents one account may have: opening one creates it, so opening ever new names stops here.
 AGENTS_MAX_AGENTS_PER_ACCOUNT = envint("AGENTS_MAX_AGENTS_PER_ACCOUNT", 100)
-AGENTS_HISTORY_CHARS = envint("AGENTS_HISTORY_CHARS", 200_000)
+# Turns one agent may have queued behind its running one; a message beyond it is refused (a 429 over
+# HTTP, an error frame on the socket) and stores nothing. 0: no limit.
+AGENTS_MAX_QUEUED_TURNS = envint("AGENTS_MAX_QUEUED_TURNS", 5)
 # A turn's chunks are stored in batches: at this many, or when this long has passed since the
 # last batch, and at the end of each step.
 AGENTS_CHUNK_FLUSH_MS = envfloat("AGENTS_CHUNK_FLUSH_MS", 20.0)

@@ -11,6 +11,8 @@ model does by what it sends:
 - ``pay <path>``: calls ``pay`` (an Effect through the ledger; the adapter appends to ``<path>``);
 - ``bad``: a call with malformed arguments; ``unknown``: a call of a tool that does not exist;
   ``boom``: a tool that raises;
+- ``die <path>`` (``test.killing`` only): calls ``die``, which appends to ``<path>`` and SIGKILLs
+  its own worker process, on every try;
 - anything else: ``You said: <text>``.
 
 Side effects go to files, so a test in another process sees exactly how often a tool ran.
@@ -19,6 +21,7 @@ Side effects go to files, so a test in another process sees exactly how often a 
 from __future__ import annotations
 
 import os
+import signal
 from decimal import Decimal
 from typing import Any
 
@@ -84,6 +87,17 @@ def explode(ctx: ToolContext) -> None:
     raise RuntimeError("the tool broke")
 
 
+@tool
+def die(ctx: ToolContext, path: str) -> None:
+    """Kill the worker process that runs it (a poison tool call).
+
+    Args:
+        path: the file to append to before dying.
+    """
+    append(path, "kill")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 class FileAdapter:
     """The ``agents-test`` system: each submit appends to the request's file and succeeds."""
 
@@ -126,6 +140,7 @@ def script(request: ModelRequest) -> tuple[list[ModelEvent], float]:
         "bad": ToolCall(call_id, "record", None, error="the arguments were not JSON"),
         "unknown": ToolCall(call_id, "nope", {}),
         "boom": ToolCall(call_id, "explode", {}),
+        "die": ToolCall(call_id, "die", {"path": asked[-1]}),
     }
     if command in calls:
         return [TextDelta("Let me do that."), calls[command], Finish("tool_calls")], 0.0
@@ -164,6 +179,13 @@ class StateReport(AgentWorkflow):
         step.merge_agent_state({"refund": "submitted", "note": "x"})
         step.merge_agent_state({"note": None})
         return step.update_agent_state({"refund": "confirmed"})
+
+
+@agent("test.killing")
+class Killing(TestChat):
+    """Has the ``die`` tool, whose every try kills its worker."""
+
+    tools = [*TestChat.tools, die]
 
 
 @agent("test.rules")

@@ -22,7 +22,7 @@ from uuid import UUID
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.utils import timezone
 
-from workflows import statements, step_store
+from workflows import hooks, statements, step_store
 from workflows.conf import conf
 from workflows.context import in_step
 from workflows.exceptions import (
@@ -604,7 +604,21 @@ def _finish(
         return "lease_lost"
     if ended.status == RunStatus.FAILED:
         logger.info("run %s failed (%s): %s", run.id, ended.failure_reason, (ended.error or {}).get("message"))
+        _fire_failed(run.id)
     return str(ended.status)
+
+
+def _fire_failed(run_id: UUID) -> None:
+    """``hooks.fire_run_failed``, in a transaction of its own with the run row locked, if the run is
+    still failed (staff may have restarted it since). The end is stored already (one statement, no
+    transaction to join), so a hook that raises is logged, not raised: the run stays failed."""
+    try:
+        with transaction.atomic():
+            run = WorkflowRun.objects.select_for_update().filter(pk=run_id, status=RunStatus.FAILED).first()
+            if run is not None:
+                hooks.fire_run_failed(run)
+    except Exception:
+        logger.exception("run %s: a hook on its failure raised", run_id)
 
 
 def _store_last_step(write: step_store.StepWrite, error: dict[str, Any]) -> None:

@@ -2,9 +2,9 @@
 
 The engine may not import them (apps import only from layers below), so an app that must act
 when a run changes registers a function here from its ``AppConfig.ready`` (``on_run_terminated``,
-``on_run_restarted``); the engine's services fire them (``fire_run_terminated``, ...). They are called
-inside the engine's transaction, with the run row locked, and must only write to the database
-(anything that leaves it goes through ``workflows.outbox.on_commit``).
+``on_run_restarted``, ``on_run_failed``); the engine and its services fire them (``fire_run_terminated``,
+...). They are called inside a transaction, with the run row locked, and must only write to the
+database (anything that leaves it goes through ``workflows.outbox.on_commit``).
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def reserved_event(value: str | None) -> str | None:
 
 _on_terminated: list[RunHook] = []
 _on_restarted: list[RunHook] = []
+_on_failed: list[RunHook] = []
 
 
 def on_run_terminated(hook: RunHook) -> RunHook:
@@ -82,6 +83,17 @@ def on_run_restarted(hook: RunHook) -> RunHook:
     return hook
 
 
+def on_run_failed(hook: RunHook) -> RunHook:
+    """Register ``hook(run)`` to be called when the engine has failed a run, for any reason: a step
+    that failed for good and was not caught, ``non_determinism``, or before the workflow's code ran
+    at all (``max_recovery_attempts``, ``unknown_workflow``), where the workflow could not clean up
+    after itself. Called right after the failure is stored, in a transaction of its own with the
+    run row locked and the run still failed; a worker that dies in between leaves it uncalled."""
+    if hook not in _on_failed:
+        _on_failed.append(hook)
+    return hook
+
+
 def fire_run_terminated(run: WorkflowRun) -> None:
     """Call the hooks registered with ``on_run_terminated`` (inside atomic(), the run row locked)."""
     for hook in _on_terminated:
@@ -91,4 +103,10 @@ def fire_run_terminated(run: WorkflowRun) -> None:
 def fire_run_restarted(run: WorkflowRun) -> None:
     """Call the hooks registered with ``on_run_restarted`` (inside atomic(), the run row locked)."""
     for hook in _on_restarted:
+        hook(run)
+
+
+def fire_run_failed(run: WorkflowRun) -> None:
+    """Call the hooks registered with ``on_run_failed`` (inside atomic(), the run row locked)."""
+    for hook in _on_failed:
         hook(run)
