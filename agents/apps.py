@@ -9,11 +9,13 @@ class AgentsConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
-        from agents import services
+        from agents import fibers, services
         from agents.registry import import_agent_modules
         from workflows import hooks
 
         # A turn's run terminated by anyone (a stop, staff in the admin) cancels the turn.
         hooks.on_run_terminated(services.on_run_terminated)
+        # A fiber's run terminated by anyone (a cancel, staff in the admin) cancels the fiber.
+        hooks.on_run_terminated(fibers.on_run_terminated)
         autodiscover_modules("agents")
         import_agent_modules(getattr(settings, "AGENTS_MODULES", []))
