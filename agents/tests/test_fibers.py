@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.test import Client
+from django.urls import reverse
 from websockets.sync.client import connect
 from websockets.typing import Origin
 
@@ -286,3 +288,21 @@ def test_fibers_belong_to_their_agent(users: Users, tmp_path: Path) -> None:
     theirs = FiberAgent(other).run_fiber("count", count_items, "same-key", input=data)
     assert mine.pk != theirs.pk  # keys are scoped to the agent
     assert list(other.fibers.all()) == [theirs]
+
+
+def test_staff_read_an_agents_fibers_in_the_admin_and_cannot_change_them(
+    users: Users, tmp_path: Path, admin_client: Client
+) -> None:
+    agent = fiber_agent(users.alice)
+    assert agent.row is not None
+    fiber = agent.run_fiber("count", count_items, "k", input={"path": str(tmp_path / "items"), "items": 1})
+
+    page = admin_client.get(reverse("admin:agents_agent_change", args=[agent.row.pk]))
+    assert page.status_code == 200
+    assert "count" in page.content.decode() and COUNT_ITEMS in page.content.decode()
+    page = admin_client.get(reverse("admin:agents_fiber_change", args=[fiber.pk]))
+    assert page.status_code == 200
+    assert str(fiber.run_id) in page.content.decode()
+    assert admin_client.get(reverse("admin:agents_fiber_changelist")).status_code == 200
+    assert admin_client.post(reverse("admin:agents_fiber_delete", args=[fiber.pk]), {"post": "yes"}).status_code == 403
+    assert Fiber.objects.filter(pk=fiber.pk).exists()
