@@ -7,11 +7,13 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from io import StringIO
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.test import Client
 from django.urls import reverse
 from websockets.sync.client import connect
@@ -306,3 +308,24 @@ def test_staff_read_an_agents_fibers_in_the_admin_and_cannot_change_them(
     assert admin_client.get(reverse("admin:agents_fiber_changelist")).status_code == 200
     assert admin_client.post(reverse("admin:agents_fiber_delete", args=[fiber.pk]), {"post": "yes"}).status_code == 403
     assert Fiber.objects.filter(pk=fiber.pk).exists()
+
+
+def test_manage_py_agents_fibers_lists_the_newest_fibers(users: Users, tmp_path: Path) -> None:
+    agent = fiber_agent(users.alice)
+    data = {"path": str(tmp_path / "items"), "items": 1}
+    done = agent.run_fiber("first", count_items, input=data)
+    fiber_cancel(fiber=done, user=users.alice)
+    pending = agent.run_fiber("second", count_items, input=data)
+
+    out = StringIO()
+    call_command("agents", "fibers", stdout=out)
+    listed = out.getvalue().splitlines()
+    assert [line.split("\t")[:4] for line in listed] == [
+        [str(pending.pk), "acme/test.fibers/t", "second", "pending"],
+        [str(done.pk), "acme/test.fibers/t", "first", "cancelled"],
+    ]
+    assert listed[1].endswith("cancelled by alice")
+
+    out = StringIO()
+    call_command("agents", "fibers", "--status", "pending", stdout=out)
+    assert [line.split("\t")[2] for line in out.getvalue().splitlines()] == ["second"]
