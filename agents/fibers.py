@@ -234,10 +234,12 @@ def on_run_terminated(run: WorkflowRun) -> None:
 def repair_locked(agent: Agent) -> None:
     """Fail the agent's open fibers whose run ended without ending them (the engine failed the run
     outside its steps: too many lost workers, say). Call inside atomic()."""
-    stuck = Fiber.objects.select_for_update().filter(
-        agent=agent, status__in=FIBER_OPEN, run__status__in=[RunStatus.FAILED, RunStatus.COMPLETED]
+    stuck = (
+        Fiber.objects.select_for_update(of=("self",))  # the fiber rows only: runs are locked before fibers
+        .select_related("run")
+        .filter(agent=agent, status__in=FIBER_OPEN, run__status__in=[RunStatus.FAILED, RunStatus.COMPLETED])
     )
-    for fiber in stuck.select_related("run"):
+    for fiber in stuck:
         assert fiber.run is not None
         why = str((fiber.run.error or {}).get("message") or fiber.run.failure_reason or fiber.run.status)
         end_locked(fiber, status=FiberStatus.FAILED, reason=f"its run ended: {why}"[:500], error=fiber.run.error)

@@ -329,3 +329,24 @@ def test_manage_py_agents_fibers_lists_the_newest_fibers(users: Users, tmp_path:
     out = StringIO()
     call_command("agents", "fibers", "--status", "pending", stdout=out)
     assert [line.split("\t")[2] for line in out.getvalue().splitlines()] == ["second"]
+
+
+def test_a_fiber_whose_run_the_engine_failed_is_failed_when_the_agent_next_starts_one(
+    users: Users, tmp_path: Path
+) -> None:
+    # given a fiber whose run the engine failed outside its steps (too many lost workers)
+    agent = fiber_agent(users.alice)
+    data = {"path": str(tmp_path / "items"), "items": 1}
+    stuck = agent.run_fiber("count", count_items, input=data)
+    Fiber.objects.filter(pk=stuck.pk).update(status=FiberStatus.RUNNING)
+    error = {"type": "MaxRecoveryAttempts", "message": "the run's worker was lost 6 times"}
+    WorkflowRun.objects.filter(agent_fiber=stuck).update(status=RunStatus.FAILED, error=error)
+
+    # when the agent starts another
+    agent.run_fiber("count", count_items, input=data)
+
+    # then the stuck one has failed, saying why
+    stuck = Fiber.objects.get(pk=stuck.pk)
+    assert stuck.status == FiberStatus.FAILED
+    assert stuck.end_reason == "its run ended: the run's worker was lost 6 times"
+    assert stuck.error == error
