@@ -12,7 +12,7 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
-from agents.models import Agent, Chunk, Message, Turn
+from agents.models import Agent, Chunk, Fiber, Message, Turn
 from workflows.admin import ReadOnlyInline
 
 
@@ -49,6 +49,14 @@ class ChunkInline(ReadOnlyInline[Chunk, Turn]):
     ordering = ("seq",)
 
 
+class FiberInline(ReadOnlyInline[Fiber, Agent]):
+    model = Fiber
+    fields = ("name", "status", "fn", "attempts", "stash_version", "end_reason", "created_at", "finished_at")
+    readonly_fields = fields
+    ordering = ("-created_at",)
+    show_change_link = True
+
+
 @admin.register(Agent)
 class AgentAdmin(_ReadOnly):
     list_display = ("kind", "name", "account", "state_version", "updated_at")
@@ -57,7 +65,7 @@ class AgentAdmin(_ReadOnly):
     search_fields = ("name", "account__slug")
     fields = ("account", "kind", "name", "state", "state_version", "created_at", "updated_at")
     readonly_fields = fields
-    inlines = (TurnInline,)
+    inlines = (TurnInline, FiberInline)
 
 
 @admin.register(Turn)
@@ -85,6 +93,44 @@ class TurnAdmin(_ReadOnly):
 
     @admin.display(description="run")
     def run_link(self, obj: Turn) -> str:
+        if obj.run_id is None:
+            return "-"
+        url = reverse("admin:workflows_workflowrun_change", args=[obj.run_id])
+        return format_html('<a href="{}">{}</a>', url, obj.run_id)
+
+
+@admin.register(Fiber)
+class FiberAdmin(_ReadOnly):
+    """An agent's background jobs: what each stashed last, how often its worker was lost, how it
+    ended, and the run that drove it."""
+
+    list_display = ("name", "agent", "status", "attempts", "stash_version", "end_reason", "created_at", "run_link")
+    list_filter = ("status", "agent__kind")
+    list_select_related = ("agent__account",)
+    search_fields = ("id", "name", "idempotency_key", "agent__name", "agent__account__slug")
+    fields = (
+        "agent",
+        "name",
+        "fn",
+        "status",
+        "idempotency_key",
+        "requested_by",
+        "run_link",
+        "input",
+        "stash",
+        "stash_version",
+        "attempts",
+        "result",
+        "error",
+        "end_reason",
+        "created_at",
+        "updated_at",
+        "finished_at",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="run")
+    def run_link(self, obj: Fiber) -> str:
         if obj.run_id is None:
             return "-"
         url = reverse("admin:workflows_workflowrun_change", args=[obj.run_id])

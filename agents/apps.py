@@ -9,7 +9,7 @@ class AgentsConfig(AppConfig):
     def ready(self) -> None:
         from django.utils.module_loading import autodiscover_modules
 
-        from agents import services
+        from agents import fibers, services
         from agents.registry import import_agent_modules
         from workflows import hooks
 
@@ -17,5 +17,7 @@ class AgentsConfig(AppConfig):
         hooks.on_run_terminated(services.on_run_terminated)
         # A turn's run the engine failed outside the workflow's own steps fails the turn.
         hooks.on_run_failed(services.on_run_failed)
+        # A fiber's run terminated by anyone (a cancel, staff in the admin) cancels the fiber.
+        hooks.on_run_terminated(fibers.on_run_terminated)
         autodiscover_modules("agents")
         import_agent_modules(getattr(settings, "AGENTS_MODULES", []))

@@ -17,7 +17,8 @@ Protocol:
 - client: ``{"type": "stop", "turn"?}`` -> the turn (default: the running one) is cancelled.
 - server, live: ``{"type": "chunk", "turn", "seq", "chunk_type", "data"}``, ``{"type": "turn",
   "id", "number", "status", "end_reason"}``, ``{"type": "message", "id", "turn", "role", "text",
-  "parts", "created_at"}``, ``{"type": "state", "version", "state"}``.
+  "parts", "created_at"}``, ``{"type": "state", "version", "state"}``, ``{"type": "fiber", "id",
+  "name", "status", "stash_version", "attempts", "end_reason"}`` (a fiber of the agent changed status).
 - bad client messages get ``{"type": "error", "message"}``, the socket stays open and nothing is
   stored: a binary frame, text that is not JSON or over MAX_MESSAGE_CHARS, a value that is not an
   object, an unknown type, a bad ``after``, a turn that is not this agent's, an empty or too long
@@ -258,6 +259,11 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
         if self.ready and message["version"] > self.state_version:
             self.state_version = message["version"]
             await self.send_json({"type": "state", "version": message["version"], "state": message["state"]})
+
+    async def agent_fiber(self, message: dict[str, Any]) -> None:
+        """A fiber of the agent changed status (``agents.fibers``): forwarded as it is."""
+        if self.ready:
+            await self.send_json({"type": "fiber", **message["fiber"]})
 
     async def _cursor(self, key: str) -> Cursor | None:
         """The turn's cursor; a turn met for the first time starts one from seq 0 if it started after

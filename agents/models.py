@@ -161,3 +161,79 @@ class Chunk(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} #{self.seq}"
+
+
+class FiberStatus(models.TextChoices):
+    PENDING = "pending"  # its run has not begun it yet
+    RUNNING = "running"  # its function runs (or will again, after its worker died)
+    COMPLETED = "completed"  # the function returned; ``result`` is what it returned
+    FAILED = "failed"  # the function raised (not retried), or its run failed; ``error`` says why
+    CANCELLED = "cancelled"  # stopped by someone, or by ``on_fiber_recovered``; never runs again
+
+
+FIBER_OPEN = [FiberStatus.PENDING, FiberStatus.RUNNING]
+FIBER_ENDED = [FiberStatus.COMPLETED, FiberStatus.FAILED, FiberStatus.CANCELLED]
+
+
+class Fiber(FSMModelMixin, models.Model):
+    """A durable background job of an agent (``ChatAgent.run_fiber``): a module-level function run in
+    a worker as one step of an ``agents.fiber`` run. What it ``stash``-es is stored at once (fenced by
+    the run's lease), so after a crash ``on_fiber_recovered`` gets the last stash and decides."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="fibers")
+    name = models.CharField(max_length=100)
+    fn = models.CharField(max_length=300, help_text="The function's import path, module:name.")
+    input = models.JSONField(default=dict, blank=True, help_text="What the function is given (ctx.input).")
+    status = FSMField(default=FiberStatus.PENDING, choices=FiberStatus.choices, protected=True)
+    stash = models.JSONField(null=True, blank=True, help_text="The last checkpoint the function stashed.")
+    stash_version = models.PositiveIntegerField(default=0, help_text="Raised by one at every stash (and clearing).")
+    attempts = models.PositiveIntegerField(default=0, help_text="Times the function was started (2+: recovered).")
+    result = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    end_reason = models.CharField(max_length=500, blank=True, help_text="Why the fiber ended, in words.")
+    run = models.OneToOneField(
+        "workflows.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="agent_fiber"
+    )
+    idempotency_key = models.CharField(max_length=255, blank=True)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["agent", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="agents_fiber_idempotency_key",
+            )
+        ]
+        indexes = [models.Index(fields=["agent", "status"], name="agents_fiber_status")]
+        ordering = ["agent", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"fiber {self.name} of {self.agent}"
+
+    @property
+    def is_ended(self) -> bool:
+        return self.status in FIBER_ENDED
+
+    # --- Transitions: the fiber's steps and services call them inside atomic() and save. ---
+    @transition(field=status, source=FiberStatus.PENDING, target=FiberStatus.RUNNING)
+    def begin(self) -> None:
+        """Its run reached it."""
+
+    @transition(field=status, source=FiberStatus.RUNNING, target=FiberStatus.COMPLETED)
+    def complete(self) -> None:
+        pass
+
+    @transition(field=status, source=FIBER_OPEN, target=FiberStatus.FAILED)
+    def fail(self) -> None:
+        pass
+
+    @transition(field=status, source=FIBER_OPEN, target=FiberStatus.CANCELLED)
+    def cancel(self) -> None:
+        pass

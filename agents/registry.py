@@ -22,11 +22,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar, overload
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
-    from agents.models import Agent
+    from agents.fibers import FiberContext
+    from agents.models import Agent, Fiber
     from agents.providers.base import Provider
 
 Choice = Literal["continue", "retry", "seal"]
 RECOVERY_CHOICES: tuple[Choice, ...] = ("continue", "retry", "seal")
+FiberChoice = Literal["continue", "cancel", "restart"]
+FIBER_RECOVERY_CHOICES: tuple[FiberChoice, ...] = ("continue", "cancel", "restart")
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,32 @@ class ChatAgent:
         view drops the round's text), or ``"seal"`` the turn with what was delivered. A round
         interrupted before it streamed anything is simply run again, without asking."""
         return "continue" if ctx.partial_text else "retry"
+
+    def run_fiber(
+        self,
+        name: str,
+        fn: Callable[[FiberContext], Any] | str,
+        idempotency_key: str | None = None,
+        *,
+        input: dict[str, Any] | None = None,
+        user: User | None = None,
+    ) -> Fiber:
+        """Start a fiber of this agent: ``fn(ctx)``, a module-level function (or its ``module:name``),
+        run durably in a worker (``agents.fibers``). The same ``idempotency_key`` returns the same
+        fiber (FiberConflict if it was used for another name, function or input)."""
+        from agents.services import fiber_start
+
+        if self.row is None:
+            raise ValueError("run_fiber needs the agent's row: ChatAgent(row)")
+        return fiber_start(agent=self.row, name=name, fn=fn, input=input, idempotency_key=idempotency_key, user=user)
+
+    def on_fiber_recovered(self, ctx: FiberContext) -> FiberChoice:
+        """A fiber's worker died while its function ran, and the function is about to run again:
+        ``ctx.stashed`` is its last stash (``ctx.recovered`` is True, ``ctx.attempt`` counts).
+        ``"continue"`` (the default) runs the function again, which skips what its stash says is
+        done; ``"restart"`` clears the stash and runs it from the start; ``"cancel"`` ends the fiber
+        cancelled. Look at ``ctx.name`` when an agent runs several kinds of fiber."""
+        return "continue"
 
     @classmethod
     def tool_named(cls, name: str) -> Tool | None:

@@ -11,23 +11,26 @@ the run before its hooks run, and the turn's last step share-locks the run befor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from agents import streams
+from agents import fibers, streams
 from agents.chunks import append_unfenced
-from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Message, MessageRole, Turn, TurnStatus
+from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Fiber, FiberStatus, Message, MessageRole, Turn, TurnStatus
 from agents.selectors import message_data, turn_data
 from workflows.exceptions import InvalidPayload, TransitionNotAllowed
 from workflows.models import RunStatus, WorkflowRun
-from workflows.services import check_json_size, run_start, run_terminate
+from workflows.services import check_json_size, check_text, run_start, run_terminate
 from workflows.storable import text_problem
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
+
+    from agents.fibers import FiberContext
 
 TURN_WORKFLOW = "agents.turn"
 
@@ -241,3 +244,78 @@ def agent_state_merge(*, agent_id: int, patch: dict[str, Any]) -> int:
         state = {**agent.state, **patch}
         state = {k: v for k, v in state.items() if v is not None}
         return int(_save_state(agent, state).state_version)
+
+
+# --- fibers -----------------------------------------------------------------------------------------
+def fiber_start(
+    *,
+    agent: Agent,
+    name: str,
+    fn: Callable[[FiberContext], Any] | str,
+    input: dict[str, Any] | None = None,
+    idempotency_key: str | None = None,
+    user: User | None = None,
+) -> Fiber:
+    """Write a fiber and start its ``agents.fiber`` run, in one commit (``agents.fibers``). ``fn`` is a
+    module-level function or its ``module:name`` (InvalidFiber otherwise: a lambda, a closure).
+    The same ``idempotency_key`` on the agent returns the fiber it started, whatever its status;
+    with another name, function or input it raises FiberConflict. Pushes ``agent.fiber``."""
+    path = fibers.fiber_path(fn)
+    if not isinstance(name, str) or not name.strip() or len(name) > 100:
+        raise fibers.InvalidFiber("a fiber's name is 1 to 100 characters")
+    input = {} if input is None else input
+    if not isinstance(input, dict):
+        raise fibers.InvalidFiber("a fiber's input is a JSON object")
+    check_json_size(input, what="a fiber's input")
+    check_text(idempotency_key, what="idempotency key", max_length=255)
+    key = idempotency_key or ""
+    if key and (existing := Fiber.objects.filter(agent=agent, idempotency_key=key).first()) is not None:
+        return _same_fiber(existing, name, path, input)
+    try:
+        with transaction.atomic():
+            fibers.repair_locked(agent)
+            fiber = Fiber.objects.create(
+                agent=agent, name=name, fn=path, input=input, idempotency_key=key, requested_by=user
+            )
+            fiber.run, _ = run_start(workflow=fibers.FIBER_WORKFLOW, payload={"fiber": str(fiber.pk)}, owner=user)
+            fiber.save(update_fields=["run"])
+            fibers.push_fiber(fiber)
+    except IntegrityError:
+        if not key:
+            raise
+        return _same_fiber(
+            Fiber.objects.get(agent=agent, idempotency_key=key), name, path, input
+        )  # a concurrent start won
+    return fiber
+
+
+def _same_fiber(existing: Fiber, name: str, path: str, input: dict[str, Any]) -> Fiber:
+    if (existing.name, existing.fn, existing.input) != (name, path, input):
+        raise fibers.FiberConflict(
+            f"idempotency key {existing.idempotency_key!r} was used for fiber {existing.name!r} "
+            f"({existing.fn}) {existing.pk} with another name, function or input"
+        )
+    return existing
+
+
+def fiber_cancel(*, fiber: Fiber, user: User | None = None) -> Fiber:
+    """Cancel a fiber for good: its run is terminated (its function stores no more stashes: the
+    next one raises FencedOut in it; a worker restart does not revive it). An ended fiber is refused
+    (FiberNotCancellable). Pushes ``agent.fiber``."""
+    with transaction.atomic():
+        run_id = Fiber.objects.filter(pk=fiber.pk).values_list("run_id", flat=True).first()
+        run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first() if run_id else None  # before the fiber
+        fiber = Fiber.objects.select_for_update().select_related("agent").get(pk=fiber.pk)
+        if fiber.is_ended:
+            raise fibers.FiberNotCancellable(f"the fiber has ended ({fiber.status})", status=fiber.status)
+        if run is not None and not run.is_terminal:
+            run_terminate(run_id=run.pk)  # its hook (fibers.on_run_terminated) cancels the fiber
+            fiber.refresh_from_db()
+        who = getattr(user, "username", "") or "someone"
+        if fiber.status != FiberStatus.CANCELLED:
+            fibers.end_locked(fiber, status=FiberStatus.CANCELLED, reason=f"cancelled by {who}")
+        else:
+            fiber.end_reason = f"cancelled by {who}"
+            fiber.save(update_fields=["end_reason", "updated_at"])
+            fibers.push_fiber(fiber)
+    return fiber

@@ -14,6 +14,9 @@ Channel-layer messages sent to ``group_name(agent_id)`` (the consumer has one me
 - ``{"type": "agent.message", "message": {"id", "turn", "role", "text", "parts", "created_at"}}``:
   a message joined the conversation.
 - ``{"type": "agent.state", "version": N, "state": {…}}``: the agent's state changed.
+- ``{"type": "agent.fiber", "fiber": {"id", "name", "status", "stash_version", "attempts",
+  "end_reason"}}``: a fiber of the agent (``agents.fibers``) was started, began, or ended
+  (completed, failed, cancelled). Its stash and result stay in the database.
 """
 
 from __future__ import annotations

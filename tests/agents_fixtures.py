@@ -16,15 +16,21 @@ model does by what it sends:
 - anything else: ``You said: <text>``.
 
 Side effects go to files, so a test in another process sees exactly how often a tool ran.
+
+``test.fibers`` runs fibers: ``count_items`` works through numbered items, appending each to a file
+and stashing it as done, and ``FiberAgent.on_fiber_recovered`` writes what it was shown to a file.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import time
 from decimal import Decimal
 from typing import Any
 
+from agents.fibers import FiberContext
 from agents.providers.base import ChatMessage, Finish, ModelEvent, ModelRequest, Provider, TextDelta, ToolCall
 from agents.providers.scripted import ScriptedProvider
 from agents.registry import Approval, ChatAgent, Effect, ToolContext, agent, tool
@@ -200,3 +206,39 @@ class Abortable(TestChat):
     """Its turns stop when the client that sent their message goes away."""
 
     cancel_on_client_abort = True
+
+
+# --- fibers ---------------------------------------------------------------------------------------
+def count_items(ctx: FiberContext) -> dict[str, Any]:
+    """Items 1 … ``items`` of ``input``: each appends ``item <i>`` to ``path`` and is stashed as
+    done (``{"done": i}``), ``delay`` seconds apart; a recovered run starts after the stashed one.
+    Given ``hang_after`` k, the first attempt stops after stashing item k, writes ``<path>.hung``
+    and sleeps, so a test kills its worker at a known point. Each start appends ``<attempt>
+    <done>`` to ``<path>.attempts``."""
+    path = str(ctx.input["path"])
+    items, delay = int(ctx.input["items"]), float(ctx.input.get("delay", 0))
+    done = int((ctx.stashed or {}).get("done", 0))
+    append(f"{path}.attempts", f"{ctx.attempt} {done}")
+    for i in range(done + 1, items + 1):
+        time.sleep(delay)
+        append(path, f"item {i}")
+        ctx.stash({"done": i})
+        if i == ctx.input.get("hang_after") and ctx.attempt == 1:
+            append(f"{path}.hung", "")
+            time.sleep(120)
+    return {"items": count(path), "attempt": ctx.attempt}
+
+
+def broken_fiber(ctx: FiberContext) -> None:
+    raise RuntimeError("the fiber broke")
+
+
+@agent("test.fibers")
+class FiberAgent(TestChat):
+    """Its ``on_fiber_recovered`` appends what it saw to ``<path>.recovered`` and answers the
+    fiber's ``input["on_recovery"]`` (default continue)."""
+
+    def on_fiber_recovered(self, ctx: FiberContext) -> Any:
+        seen = {"name": ctx.name, "attempt": ctx.attempt, "recovered": ctx.recovered, "stashed": ctx.stashed}
+        append(f"{ctx.input['path']}.recovered", json.dumps(seen))
+        return ctx.input.get("on_recovery", "continue")
