@@ -19,5 +19,6 @@ class AgentsConfig(AppConfig):
         hooks.on_run_failed(services.on_run_failed)
         # A fiber's run terminated by anyone (a cancel, staff in the admin) cancels the fiber.
         hooks.on_run_terminated(fibers.on_run_terminated)
+        hooks.on_run_failed(fibers.on_run_failed)
         autodiscover_modules("agents")
         import_agent_modules(getattr(settings, "AGENTS_MODULES", []))

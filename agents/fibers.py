@@ -231,6 +231,15 @@ def on_run_terminated(run: WorkflowRun) -> None:
         end_locked(fiber, status=FiberStatus.CANCELLED, reason="its run was terminated")
 
 
+def on_run_failed(run: WorkflowRun) -> None:
+    """The hook (``workflows.hooks.on_run_failed``, the run row locked): a fiber whose run the engine
+    failed outside its steps (too many lost workers, say) fails at once, saying why."""
+    fiber = Fiber.objects.select_for_update().filter(run=run).first()
+    if fiber is not None and fiber.status in FIBER_OPEN:
+        why = str((run.error or {}).get("message") or run.failure_reason or run.status)
+        end_locked(fiber, status=FiberStatus.FAILED, reason=f"its run ended: {why}"[:500], error=run.error)
+
+
 def repair_locked(agent: Agent) -> None:
     """Fail the agent's open fibers whose run ended without ending them (the engine failed the run
     outside its steps: too many lost workers, say). Call inside atomic()."""

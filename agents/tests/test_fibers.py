@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.core.management import call_command
+from django.db import transaction
 from django.test import Client
 from django.urls import reverse
 from websockets.sync.client import connect
@@ -26,6 +27,7 @@ from agents.tests.support import chat_agent
 from tests.agents_fixtures import FiberAgent, broken_fiber, count, count_items
 from tests.factories import Users
 from tests.support import AsgiServer, Worker, wait_for
+from workflows.hooks import fire_run_failed
 from workflows.models import RunStatus, WorkflowRun
 from workflows.tests.test_consumers import TIMEOUT, receive, session_cookie
 
@@ -350,3 +352,20 @@ def test_a_fiber_whose_run_the_engine_failed_is_failed_when_the_agent_next_start
     assert stuck.status == FiberStatus.FAILED
     assert stuck.end_reason == "its run ended: the run's worker was lost 6 times"
     assert stuck.error == error
+
+
+def test_a_fiber_whose_run_the_engine_fails_fails_at_once(users: Users, tmp_path: Path) -> None:
+    # given a running fiber
+    agent = fiber_agent(users.alice)
+    fiber = agent.run_fiber("count", count_items, input={"path": str(tmp_path / "items"), "items": 1})
+    Fiber.objects.filter(pk=fiber.pk).update(status=FiberStatus.RUNNING)
+
+    # when the engine fails its run outside its steps (and fires the hook, the run row locked)
+    error = {"type": "MaxRecoveryAttempts", "message": "the run's worker was lost 6 times"}
+    with transaction.atomic():
+        WorkflowRun.objects.filter(agent_fiber=fiber).update(status=RunStatus.FAILED, error=error)
+        fire_run_failed(WorkflowRun.objects.select_for_update().get(agent_fiber=fiber))
+
+    # then the fiber has failed, saying why, without waiting for the agent's next fiber
+    fiber = Fiber.objects.get(pk=fiber.pk)
+    assert (fiber.status, fiber.end_reason) == (FiberStatus.FAILED, "its run ended: the run's worker was lost 6 times")
