@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -81,6 +82,8 @@ def message_send(*, agent: Agent, user: User | None, text: str, source: str = "c
     TooManyQueuedTurns, with nothing stored, past AGENTS_MAX_QUEUED_TURNS queued turns."""
     text = check_message(text)
     with transaction.atomic():
+        if user is not None:
+            check_open_turns_of(user)  # the user's row first, then the agent's
         agent = lock_agent(agent)
         repair_locked(agent)  # first: a turn it ends lets the queue move before it is counted
         check_queued_turns(agent)
@@ -92,6 +95,22 @@ def message_send(*, agent: Agent, user: User | None, text: str, source: str = "c
         start_next_locked(agent)
     turn.refresh_from_db()
     return turn
+
+
+def check_open_turns_of(user: User) -> None:
+    """TooManyQueuedTurns if ``user`` has AGENTS_MAX_OPEN_TURNS_PER_USER turns not ended, over all
+    the agents they reach: one member opening agent after agent must not take every worker from
+    every other tenant. Locks the user's row, so messages sent together are counted in turn."""
+    limit = int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER)
+    if not limit:
+        return
+    get_user_model().objects.select_for_update().filter(pk=user.pk).first()  # user may be a lazy object
+    open_turns = Turn.objects.filter(requested_by=user, status__in=TURN_OPEN).count()
+    if open_turns >= limit:
+        raise TooManyQueuedTurns(
+            f"you have {open_turns} messages waiting for an answer already (the limit is {limit}); "
+            "send more once some have been answered"
+        )
 
 
 def check_queued_turns(agent: Agent) -> None:

@@ -347,6 +347,9 @@ AGENTS_MAX_AGENTS_PER_ACCOUNT = envint("AGENTS_MAX_AGENTS_PER_ACCOUNT", 100)
 # Turns one agent may have queued behind its running one; a message beyond it is refused (a 429 over
 # HTTP, an error frame on the socket) and stores nothing. 0: no limit.
 AGENTS_MAX_QUEUED_TURNS = envint("AGENTS_MAX_QUEUED_TURNS", 5)
+# Turns one user may have not yet ended over all their agents (queued, running or waiting); past it a
+# message is refused the same way. Bounds what one member takes of the workers from everyone. 0: no limit.
+AGENTS_MAX_OPEN_TURNS_PER_USER = envint("AGENTS_MAX_OPEN_TURNS_PER_USER", 10)
 # A turn's chunks are stored in batches: at this many, or when this long has passed since the
 # last batch, and at the end of each step.
 AGENTS_CHUNK_FLUSH_MS = envfloat("AGENTS_CHUNK_FLUSH_MS", 20.0)

@@ -119,3 +119,23 @@ def test_the_socket_answers_an_error_frame_and_stays_open(asgi_server: AsgiServe
         assert receive_until(ws, lambda f: f["type"] == "replay_complete")[-1]["seq"] == 0
 
     assert stored_counts() == before
+
+
+@pytest.mark.django_db
+def test_one_user_may_have_so_many_turns_open_over_all_their_agents(
+    users: Users, no_enqueue: NoEnqueue, settings: Any
+) -> None:
+    # given alice with three turns open on three agents, at a limit of three per user
+    settings.AGENTS_MAX_OPEN_TURNS_PER_USER = 3
+    agents = [chat_agent(users.alice, name=f"a{i}") for i in range(4)]
+    for agent in agents[:3]:
+        message_send(agent=agent, user=users.alice, text="hello")
+    before = stored_counts()
+
+    # when she opens a fourth agent and writes, she is refused and nothing is stored
+    with pytest.raises(TooManyQueuedTurns, match="the limit is 3"):
+        message_send(agent=agents[3], user=users.alice, text="hello")
+    assert stored_counts() == before
+
+    # and bob, in the same account, may still write there
+    assert message_send(agent=agents[3], user=users.bob, text="hello").status == TurnStatus.RUNNING
