@@ -30,8 +30,9 @@ over, cancelled) stores nothing, and its function gets ``FencedOut`` there, whic
 
 ``agents.services.fiber_cancel`` terminates the fiber's run; ``on_run_terminated`` here (a hook of
 the engine) ends the fiber cancelled whoever terminated its run (the admin too). A run that ended
-without ending its fiber (the engine failed it: too many lost workers) fails the fiber when the
-agent next starts one (``repair_locked``).
+failed by the engine (too many lost workers) fails its fiber at once through ``on_run_failed``
+(another hook); ``repair_locked`` does the same when the agent next starts a fiber, should a worker
+die between the two.
 
 Each change of a fiber's status is pushed to the agent's clients as ``agent.fiber``
 (``agents.streams``).
