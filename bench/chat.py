@@ -84,8 +84,10 @@ ENQUEUE_GRACE = 2.0
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--clients", "-N", type=int, default=100, help="clients connected in delivery (default 100)")
-    p.add_argument("--rate", type=float, default=40.0, help="deltas per second of the paced model (default 40)")
-    p.add_argument("--paced-chunks", type=int, default=400, help="deltas of a paced turn (default 400: 10 s at 40/s)")
+    p.add_argument("--rate", type=float, default=20.0, help="deltas per second of the paced model (default 20)")
+    p.add_argument(
+        "--paced-chunks", type=int, default=300, help="deltas of a delivery turn (default 300: 15 s at 20/s)"
+    )
     p.add_argument(
         "--chunks", "-C", type=int, default=10_000, help="deltas of a throughput turn, replayed (default 10,000)"
     )
@@ -318,14 +320,48 @@ def customer() -> tuple[User, str]:
     return user, f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
 
 
-def wait_finished(world: World, clients: list[ChatClient], turn: Turn, timeout: float) -> None:
+def wait_delivered(world: World, clients: list[ChatClient], turn: Turn, grace: float) -> bool:
+    """Until every client has the turn's ``finish`` chunk, or ``grace`` seconds after the turn
+    ended: a push the channel layer dropped at the end of a stream is filled by nothing but a
+    resume, and what never came counts as lost. False if some client missed the finish."""
+    from agents.models import TURN_ENDED
+    from agents.models import Turn as TurnModel
+
     key = str(turn.pk)
-    wait_for(
-        lambda: all(key in c.finished for c in clients),
-        timeout=timeout,
-        what=f"{len(clients)} clients to receive turn {turn.number}'s finish",
-        check=world.check,
-    )
+    ended_at: float | None = None
+    while not all(key in c.finished for c in clients):
+        world.check()
+        if ended_at is None and TurnModel.objects.filter(pk=turn.pk, status__in=TURN_ENDED).exists():
+            ended_at = time.monotonic()
+        if ended_at is not None and time.monotonic() - ended_at > grace:
+            say(f"  {sum(key not in c.finished for c in clients)} clients never got the finish of turn {turn.number}")
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def wait_finished(world: World, clients: list[ChatClient], turn: Turn, timeout: float) -> None:
+    """Until every client has the turn's ``finish`` chunk; on a timeout, what each had is said."""
+    from agents.models import Turn as TurnModel
+    from agents.selectors import turn_seq
+
+    key = str(turn.pk)
+    try:
+        wait_for(
+            lambda: all(key in c.finished for c in clients),
+            timeout=timeout,
+            what=f"{len(clients)} clients to receive turn {turn.number}'s finish",
+            check=world.check,
+        )
+    except RuntimeError:
+        status = TurnModel.objects.filter(pk=turn.pk).values_list("status", flat=True).get()
+        got = sorted(len(c.chunks.get(key, [])) for c in clients)
+        say(
+            f"turn {turn.number} is {status} with {turn_seq(turn_id=turn.pk)} chunks stored; "
+            f"{sum(key in c.finished for c in clients)} of {len(clients)} clients have its finish; "
+            f"chunks received min {got[0]}, median {got[len(got) // 2]}, max {got[-1]}"
+        )
+        raise
 
 
 def run_of(turn: Turn) -> UUID:
@@ -346,6 +382,16 @@ def turn_ended(turn: Turn) -> Turn:
     return fresh
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process so far (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # --- 1. delivery ---------------------------------------------------------------------------------
 @dataclass
 class Delivery:
@@ -354,6 +400,8 @@ class Delivery:
     last_client: list[float] = field(default_factory=list)  # per delta: until the last client had it
     stored: list[float] = field(default_factory=list)  # per delta: yield -> its row's created_at
     round_p99: list[float] = field(default_factory=list)
+    daphne_cpu: list[float] = field(default_factory=list)  # per round: CPU seconds / wall seconds
+    clients_cpu: list[float] = field(default_factory=list)  # this process (the clients' loop, mostly)
     lost: int = 0
     duplicated: int = 0
     deltas: int = 0
@@ -381,8 +429,12 @@ def delivery(args: argparse.Namespace, world: World) -> Delivery:
         wait_finished(world, clients, warm, timeout=120)
         for r in range(args.rounds):
             say(f"delivery round {r + 1}: {args.paced_chunks} deltas at {args.rate:g}/s to {len(clients)} clients")
+            cpu0, own0, t0 = cpu_seconds(world.server.process.pid), time.process_time(), time.monotonic()
             turn = world.send(agent, paced(args.paced_chunks, args.rate))
-            wait_finished(world, clients, turn, timeout=seconds * 3 + 60)
+            wait_delivered(world, clients, turn, grace=max(30.0, seconds))
+            wall = time.monotonic() - t0
+            out.daphne_cpu.append((cpu_seconds(world.server.process.pid) - cpu0) / wall)
+            out.clients_cpu.append((time.process_time() - own0) / wall)
             turn_ended(turn)
             key = str(turn.pk)
             created = stored_at(key)
@@ -405,7 +457,8 @@ def delivery(args: argparse.Namespace, world: World) -> Delivery:
             out.deltas += len(deltas(clients[0], key))
             say(
                 f"  p50 {ms(percentile(this_round, 0.5))}, p99 {ms(percentile(this_round, 0.99))}, "
-                f"lost {lost}, duplicated {duplicated}"
+                f"lost {lost}, duplicated {duplicated}; CPU: daphne {out.daphne_cpu[-1]:.0%}, "
+                f"the clients' process {out.clients_cpu[-1]:.0%} of a core"
             )
     finally:
         world.fleet.disconnect(clients)
@@ -779,6 +832,10 @@ def report(args: argparse.Namespace, res: Results) -> None:
             Row("  p99 of each round", " / ".join(ms(x) for x in d.round_p99)),
             Row("  yield -> stored (row's created_at) p50 / p99", p50_p99(d.stored)),
             Row("  yield -> the last of the clients p50 / p99", p50_p99(d.last_client)),
+            Row(
+                "  CPU of a core: daphne / the clients' process",
+                f"{percentile(d.daphne_cpu, 0.5):.0%} / {percentile(d.clients_cpu, 0.5):.0%}",
+            ),
             Row("chunks lost (all clients, all rounds)", str(d.lost), "0", d.lost == 0),
             Row("chunks duplicated", str(d.duplicated), "0", d.duplicated == 0),
         ]
