@@ -63,6 +63,8 @@ from workflows.storable import text_problem
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TEXT_CHARS = 4000
+# Chunks a replay reads at a time: a resume of a long turn sends its first chunk after one short read.
+REPLAY_PAGE = 200
 
 
 def max_text_chars() -> int:
@@ -217,9 +219,16 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
         if cursor is None:
             cursor = self.cursors[key] = Cursor(low=after, high=after)
             self.ended.discard(key)
-        for chunk in await self._stored(key, after):
-            if not cursor.was_sent(chunk["seq"]):
-                await self._send_chunk(key, cursor, chunk, replay=True)
+        # In pages: the first replayed chunk leaves after one short read, not after the whole turn's.
+        page_after = after
+        while True:
+            page = await self._stored(key, page_after, limit=REPLAY_PAGE)
+            for chunk in page:
+                if not cursor.was_sent(chunk["seq"]):
+                    await self._send_chunk(key, cursor, chunk, replay=True)
+            if len(page) < REPLAY_PAGE:
+                break
+            page_after = page[-1]["seq"]
         # Everything after ``after`` now counts as sent or missing: the same resume twice sends nothing twice.
         cursor.low = min(cursor.low, after)
         await self.send_json({"type": "replay_complete", "turn": key, "seq": cursor.high})
@@ -292,8 +301,12 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
         await self.send_json(frame)
 
     # --- reads ---------------------------------------------------------------------------------------
-    async def _stored(self, turn: str, after: int, *, until: int | None = None) -> list[ChunkData]:
-        return await database_sync_to_async(selectors.chunks_after)(turn_id=turn, after=after, until=until)  # type: ignore[no-any-return]
+    async def _stored(
+        self, turn: str, after: int, *, until: int | None = None, limit: int | None = None
+    ) -> list[ChunkData]:
+        return await database_sync_to_async(selectors.chunks_after)(  # type: ignore[no-any-return]
+            turn_id=turn, after=after, until=until, limit=limit
+        )
 
     @database_sync_to_async  # type: ignore[untyped-decorator]  # channels has no types
     def _snapshot(self) -> tuple[AgentSnapshot, int]:

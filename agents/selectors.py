@@ -109,15 +109,17 @@ def turn_active(*, agent: Agent) -> Turn | None:
     return Turn.objects.filter(agent=agent, status__in=TURN_ACTIVE).order_by("number").first()
 
 
-def chunks_after(*, turn_id: UUID | str, after: int, until: int | None = None) -> list[ChunkData]:
-    """The turn's stored chunks with ``after < seq <= until``, in order."""
+def chunks_after(
+    *, turn_id: UUID | str, after: int, until: int | None = None, limit: int | None = None
+) -> list[ChunkData]:
+    """The turn's stored chunks with ``after < seq <= until``, in order; the first ``limit`` of them."""
     chunks = Chunk.objects.filter(turn_id=turn_id, seq__gt=after)
     if until is not None:
         chunks = chunks.filter(seq__lte=until)
-    return [
-        {"seq": seq, "type": type_, "data": data}
-        for seq, type_, data in chunks.order_by("seq").values_list("seq", "type", "data")
-    ]
+    rows = chunks.order_by("seq").values_list("seq", "type", "data")
+    if limit is not None:
+        rows = rows[:limit]
+    return [{"seq": seq, "type": type_, "data": data} for seq, type_, data in rows]
 
 
 def turn_seq(*, turn_id: UUID | str) -> int:
