@@ -3,7 +3,9 @@
 A model step yields a chunk per token or so; a commit per chunk would make the database the
 bottleneck. ``ChunkWriter`` buffers them and stores a batch with one INSERT when it holds
 ``AGENTS_CHUNK_FLUSH_COUNT`` chunks, when ``AGENTS_CHUNK_FLUSH_MS`` have passed since the last
-batch (so a slow model's chunks go out one by one, at once), and when the step ends (``close``).
+batch began to be stored (so a slow model's chunks go out one by one, at once, however long a
+batch's commit takes), and when the step ends (``close``). A batch is one INSERT whatever its
+size: its rows travel as one JSON parameter, so the statement's text is the same every time.
 
 Each INSERT is fenced: it writes only while the run's row says this worker holds the lease (the
 owner matches, the lease has not expired, the run is ``running``), and it takes a share lock on
@@ -93,26 +95,27 @@ class ChunkWriter:
         return bool(self._insert([(type_, data)], key=key))
 
     def flush(self) -> None:
+        # From the start: a chunk that comes one interval after the last, and a commit that took
+        # part of that interval, must not wait for the chunk after it.
+        started = time.monotonic()
         if self._buffer:
             batch, self._buffer = self._buffer, []
             self._insert(batch)
-        self._last_flush = time.monotonic()
+        self._last_flush = started
 
     close = flush
 
     def _insert(self, batch: list[tuple[str, Any]], *, key: str = "") -> int:
         first = self.seq + 1
-        rows = ", ".join(["(%s, %s, %s::jsonb, %s)"] * len(batch))
-        params: list[Any] = []
-        for i, (type_, data) in enumerate(batch):
-            params += [first + i, type_, dumps(data), key]
-        params += [self.run_id, self.owner]
+        rows = dumps([streams.chunk_data(first + i, type_, data) for i, (type_, data) in enumerate(batch)])
         conflict = "ON CONFLICT (turn_id, key) WHERE NOT (key = '') DO NOTHING" if key else ""
         sql = (
             f"INSERT INTO {CHUNKS} (turn_id, seq, type, data, key, created_at) "
-            f"SELECT '{self.turn_id}'::uuid, v.seq, v.type, v.data, v.key, now() "
-            f"FROM (VALUES {rows}) AS v(seq, type, data, key) WHERE {_fence_sql()} {conflict} RETURNING seq"
+            f"SELECT %s::uuid, v.seq, v.type, v.data, %s, now() "
+            f"FROM jsonb_to_recordset(%s::jsonb) AS v(seq integer, type text, data jsonb) "
+            f"WHERE {_fence_sql()} {conflict} RETURNING seq"
         )
+        params: list[Any] = [self.turn_id, key, rows, self.run_id, self.owner]
         try:
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute(sql, params)
@@ -126,7 +129,7 @@ class ChunkWriter:
                 return 0
             raise FencedOut(f"run {self.run_id}: the lease is not {self.owner!r}'s; chunks not stored")
         self.seq += written
-        chunks = [streams.chunk_data(first + i, t, json.loads(dumps(data))) for i, (t, data) in enumerate(batch)]
+        chunks = json.loads(rows)  # what was stored, as the JSON a client gets
         streams.push_later(self.agent_id, {"type": "agent.chunks", "turn": str(self.turn_id), "chunks": chunks})
         return written
 

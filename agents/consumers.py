@@ -63,6 +63,8 @@ from workflows.storable import text_problem
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TEXT_CHARS = 4000
+# Chunks a replay reads at a time: a resume of a long turn sends its first chunk after one short read.
+REPLAY_PAGE = 200
 
 
 def max_text_chars() -> int:
@@ -210,16 +212,19 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
 
     async def _resume(self, turn: Turn, after: int) -> None:
         key = str(turn.pk)
-        # A client's ``after`` beyond what is stored (a stale number of its own) counts as the stored
-        # top: taken as given, every live chunk up to it would count as already sent.
-        after = min(after, await database_sync_to_async(selectors.turn_seq)(turn_id=key))
+        after, page = await self._replay_start(key, after)
         cursor = self.cursors.get(key)
         if cursor is None:
             cursor = self.cursors[key] = Cursor(low=after, high=after)
             self.ended.discard(key)
-        for chunk in await self._stored(key, after):
-            if not cursor.was_sent(chunk["seq"]):
-                await self._send_chunk(key, cursor, chunk, replay=True)
+        # In pages: the first replayed chunk leaves after one short read, not after the whole turn's.
+        while True:
+            for chunk in page:
+                if not cursor.was_sent(chunk["seq"]):
+                    await self._send_chunk(key, cursor, chunk, replay=True)
+            if len(page) < REPLAY_PAGE:
+                break
+            page = await self._stored(key, page[-1]["seq"], limit=REPLAY_PAGE)
         # Everything after ``after`` now counts as sent or missing: the same resume twice sends nothing twice.
         cursor.low = min(cursor.low, after)
         await self.send_json({"type": "replay_complete", "turn": key, "seq": cursor.high})
@@ -292,8 +297,21 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
         await self.send_json(frame)
 
     # --- reads ---------------------------------------------------------------------------------------
-    async def _stored(self, turn: str, after: int, *, until: int | None = None) -> list[ChunkData]:
-        return await database_sync_to_async(selectors.chunks_after)(turn_id=turn, after=after, until=until)  # type: ignore[no-any-return]
+    @database_sync_to_async  # type: ignore[untyped-decorator]  # channels has no types
+    def _replay_start(self, turn: str, after: int) -> tuple[int, list[ChunkData]]:
+        """``after`` as the replay takes it, and the first page after it, in one database visit (each
+        visit of an ASGI consumer opens a connection). An ``after`` beyond what is stored (a stale
+        number of the client's own) counts as the stored top: taken as given, every live chunk up
+        to it would count as already sent."""
+        after = min(after, selectors.turn_seq(turn_id=turn))
+        return after, selectors.chunks_after(turn_id=turn, after=after, limit=REPLAY_PAGE)
+
+    async def _stored(
+        self, turn: str, after: int, *, until: int | None = None, limit: int | None = None
+    ) -> list[ChunkData]:
+        return await database_sync_to_async(selectors.chunks_after)(  # type: ignore[no-any-return]
+            turn_id=turn, after=after, until=until, limit=limit
+        )
 
     @database_sync_to_async  # type: ignore[untyped-decorator]  # channels has no types
     def _snapshot(self) -> tuple[AgentSnapshot, int]:

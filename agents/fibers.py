@@ -193,14 +193,15 @@ def _write_stash(fiber_id: UUID, value: Any, run_id: UUID, owner: str) -> int:
 
 # --- pushes --------------------------------------------------------------------------------------------
 def fiber_data(fiber: Fiber) -> dict[str, Any]:
-    """What the agent's clients are told of a fiber (its result and stash stay in the database)."""
+    """What the agent's clients are told of a fiber (its result and stash stay in the database; a
+    failure's own text, an exception's, is for staff, who read it in the admin)."""
     return {
         "id": str(fiber.pk),
         "name": fiber.name,
         "status": fiber.status,
         "stash_version": fiber.stash_version,
         "attempts": fiber.attempts,
-        "end_reason": fiber.end_reason,
+        "end_reason": "it failed" if fiber.status == FiberStatus.FAILED else fiber.end_reason,
     }
 
 

@@ -7,6 +7,7 @@ send, so a client renders a snapshot, a replay and a live push with the same cod
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypedDict
 from uuid import UUID
 
@@ -24,6 +25,9 @@ KIND_MAX = Agent._meta.get_field("kind").max_length or 64
 NAME_MAX = Agent._meta.get_field("name").max_length or 128
 # Messages a snapshot carries: the newest ones (the page shows a conversation, not an archive).
 SNAPSHOT_MESSAGES = 200
+# ... and at most this many bytes of them as JSON (non-ASCII text escaped, as it travels), so a
+# snapshot always fits the channel layer's and daphne's 1 MiB message limits.
+SNAPSHOT_BYTES = 512 * 1024
 
 
 class ChunkData(TypedDict):
@@ -109,15 +113,17 @@ def turn_active(*, agent: Agent) -> Turn | None:
     return Turn.objects.filter(agent=agent, status__in=TURN_ACTIVE).order_by("number").first()
 
 
-def chunks_after(*, turn_id: UUID | str, after: int, until: int | None = None) -> list[ChunkData]:
-    """The turn's stored chunks with ``after < seq <= until``, in order."""
+def chunks_after(
+    *, turn_id: UUID | str, after: int, until: int | None = None, limit: int | None = None
+) -> list[ChunkData]:
+    """The turn's stored chunks with ``after < seq <= until``, in order; the first ``limit`` of them."""
     chunks = Chunk.objects.filter(turn_id=turn_id, seq__gt=after)
     if until is not None:
         chunks = chunks.filter(seq__lte=until)
-    return [
-        {"seq": seq, "type": type_, "data": data}
-        for seq, type_, data in chunks.order_by("seq").values_list("seq", "type", "data")
-    ]
+    rows = chunks.order_by("seq").values_list("seq", "type", "data")
+    if limit is not None:
+        rows = rows[:limit]
+    return [{"seq": seq, "type": type_, "data": data} for seq, type_, data in rows]
 
 
 def turn_seq(*, turn_id: UUID | str) -> int:
@@ -160,7 +166,7 @@ def agent_snapshot(*, agent: Agent) -> AgentSnapshot:
     agent.refresh_from_db(fields=["state", "state_version"])
     return {
         "agent": {"kind": agent.kind, "name": agent.name, "account": agent.account.slug},
-        "messages": [message_data(m) for m in reversed(newest)],
+        "messages": newest_that_fit([message_data(m) for m in newest]),
         "state": agent.state,
         "state_version": agent.state_version,
         "turn": (
@@ -170,6 +176,20 @@ def agent_snapshot(*, agent: Agent) -> AgentSnapshot:
         ),
         "queued": [turn_data(t) for t in open_turns if t.status == TurnStatus.QUEUED],
     }
+
+
+def newest_that_fit(newest_first: list[MessageData]) -> list[MessageData]:
+    """The newest messages whose JSON fits in SNAPSHOT_BYTES, oldest first (the page shows the
+    conversation's end; a long one in a script JSON escapes to six bytes a character must not make
+    the snapshot too large to send)."""
+    kept: list[MessageData] = []
+    size = 0
+    for message in newest_first:
+        size += len(json.dumps(message)) + 1
+        if size > SNAPSHOT_BYTES:
+            break
+        kept.append(message)
+    return kept[::-1]
 
 
 def turns_open(*, agent: Agent) -> list[Turn]:

@@ -104,7 +104,9 @@ def check_open_turns_of(user: User) -> None:
     limit = int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER)
     if not limit:
         return
-    get_user_model().objects.select_for_update().filter(pk=user.pk).first()  # user may be a lazy object
+    # FOR NO KEY UPDATE: the inserts that reference the user (a turn, a run) take KEY SHARE on its row,
+    # which a plain FOR UPDATE would block, and a message holding the agent's lock would deadlock.
+    get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).first()  # user may be lazy
     open_turns = Turn.objects.filter(requested_by=user, status__in=TURN_OPEN).count()
     if open_turns >= limit:
         raise TooManyQueuedTurns(

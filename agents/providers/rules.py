@@ -42,19 +42,38 @@ STATUS_QUESTION = re.compile(
 # The details in it.
 ORDER_NUMBER = re.compile(r"(?:\border\b\s*(?:number|no\.?)?\s*#?\s*|#)(?P<number>\d[\w-]*)", re.IGNORECASE)
 REQUEST_ID = re.compile(r"\brequest\s*(?:number|no\.?)?\s*#?\s*(?P<id>\d+)\b", re.IGNORECASE)
+# An amount: ASCII digits, commas only between groups of three ("1,250.00"), at most two decimals.
+NUMBER = r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]{1,2})?"
 AMOUNT = re.compile(
-    r"(?P<symbol>[£$€])\s*(?P<value>\d[\d,]*(?:\.\d{1,2})?)"
-    r"|\b(?P<bare>\d[\d,]*(?:\.\d{1,2})?)\s*(?:gbp|eur|usd|pounds?|euros?|dollars?)\b",
+    rf"(?P<symbol>[£$€])\s*(?P<value>{NUMBER})(?![0-9]|[.,][0-9])"
+    rf"|\b(?P<bare>{NUMBER})\s*(?P<word>gbp|eur|usd|pounds?|euros?|dollars?)\b",
     re.IGNORECASE,
 )
-# Anything written as money, well formed or not ("-5 pounds", "£1e1", "£5.005"): an amount the
-# customer wrote that AMOUNT does not read exactly is asked about, never read as another amount.
+# Anything written as money, well formed or not ("-5 pounds", "£1e1", "£5.005", "£12,50", "−5",
+# "£５"): an amount the customer wrote that AMOUNT does not read exactly is asked about, never read
+# as another amount.
+SIGN = "+\u2212\u2012\u2013\u2014-"  # plus, minus and dashes; the hyphen last, literal in a class
 MONEY_ATTEMPT = re.compile(
-    r"(?P<symbolled>-?\s*[£$€]\s*[-+]?[\d.,eE+-]*\d[\d.,eE+-]*)"
-    r"|(?P<worded>[-+]?\d[\d.,eE+-]*)\s*(?:gbp|eur|usd|pounds?|euros?|dollars?)\b",
+    rf"(?P<symbolled>[{SIGN}]?\s*[£$€]\s*[{SIGN}]?[\d.,eE{SIGN}]*\d[\d.,eE{SIGN}]*)"
+    rf"|(?P<worded>[{SIGN}]?\d[\d.,eE{SIGN}]*)\s*(?:gbp|eur|usd|pounds?|euros?|dollars?)\b",
     re.IGNORECASE,
 )
-CLEAN_AMOUNT = re.compile(r"(?:[£$€]\s*)?\d[\d,]*(?:\.\d{1,2})?")
+CLEAN_AMOUNT = re.compile(rf"(?:[£$€]\s*)?{NUMBER}")
+# The currency an amount was written in, by its symbol or word.
+CURRENCY_OF = {
+    "£": "GBP",
+    "$": "USD",
+    "€": "EUR",
+    "gbp": "GBP",
+    "pound": "GBP",
+    "pounds": "GBP",
+    "usd": "USD",
+    "dollar": "USD",
+    "dollars": "USD",
+    "eur": "EUR",
+    "euro": "EUR",
+    "euros": "EUR",
+}
 REASON = re.compile(
     r"\b(?:because|since|due\s+to|reason(?:\s+is)?:?)\s+(?:it(?:'s|\s+was|\s+is)?\s+|they\s+)?(?P<reason>[^.!?]+)",
     re.IGNORECASE,
@@ -208,6 +227,12 @@ def refund(situation: Situation) -> Decision:
     refundable = decimal_or_none(order.get("refundable"))
     if refundable is not None and refundable <= 0:
         return f"Order {number} has nothing left to refund."
+    written_in = currency_written(situation.text)
+    if written_in and currency and written_in != currency.upper():
+        return (
+            f"Order {number} was paid in {currency}, and you wrote an amount in {written_in}. "
+            f"Please write the amount in {currency}, or leave it out to ask for all that is left to refund."
+        )
     asked = requested_amount(situation.text)
     amount = asked if asked is not None else refundable
     refunded = situation.results.get("request_refund")
@@ -301,6 +326,14 @@ def requested_amount(text: str) -> Decimal | None:
     if not found:
         return None
     return decimal_or_none((found.group("value") or found.group("bare")).replace(",", ""))
+
+
+def currency_written(text: str) -> str:
+    """The currency of the amount the customer wrote ("$20": USD), or "" when they wrote none."""
+    found = AMOUNT.search(text)
+    if not found:
+        return ""
+    return CURRENCY_OF.get((found.group("symbol") or found.group("word") or "").lower(), "")
 
 
 def unreadable_amount(text: str) -> str | None:

@@ -25,7 +25,7 @@ from websockets.typing import Origin
 from accounts.models import Account
 from accounts.services import account_ensure
 from agents import selectors
-from agents.consumers import max_frame_chars, max_text_chars
+from agents.consumers import REPLAY_PAGE, max_frame_chars, max_text_chars
 from agents.models import Agent, Chunk, Message, Turn, TurnStatus
 from agents.streams import chunk_data, push_later
 from tests.factories import Users
@@ -239,6 +239,26 @@ def test_resume_replays_then_live_chunks_follow_with_no_gap_and_no_duplicate(
         # a push that arrives late for a chunk already sent is dropped
         write(turn, [11])
         assert chunk_seqs([receive(ws)]) == [11]
+
+
+def test_a_long_replay_comes_in_pages_each_chunk_once_in_order(asgi_server: AsgiServer, world: World) -> None:
+    # given a turn with more chunks stored than one page of a replay
+    turn = make_turn(world.agent)
+    total = 2 * REPLAY_PAGE + 50
+    write(turn, range(1, total + 1), push=False)
+
+    with open_chat(asgi_server, world.users.alice) as ws:
+        receive(ws)
+        # when a page resumes it from the start, then from the middle
+        ws.send(json.dumps({"type": "resume", "turn": str(turn.pk), "after": 0}))
+        first = receive_until(ws, is_replay_complete)
+        ws.send(json.dumps({"type": "resume", "turn": str(turn.pk), "after": 0}))
+        again = receive_until(ws, is_replay_complete)
+
+    # then every chunk came once, in order, across the pages; the second resume sends nothing twice
+    assert chunk_seqs(first[:-1]) == list(range(1, total + 1))
+    assert first[-1] == {"type": "replay_complete", "turn": str(turn.pk), "seq": total}
+    assert again == [{"type": "replay_complete", "turn": str(turn.pk), "seq": total}]
 
 
 def test_resume_after_more_than_is_stored_counts_as_the_stored_top(asgi_server: AsgiServer, world: World) -> None:

@@ -20,12 +20,13 @@ from django.urls import reverse
 from websockets.sync.client import connect
 from websockets.typing import Origin
 
-from agents.fibers import FiberConflict, FiberContext, FiberNotCancellable, InvalidFiber
+from agents.fibers import FiberConflict, FiberContext, FiberNotCancellable, InvalidFiber, fiber_data
 from agents.models import FIBER_ENDED, Agent, Fiber, FiberStatus
 from agents.services import fiber_cancel, fiber_start
 from agents.tests.support import chat_agent
 from tests.agents_fixtures import FiberAgent, broken_fiber, count, count_items
 from tests.factories import Users
+from tests.fixtures import NoEnqueue
 from tests.support import AsgiServer, Worker, wait_for
 from workflows.hooks import fire_run_failed
 from workflows.models import RunStatus, WorkflowRun
@@ -174,6 +175,8 @@ def test_a_fiber_whose_function_raises_fails_with_the_error_and_is_not_retried(u
     assert fiber.error is not None and fiber.error["type"] == "RuntimeError"
     assert fiber.end_reason == "RuntimeError: the fiber broke"
     assert fiber.attempts == 1 and fiber.result is None
+    # and members are told it failed, not the exception's text (staff read that in the admin)
+    assert fiber_data(fiber)["end_reason"] == "it failed"
 
 
 # --- crashes ------------------------------------------------------------------------------------------
@@ -312,7 +315,8 @@ def test_staff_read_an_agents_fibers_in_the_admin_and_cannot_change_them(
     assert Fiber.objects.filter(pk=fiber.pk).exists()
 
 
-def test_manage_py_agents_fibers_lists_the_newest_fibers(users: Users, tmp_path: Path) -> None:
+def test_manage_py_agents_fibers_lists_the_newest_fibers(users: Users, tmp_path: Path, no_enqueue: NoEnqueue) -> None:
+    # (no_enqueue: no worker of another test takes the pending fiber between the two listings)
     agent = fiber_agent(users.alice)
     data = {"path": str(tmp_path / "items"), "items": 1}
     done = agent.run_fiber("first", count_items, input=data)

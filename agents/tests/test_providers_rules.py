@@ -116,6 +116,10 @@ def test_the_amount_asked_for_wins_over_the_refundable_amount_and_a_missing_reas
         ("Refund order 1041 £5.005 please", "£5.005"),
         ("Refund order 1042 £150.001", "£150.001"),
         ("Refund order 1042 £-5", "£-5"),
+        ("Refund order 1044 £12,50", "£12,50"),  # a decimal comma: not £1,250
+        ("Refund order 1044 £1,5", "£1,5"),
+        ("Refund order 1043 \u22125 pounds", "\u22125"),  # a minus sign, not a hyphen
+        ("Refund order 1043 £\uff15", "£\uff15"),  # a full-width digit
     ],
 )
 def test_an_amount_that_does_not_read_exactly_is_asked_about_and_no_tool_is_called(text: str, written: str) -> None:
@@ -125,6 +129,28 @@ def test_an_amount_that_does_not_read_exactly_is_asked_about_and_no_tool_is_call
     # then no tool is called (no refund of some other amount), and the answer names what was written
     assert not [e for e in events if isinstance(e, ToolCall)]
     assert text_of(events).startswith(f"I couldn't read the amount {written!r}.")
+
+
+def test_an_amount_in_another_currency_than_the_orders_is_asked_about() -> None:
+    # given an order paid in pounds, and an amount written in dollars
+    message = user("Please refund $20 of order 1042")
+    find = only_call(ask(message))
+
+    # when the order is known
+    events = ask(message, *answered(find, ORDER_1042))
+
+    # then nothing is asked for, and the answer says why
+    assert not [e for e in events if isinstance(e, ToolCall)]
+    assert text_of(events).startswith("Order 1042 was paid in GBP, and you wrote an amount in USD.")
+
+
+def test_an_amount_followed_by_a_comma_is_read_as_written() -> None:
+    message = user("Refund order 1042, £20, thanks")
+    find = only_call(ask(message))
+
+    request = only_call(ask(message, *answered(find, ORDER_1042)))
+
+    assert request.arguments is not None and request.arguments["amount"] == "20.00"
 
 
 def test_the_refund_reports_the_amount_and_status_the_tool_gave() -> None:

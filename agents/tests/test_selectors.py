@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from accounts.services import account_ensure
-from agents.models import Agent, Turn, TurnStatus
-from agents.selectors import FAILED_REASON, agent_get, turn_data
+from agents.models import Agent, Message, MessageRole, Turn, TurnStatus
+from agents.selectors import FAILED_REASON, SNAPSHOT_BYTES, agent_get, agent_snapshot, turn_data
 from tests.factories import Users
 
 pytestmark = pytest.mark.django_db
@@ -49,3 +50,22 @@ def test_members_read_that_a_turn_failed_not_the_error_behind_it(users: Users) -
     assert turn_data(failed)["end_reason"] == FAILED_REASON
     assert failed.end_reason.startswith("ResultTooLarge")
     assert turn_data(sealed)["end_reason"] == "too many rounds"
+
+
+def test_a_snapshot_of_a_long_conversation_in_cyrillic_still_fits_one_message(users: Users) -> None:
+    # given a hundred long messages whose every character escapes to six bytes of JSON
+    account_ensure(slug="acme", members=[users.alice])
+    agent = agent_get(user=users.alice, kind="test.chat", name="help")
+    assert agent is not None
+    turns = Turn.objects.bulk_create(Turn(agent=agent, number=i + 1, status=TurnStatus.COMPLETED) for i in range(100))
+    Message.objects.bulk_create(
+        Message(agent=agent, turn=t, role=MessageRole.USER, text=f"{i} " + "ж" * 4000) for i, t in enumerate(turns)
+    )
+
+    # when a client is sent its snapshot
+    snapshot = agent_snapshot(agent=agent)
+
+    # then it fits well inside the 1 MiB a channel-layer message may carry, and ends with the newest
+    assert len(json.dumps(snapshot)) <= SNAPSHOT_BYTES + 10_000
+    assert snapshot["messages"][-1]["text"].startswith("99 ")
+    assert 0 < len(snapshot["messages"]) < 100

@@ -3,6 +3,7 @@ tool schema, in-process."""
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -119,6 +120,36 @@ def test_a_writer_without_the_lease_cannot_append(users: Users) -> None:
         ChunkWriter(turn_id=turn.pk, agent_id=agent.pk, run_id=run.pk, owner="other").add_once(
             "data-notice", {"text": "x"}, key="late"
         )
+
+
+@pytest.mark.django_db
+def test_a_chunk_as_slow_as_the_flush_interval_is_stored_at_once_however_long_a_batch_took(
+    users: Users, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a writer whose batches take 15 ms to store, a 20 ms flush interval, and a model that
+    # yields a chunk every 25 ms (on its own schedule: a slow commit does not delay the next chunk)
+    settings.AGENTS_CHUNK_FLUSH_MS = 20
+    agent = chat_agent(users.alice)
+    later = timezone.now() + timedelta(minutes=1)
+    run = make_run(workflow="agents.turn", status=RunStatus.RUNNING, lease_owner="me", lease_expires_at=later)
+    turn = Turn.objects.create(agent=agent, number=1, run=run)
+    writer = ChunkWriter(turn_id=turn.pk, agent_id=agent.pk, run_id=run.pk, owner="me")
+    store = writer._insert
+
+    def slow(batch: list[tuple[str, Any]], *, key: str = "") -> int:
+        time.sleep(0.015)
+        return store(batch, key=key)
+
+    monkeypatch.setattr(writer, "_insert", slow)
+    start = time.monotonic()
+    for i in range(1, 5):
+        time.sleep(max(0.0, start + i * 0.025 - time.monotonic()))
+
+        # when the chunk comes
+        writer.add("text-delta", {"delta": str(i)})
+
+        # then it is stored then and there, not held until the next one
+        assert Chunk.objects.filter(turn=turn).count() == i
 
 
 def test_a_tool_schema_comes_from_its_signature_and_docstring() -> None:
