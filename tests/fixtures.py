@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +67,25 @@ def worker(django_db_setup: None, django_db_blocker: object) -> Iterator[Worker]
     process = Worker(concurrency=2, beat=True)
     yield process
     process.stop()
+
+
+@pytest.fixture
+def queue(settings: Any) -> Iterator[str]:
+    """A queue only this test's own workers listen on (``workers``): runs started in the test go there,
+    and no session worker takes them. Its Redis keys are dropped after the test."""
+    name = f"own-{uuid.uuid4().hex[:8]}"
+    settings.WORKFLOWS = {**settings.WORKFLOWS, "QUEUE": name}
+    yield name
+    redis.Redis.from_url(settings.REDIS_URL).delete(name, f"{name}-io")
+
+
+@pytest.fixture
+def workers() -> Iterator[list[Worker]]:
+    """Workers a test starts (``workers.append(Worker(queue=queue, ...))``), stopped after it."""
+    started: list[Worker] = []
+    yield started
+    for w in started:
+        w.stop()
 
 
 class NoEnqueue:

@@ -4,8 +4,6 @@ reads and a ``finish`` chunk, and the next queued turn starts, without waiting f
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,22 +19,6 @@ from workflows import engine, hooks
 from workflows.models import RunStatus, WorkflowRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def queue(settings: Any) -> Iterator[str]:
-    """A queue only this test's workers listen on (none, unless the test starts one)."""
-    name = f"agents-{uuid.uuid4().hex[:8]}"
-    settings.WORKFLOWS = {**settings.WORKFLOWS, "QUEUE": name}
-    yield name
-
-
-@pytest.fixture
-def workers() -> Iterator[list[Worker]]:
-    started: list[Worker] = []
-    yield started
-    for w in started:
-        w.stop()
 
 
 def stream_end(turn: Turn) -> list[tuple[str, Any]]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
-from collections.abc import Iterator
 from io import StringIO
 from pathlib import Path
 from typing import Any
@@ -35,22 +33,6 @@ from workflows.tests.test_consumers import TIMEOUT, receive, session_cookie
 pytestmark = pytest.mark.django_db(transaction=True)
 
 COUNT_ITEMS = "tests.agents_fixtures:count_items"
-
-
-@pytest.fixture
-def queue(settings: Any) -> Iterator[str]:
-    """A queue only this test's workers listen on."""
-    name = f"fibers-{uuid.uuid4().hex[:8]}"
-    settings.WORKFLOWS = {**settings.WORKFLOWS, "QUEUE": name}
-    yield name
-
-
-@pytest.fixture
-def workers() -> Iterator[list[Worker]]:
-    started: list[Worker] = []
-    yield started
-    for w in started:
-        w.stop()
 
 
 def fiber_agent(user: User) -> FiberAgent:

@@ -3,11 +3,8 @@ too old to answer; recovery budgets. Each test has its own queue and its own wor
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -30,22 +27,6 @@ from tests.support import Worker, wait_for
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 STORY = " ".join(f"w{i}" for i in range(1, 31))
-
-
-@pytest.fixture
-def queue(settings: Any) -> Iterator[str]:
-    """A queue only this test's workers listen on."""
-    name = f"agents-{uuid.uuid4().hex[:8]}"
-    settings.WORKFLOWS = {**settings.WORKFLOWS, "QUEUE": name}
-    yield name
-
-
-@pytest.fixture
-def workers() -> Iterator[list[Worker]]:
-    started: list[Worker] = []
-    yield started
-    for w in started:
-        w.stop()
 
 
 def notices(turn: Turn) -> list[str]:

@@ -10,7 +10,6 @@ process, so the turn's run goes to this test's own queue, where only its own wor
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -34,22 +33,6 @@ KIND, NAME = "test.chat", "t"
 STORY = " ".join(f"w{i}" for i in range(1, 31))
 AFTER_TOOL = " ".join(f"d{i}" for i in range(1, 21))
 Frame = dict[str, Any]
-
-
-@pytest.fixture
-def queue(settings: Any) -> Iterator[str]:
-    """A queue only this test's workers listen on."""
-    name = f"agents-{uuid.uuid4().hex[:8]}"
-    settings.WORKFLOWS = {**settings.WORKFLOWS, "QUEUE": name}
-    yield name
-
-
-@pytest.fixture
-def workers() -> Iterator[list[Worker]]:
-    started: list[Worker] = []
-    yield started
-    for w in started:
-        w.stop()
 
 
 class Client:

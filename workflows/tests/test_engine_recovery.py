@@ -9,9 +9,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group
@@ -23,22 +21,6 @@ from workflows import public as wf
 from workflows.models import RunStatus, StepResult, StepStatus, WorkflowRun
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-@pytest.fixture
-def queue(settings: Any) -> Iterator[str]:
-    """A queue only this test's workers listen on."""
-    name = f"recovery-{uuid.uuid4().hex[:8]}"
-    settings.WORKFLOWS = {**settings.WORKFLOWS, "QUEUE": name}
-    yield name
-
-
-@pytest.fixture
-def workers() -> Iterator[list[Worker]]:
-    started: list[Worker] = []
-    yield started
-    for w in started:
-        w.stop()
 
 
 def test_killed_worker_mid_step_loses_nothing_and_repeats_nothing(
