@@ -23,7 +23,7 @@ from approvals.models import ApprovalRequest
 from ledger.models import ExternalOperation
 from tests.agents_fixtures import APPROVERS, count
 from tests.factories import Users, make_run
-from tests.support import Worker
+from tests.support import Worker, wait_for
 from workflows.models import RunStatus
 
 
@@ -45,7 +45,12 @@ def test_a_tool_needing_approval_waits_and_the_decision_continues_the_turn(
     assert [c.data for c in chunks(turn) if c.type == "data-notice"] == [
         {"text": f"Waiting for approval by {APPROVERS}…"}
     ]
-    request = ApprovalRequest.objects.get(subject_type="agents.turn", subject_id=str(turn.pk))
+    # (the request is raised by the step after the notice's: wait for it)
+    request = wait_for(
+        lambda: ApprovalRequest.objects.filter(subject_type="agents.turn", subject_id=str(turn.pk)).first(),
+        timeout=30,
+        what="the approval request",
+    )
     assert request.requested_by_id == users.alice.pk
     assert request.summary == "Refund 20.00 for the test"
     assert count(path) == 0
