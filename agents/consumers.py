@@ -36,7 +36,6 @@ twice, and a jump in ``seq`` (a push the channel layer lost) is filled from the 
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 from uuid import UUID
@@ -53,10 +52,11 @@ from agents.selectors import AgentSnapshot, ChunkData
 from workflows.consumers import (
     CLOSE_NOT_FOUND,
     CLOSE_UNAUTHENTICATED,
-    MAX_SEQ,
     QUOTE,
     ClientError,
     Cursor,
+    check_after,
+    parse_frame,
 )
 from workflows.storable import text_problem
 
@@ -140,15 +140,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
     # --- from the client ---------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         try:
-            if text_data is None:
-                raise ClientError("messages are JSON text frames")
-            if len(text_data) > max_frame_chars():
-                raise ClientError(f"a message is at most {max_frame_chars()} characters")
-            try:
-                content = json.loads(text_data)
-            except (ValueError, RecursionError):
-                raise ClientError("the message is not valid JSON") from None
-            await self.receive_json(content)
+            await self.receive_json(parse_frame(text_data, max_chars=max_frame_chars()))
         except ClientError as exc:
             await self.send_json({"type": "error", "message": str(exc)})
 
@@ -160,7 +152,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
             await self._message(_check_text(content.get("text")))
         elif kind == "resume":
             turn = await self._turn(content.get("turn"))
-            await self._resume(turn, _check_after(content.get("after")))
+            await self._resume(turn, check_after(content.get("after")))
         elif kind == "stop":
             await self._stop(content.get("turn"))
         else:
@@ -318,13 +310,6 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
         # The newest turn's number first: a turn above it started after the snapshot was read.
         newest = selectors.latest_turn_number(agent=self.agent)
         return selectors.agent_snapshot(agent=self.agent), newest
-
-
-def _check_after(value: Any) -> int:
-    # bool is an int subclass; ``true`` is not a sequence number.
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_SEQ:
-        raise ClientError("'after' must be a non-negative integer sequence number")
-    return value
 
 
 def _check_text(value: Any) -> str:

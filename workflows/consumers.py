@@ -146,15 +146,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels
     # --- from the client ---------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         try:
-            if text_data is None:
-                raise ClientError("messages are JSON text frames")
-            if len(text_data) > MAX_MESSAGE_CHARS:
-                raise ClientError(f"a message is at most {MAX_MESSAGE_CHARS} characters")
-            try:
-                content = json.loads(text_data)
-            except (ValueError, RecursionError):  # "[[[[..." deeper than the parser's recursion
-                raise ClientError("the message is not valid JSON") from None
-            await self.receive_json(content)
+            await self.receive_json(parse_frame(text_data, max_chars=MAX_MESSAGE_CHARS))
         except ClientError as exc:
             await self.send_json({"type": "error", "message": str(exc)})
 
@@ -163,7 +155,7 @@ class RunConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels
             raise ClientError("a message is a JSON object with a 'type'")
         kind = content.get("type")
         if kind == "resume":
-            await self._resume(_check_after(content.get("after")))
+            await self._resume(check_after(content.get("after")))
         elif kind == "snapshot":
             snapshot = await self._snapshot()
             if snapshot is not None:
@@ -232,7 +224,20 @@ class RunConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels
         return {"type": "snapshot", "seq": seq, "run": run_snapshot(run=run, user=self.scope["user"])}
 
 
-def _check_after(value: Any) -> int:
+def parse_frame(text_data: str | None, *, max_chars: int) -> Any:
+    """A client's frame as JSON, or ClientError: a binary frame, one over ``max_chars`` (refused
+    before it is parsed), or text that is not JSON (or nested past the parser's limit)."""
+    if text_data is None:
+        raise ClientError("messages are JSON text frames")
+    if len(text_data) > max_chars:
+        raise ClientError(f"a message is at most {max_chars} characters")
+    try:
+        return json.loads(text_data)
+    except (ValueError, RecursionError):  # "[[[[..." deeper than the parser's recursion
+        raise ClientError("the message is not valid JSON") from None
+
+
+def check_after(value: Any) -> int:
     # bool is an int subclass; ``true`` is not a sequence number.
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < MAX_SEQ:
         raise ClientError("'after' must be a non-negative integer sequence number")
