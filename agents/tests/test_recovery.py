@@ -7,6 +7,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from agents.models import Chunk, Turn, TurnStatus
@@ -33,14 +34,19 @@ def notices(turn: Turn) -> list[str]:
     return [c.data["text"] for c in chunks(turn) if c.type == "data-notice"]
 
 
+def streaming_story(user: User, kind: str = "test.chat") -> Turn:
+    """A turn of the agent ``kind`` streaming a slow story, five words in (a worker must be running)."""
+    turn = message_send(agent=chat_agent(user, kind=kind), user=user, text="story 30 0.1")
+    wait_chunks(turn, "text-delta", 5)
+    return turn
+
+
 def test_a_worker_killed_mid_stream_is_recovered_and_the_answer_continues_once(
     queue: str, workers: list[Worker], users: Users
 ) -> None:
     # given a turn streaming slowly
-    agent = chat_agent(users.alice)
     workers.append(Worker(queue=queue, beat=True))
-    turn = message_send(agent=agent, user=users.alice, text="story 30 0.1")
-    wait_chunks(turn, "text-delta", 5)
+    turn = streaming_story(users.alice)
 
     # when the worker's process group is SIGKILLed mid-stream, and a new worker starts
     workers[0].kill()
@@ -59,10 +65,8 @@ def test_a_worker_killed_mid_stream_is_recovered_and_the_answer_continues_once(
 def test_an_agent_that_retries_resets_the_round_and_streams_it_anew(
     queue: str, workers: list[Worker], users: Users
 ) -> None:
-    agent = chat_agent(users.alice, kind="test.retrying")
     workers.append(Worker(queue=queue, beat=True))
-    turn = message_send(agent=agent, user=users.alice, text="story 30 0.1")
-    wait_chunks(turn, "text-delta", 5)
+    turn = streaming_story(users.alice, kind="test.retrying")
 
     workers[0].kill()
     workers.append(Worker(queue=queue, beat=True))
@@ -77,10 +81,8 @@ def test_an_agent_that_retries_resets_the_round_and_streams_it_anew(
 def test_an_agent_that_seals_ends_the_turn_with_what_was_delivered(
     queue: str, workers: list[Worker], users: Users
 ) -> None:
-    agent = chat_agent(users.alice, kind="test.sealing")
     workers.append(Worker(queue=queue, beat=True))
-    turn = message_send(agent=agent, user=users.alice, text="story 30 0.1")
-    wait_chunks(turn, "text-delta", 5)
+    turn = streaming_story(users.alice, kind="test.sealing")
 
     workers[0].kill()
     partial = streamed_text(turn)
@@ -144,10 +146,8 @@ def test_a_turn_out_of_recovery_budget_is_sealed_with_the_terminal_message(
     queue: str, workers: list[Worker], users: Users
 ) -> None:
     # given workers that allow no recovery of a stream
-    agent = chat_agent(users.alice)
     workers.append(Worker(queue=queue, beat=True, AGENTS_MAX_RECOVERIES="0"))
-    turn = message_send(agent=agent, user=users.alice, text="story 30 0.1")
-    wait_chunks(turn, "text-delta", 5)
+    turn = streaming_story(users.alice)
 
     # when its worker dies mid-stream
     workers[0].kill()
