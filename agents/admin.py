@@ -9,11 +9,9 @@ from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
-from django.urls import reverse
-from django.utils.html import format_html
 
 from agents.models import Agent, Chunk, Fiber, Message, Turn
-from workflows.admin import ReadOnlyInline
+from workflows.admin import ReadOnlyInline, run_admin_link
 
 
 class _ReadOnly(admin.ModelAdmin[Any]):
@@ -93,10 +91,7 @@ class TurnAdmin(_ReadOnly):
 
     @admin.display(description="run")
     def run_link(self, obj: Turn) -> str:
-        if obj.run_id is None:
-            return "-"
-        url = reverse("admin:workflows_workflowrun_change", args=[obj.run_id])
-        return format_html('<a href="{}">{}</a>', url, obj.run_id)
+        return run_admin_link(obj.run_id)
 
 
 @admin.register(Fiber)
@@ -131,7 +126,4 @@ class FiberAdmin(_ReadOnly):
 
     @admin.display(description="run")
     def run_link(self, obj: Fiber) -> str:
-        if obj.run_id is None:
-            return "-"
-        url = reverse("admin:workflows_workflowrun_change", args=[obj.run_id])
-        return format_html('<a href="{}">{}</a>', url, obj.run_id)
+        return run_admin_link(obj.run_id)

@@ -55,7 +55,7 @@ from django.utils import timezone
 from agents import streams
 from agents.chunks import FencedOut, dumps, fence
 from agents.models import FIBER_OPEN, Agent, Fiber, FiberStatus
-from agents.registry import FIBER_RECOVERY_CHOICES, ChatAgent, get_agent_class
+from agents.registry import FIBER_RECOVERY_CHOICES, agent_of
 from workflows import Retries, StepError, Workflow, current_step, workflow
 from workflows.conf import conf
 from workflows.exceptions import IdempotencyConflict, InvalidPayload, TransitionNotAllowed
@@ -304,13 +304,6 @@ def _locked(fiber_id: str) -> Fiber:
     return Fiber.objects.select_for_update().select_related("agent").get(pk=fiber_id)
 
 
-def _agent(fiber: Fiber) -> ChatAgent:
-    cls = get_agent_class(fiber.agent.kind)
-    if cls is None:
-        raise LookupError(f"no agent kind {fiber.agent.kind!r} is registered")
-    return cls(fiber.agent)
-
-
 def fiber_begin(fiber_id: str) -> dict[str, Any]:
     fiber = _locked(fiber_id)
     if fiber.status != FiberStatus.PENDING:
@@ -332,7 +325,7 @@ def fiber_body(fiber_id: str) -> dict[str, Any]:
         fiber.save(update_fields=["attempts", "updated_at"])
     ctx = FiberContext(fiber=fiber, run_id=run_id, owner=owner)
     if ctx.recovered:
-        choice = _agent(fiber).on_fiber_recovered(ctx)
+        choice = agent_of(fiber.agent).on_fiber_recovered(ctx)
         if choice not in FIBER_RECOVERY_CHOICES:
             raise ValueError(f"on_fiber_recovered returned {choice!r}, not one of {', '.join(FIBER_RECOVERY_CHOICES)}")
         logger.info("fiber %s (%s): recovered at attempt %s: %s", fiber.pk, fiber.name, ctx.attempt, choice)

@@ -320,6 +320,14 @@ def get_agent_class(kind: str) -> type[ChatAgent] | None:
     return _registry.get(kind)
 
 
+def agent_of(row: Agent) -> ChatAgent:
+    """The registered ChatAgent class of ``row``'s kind, bound to it (LookupError if none is)."""
+    cls = get_agent_class(row.kind)
+    if cls is None:
+        raise LookupError(f"no agent kind {row.kind!r} is registered")
+    return cls(row)
+
+
 def agent_kinds() -> list[str]:
     return sorted(_registry)
 

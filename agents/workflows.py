@@ -42,7 +42,7 @@ from django.utils import timezone
 
 from agents.chunks import ChunkWriter, FencedOut, dumps, fence, last_seq
 from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Chunk, Message, MessageRole, Turn, TurnStatus
-from agents.registry import RECOVERY_CHOICES, ChatAgent, RecoveryContext, Tool, ToolContext, get_agent_class
+from agents.registry import RECOVERY_CHOICES, RecoveryContext, Tool, ToolContext, agent_of, get_agent_class
 from agents.services import end_locked, push_message, push_turn
 from approvals import ApprovalExpired, ApprovalRejected, wait_for_approval
 from workflows import Retries, StepError, Workflow, current_step, workflow
@@ -232,13 +232,6 @@ def _turn(turn_id: str) -> Turn:
     return Turn.objects.select_related("agent").get(pk=turn_id)
 
 
-def _agent(turn: Turn) -> ChatAgent:
-    cls = get_agent_class(turn.agent.kind)
-    if cls is None:
-        raise LookupError(f"no agent kind {turn.agent.kind!r} is registered")
-    return cls(turn.agent)
-
-
 def load_turn(turn_id: str) -> dict[str, Any]:
     """The conversation as the model sees it in this turn: every message of the turns before it and
     this turn's user message (later turns' messages are queued behind it)."""
@@ -322,7 +315,7 @@ def model_round(turn_id: str, number: int, messages: list[dict[str, Any]], base_
     writer = _writer(turn)
     if turn.status not in TURN_ACTIVE:
         return {"text": "", "tool_calls": [], "seq": writer.seq, "end": f"the turn is {turn.status}"}
-    agent = _agent(turn)
+    agent = agent_of(turn.agent)
     if number == 1:
         writer.add_once("start", {}, key="start")
     now = timezone.now()
@@ -421,7 +414,7 @@ def invoke(turn: Turn, call: dict[str, Any]) -> Any:
     result ``{"error": …}`` that the model reads, never a crash of the turn."""
     from ledger import OperationFailed, perform
 
-    agent = _agent(turn)
+    agent = agent_of(turn.agent)
     tool = agent.tool_named(call["name"])
     if tool is None:
         return {"error": f"there is no tool called {call['name']!r}"}

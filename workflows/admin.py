@@ -15,6 +15,7 @@ from uuid import UUID
 from django.contrib import admin, messages
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -69,6 +70,13 @@ class WaitingForFilter(admin.SimpleListFilter):
         if self.value():
             return queryset.filter(status=RunStatus.WAITING, wait_event_type=self.value())
         return queryset
+
+
+def run_admin_link(run_id: UUID | None) -> str:
+    """A link to a run's admin page, for the apps' admins that show the run behind a row ("-" for none)."""
+    if run_id is None:
+        return "-"
+    return format_html('<a href="{}">{}</a>', reverse("admin:workflows_workflowrun_change", args=[run_id]), run_id)
 
 
 class ReadOnlyInline(admin.TabularInline[_Row, _Page]):

@@ -10,12 +10,10 @@ from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
-from django.urls import reverse
-from django.utils.html import format_html
 
 from examples.suppliers.models import AssessmentReport, SourceRecord, SupplierAssessment
 from examples.suppliers.selectors import current_report
-from workflows.admin import ReadOnlyInline
+from workflows.admin import ReadOnlyInline, run_admin_link
 
 
 class SourceRecordInline(ReadOnlyInline[SourceRecord, SupplierAssessment]):
@@ -64,10 +62,7 @@ class SupplierAssessmentAdmin(admin.ModelAdmin[SupplierAssessment]):
 
     @admin.display(description="run")
     def run_link(self, obj: SupplierAssessment) -> str:
-        if obj.run_id is None:
-            return "-"
-        url = reverse("admin:workflows_workflowrun_change", args=[obj.run_id])
-        return format_html('<a href="{}">{}</a>', url, obj.run_id)
+        return run_admin_link(obj.run_id)
 
     @admin.display(description="latest report")
     def latest_report(self, obj: SupplierAssessment) -> str:
