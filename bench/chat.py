@@ -57,6 +57,7 @@ from bench.harness import (  # noqa: E402
     Row,
     add_session_arguments,
     bench_session,
+    discard_worker,
     ms,
     parse_phases,
     percentile,
@@ -678,15 +679,6 @@ def small_worker() -> Worker:
     return Worker(concurrency=1, beat=False, loglevel="WARNING", DATABASE_URL=os.environ["DATABASE_URL"])
 
 
-def discard(worker: Worker, *, keep_log: bool) -> None:
-    worker.stop()
-    worker.log.close()
-    if keep_log:
-        say(f"worker log kept: {worker.log.name}")
-    else:
-        Path(worker.log.name).unlink(missing_ok=True)
-
-
 def holder(turn: Turn, workers: list[Worker]) -> Worker:
     """The worker whose process holds the turn's run's lease (owner ``host:pid:nonce``)."""
     from workflows.models import WorkflowRun
@@ -742,7 +734,7 @@ def kill(args: argparse.Namespace, world: World) -> Kill:
                 expires = WorkflowRun.objects.filter(pk=run_of(turn)).values_list("lease_expires_at", flat=True).get()
                 top = int(Chunk.objects.filter(turn_id=key).aggregate(m=Max("seq"))["m"] or 0)
                 workers.remove(victim)
-                discard(victim, keep_log=False)
+                discard_worker(victim, keep_log=False)
                 wait_for(
                     has_chunk_after(clients[0], key, top),
                     timeout=args.lease + 60,
@@ -770,7 +762,7 @@ def kill(args: argparse.Namespace, world: World) -> Kill:
         ok = True
     finally:
         for w in workers:
-            discard(w, keep_log=not ok)
+            discard_worker(w, keep_log=not ok)
     return out
 
 

@@ -332,12 +332,17 @@ class Session:
         if self.worker is None:
             return
         worker, self.worker = self.worker, None
-        worker.stop()
-        worker.log.close()
-        if keep_log:
-            say(f"worker log kept: {worker.log.name}")
-        else:
-            Path(worker.log.name).unlink(missing_ok=True)
+        discard_worker(worker, keep_log=keep_log)
+
+
+def discard_worker(worker: Worker, *, keep_log: bool = False) -> None:
+    """Stop ``worker`` and remove its log, unless it is kept (the bench failed: the log says why)."""
+    worker.stop()
+    worker.log.close()
+    if keep_log:
+        say(f"worker log kept: {worker.log.name}")
+    else:
+        Path(worker.log.name).unlink(missing_ok=True)
 
 
 def cleanup(args: argparse.Namespace) -> None:
