@@ -31,6 +31,7 @@ from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Max
+from django.utils import timezone
 
 from agents import streams
 from agents.models import Chunk
@@ -62,11 +63,30 @@ def _fence_sql() -> str:
 def fence(run_id: UUID, owner: str) -> None:
     """Share-lock the run's row if this worker holds its lease, else raise FencedOut (inside an
     atomic block: the lock lasts until its commit, so nobody terminates the run meanwhile)."""
+    if not _postgresql():
+        if not _holds_lease(run_id, owner):
+            raise FencedOut(f"run {run_id}: the lease is not {owner!r}'s")
+        return
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {_fence_sql()}", [run_id, owner])
         row = cursor.fetchone()
     if not (row and row[0]):
         raise FencedOut(f"run {run_id}: the lease is not {owner!r}'s")
+
+
+def _postgresql() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def _holds_lease(run_id: UUID, owner: str) -> bool:
+    """The fence as an ORM query, for the SQLite demo (one writer at a time: nothing to lock)."""
+    return (
+        WorkflowRun.objects.filter(
+            pk=run_id, lease_owner=owner, lease_expires_at__gt=timezone.now(), status=RunStatus.RUNNING
+        )
+        .exclude(lease_owner="")
+        .exists()
+    )
 
 
 class ChunkWriter:
@@ -117,9 +137,12 @@ class ChunkWriter:
         )
         params: list[Any] = [self.turn_id, key, rows, self.run_id, self.owner]
         try:
-            with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                written = len(cursor.fetchall())
+            if _postgresql():
+                with transaction.atomic(), connection.cursor() as cursor:
+                    cursor.execute(sql, params)
+                    written = len(cursor.fetchall())
+            else:
+                written = self._insert_portable(rows, key=key)
         except IntegrityError as exc:
             # The seq was taken: someone else wrote this turn's stream (a stop, a worker that took
             # the run over). Either way this writer is no longer the stream's.
@@ -132,6 +155,19 @@ class ChunkWriter:
         chunks = json.loads(rows)  # what was stored, as the JSON a client gets
         streams.push_later(self.agent_id, {"type": "agent.chunks", "turn": str(self.turn_id), "chunks": chunks})
         return written
+
+    def _insert_portable(self, rows: str, *, key: str) -> int:
+        """The fenced INSERT as ORM writes in one transaction, for the SQLite demo."""
+        with transaction.atomic():
+            if not _holds_lease(self.run_id, self.owner):
+                return 0
+            if key and Chunk.objects.filter(turn_id=self.turn_id, key=key).exists():
+                return 0
+            Chunk.objects.bulk_create(
+                Chunk(turn_id=self.turn_id, seq=c["seq"], type=c["type"], data=c["data"], key=key)
+                for c in json.loads(rows)
+            )
+        return len(json.loads(rows))
 
 
 def append_unfenced(*, turn_id: UUID | str, agent_id: int, type_: str, data: Any) -> int:

@@ -13,6 +13,7 @@ import pytest
 from django.contrib.auth.models import Group
 from django.utils import timezone
 
+from agents import chunks as chunk_store
 from agents.chunks import ChunkWriter, FencedOut
 from agents.models import Chunk, Message, Turn, TurnStatus
 from agents.registry import ToolContext, schema_of, tool
@@ -88,7 +89,13 @@ def test_an_effect_tool_is_performed_once_under_its_call_key(worker: Worker, use
 
 
 @pytest.mark.django_db
-def test_a_writer_without_the_lease_cannot_append(users: Users) -> None:
+@pytest.mark.parametrize("portable", [False, True], ids=["postgresql", "orm"])
+def test_a_writer_without_the_lease_cannot_append(
+    users: Users, portable: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (orm: the writes the SQLite demo makes, where PostgreSQL's one fenced INSERT is not available)
+    if portable:
+        monkeypatch.setattr(chunk_store, "_postgresql", lambda: False)
     # given a turn whose run is leased to another worker
     agent = chat_agent(users.alice)
     later = timezone.now() + timedelta(minutes=1)
