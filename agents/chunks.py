@@ -34,7 +34,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from agents import streams
-from agents.models import Chunk
+from agents.models import Chunk, Turn
 from workflows.models import RunStatus, WorkflowRun
 
 CHUNKS = Chunk._meta.db_table
@@ -92,9 +92,9 @@ def _holds_lease(run_id: UUID, owner: str) -> bool:
 class ChunkWriter:
     """The stream of one turn, written by the worker holding its run's lease (``owner``)."""
 
-    def __init__(self, *, turn_id: UUID | str, agent_id: int, run_id: UUID, owner: str) -> None:
-        self.turn_id = UUID(str(turn_id))
-        self.agent_id = agent_id
+    def __init__(self, *, turn: Turn, run_id: UUID, owner: str) -> None:
+        self.turn = turn
+        self.turn_id: UUID = turn.pk
         self.run_id = run_id
         self.owner = owner
         self.seq = last_seq(self.turn_id)  # the last stored seq; the next chunk is seq + 1
@@ -153,7 +153,7 @@ class ChunkWriter:
             raise FencedOut(f"run {self.run_id}: the lease is not {self.owner!r}'s; chunks not stored")
         self.seq += written
         chunks = json.loads(rows)  # what was stored, as the JSON a client gets
-        streams.push_later(self.agent_id, {"type": "agent.chunks", "turn": str(self.turn_id), "chunks": chunks})
+        streams.push_later(self.turn.agent_id, streams.chunks_message(self.turn, chunks))
         return written
 
     def _insert_portable(self, rows: str, *, key: str) -> int:
@@ -170,13 +170,11 @@ class ChunkWriter:
         return len(json.loads(rows))
 
 
-def append_unfenced(*, turn_id: UUID | str, agent_id: int, type_: str, data: Any) -> int:
+def append_unfenced(*, turn: Turn, type_: str, data: Any) -> int:
     """Store one chunk for a service that ends a turn from outside its run (a stop): call inside
     atomic() with the turn's run row locked (or no run), so no lease holder writes meanwhile.
     Returns its seq."""
-    seq = last_seq(turn_id) + 1
-    Chunk.objects.create(turn_id=turn_id, seq=seq, type=type_, data=json.loads(dumps(data)))
-    streams.push_later(
-        agent_id, {"type": "agent.chunks", "turn": str(turn_id), "chunks": [streams.chunk_data(seq, type_, data)]}
-    )
+    seq = last_seq(turn.pk) + 1
+    Chunk.objects.create(turn=turn, seq=seq, type=type_, data=json.loads(dumps(data)))
+    streams.push_later(turn.agent_id, streams.chunks_message(turn, [streams.chunk_data(seq, type_, data)]))
     return seq

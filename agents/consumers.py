@@ -41,7 +41,6 @@ from typing import Any
 from uuid import UUID
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 from django.http import QueryDict
 
@@ -55,6 +54,7 @@ from workflows.consumers import (
     QUOTE,
     ClientError,
     Cursor,
+    StreamConsumer,
     check_after,
     parse_frame,
 )
@@ -79,7 +79,7 @@ def max_frame_chars() -> int:
     return 12 * max_text_chars() + 1024
 
 
-class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels has no types: its classes are Any
+class AgentConsumer(StreamConsumer):
     """Snapshot, then the agent's pushes; ``resume`` replays a turn's chunks a client missed."""
 
     agent: Agent
@@ -228,7 +228,7 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
         if not self.ready:
             return
         key = str(message["turn"])
-        cursor = await self._cursor(key)
+        cursor = self._cursor(key, message["number"])
         if cursor is None:
             return
         for chunk in message["chunks"]:
@@ -262,14 +262,14 @@ class AgentConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channe
         if self.ready:
             await self.send_json({"type": "fiber", **message["fiber"]})
 
-    async def _cursor(self, key: str) -> Cursor | None:
+    def _cursor(self, key: str, number: int) -> Cursor | None:
         """The turn's cursor; a turn met for the first time starts one from seq 0 if it started after
-        the snapshot (or was queued then), and none if it had ended by then."""
+        the snapshot (or was queued then), and none if it had ended by then. The push names the
+        turn's number, so this reads nothing: a turn's first chunk reaches every socket at once."""
         cursor = self.cursors.get(key)
         if cursor is not None or key in self.ended:
             return cursor
-        turn: Turn | None = await database_sync_to_async(selectors.turn_get)(agent=self.agent, turn_id=UUID(key))
-        if turn is None or (turn.number <= self.newest_number and key not in self.open_at_snapshot):
+        if number <= self.newest_number and key not in self.open_at_snapshot:
             self.ended.add(key)
             return None
         cursor = self.cursors[key] = Cursor(low=0, high=0)

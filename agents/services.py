@@ -143,7 +143,7 @@ def repair_locked(agent: Agent) -> None:
     )
     for turn in stuck:
         assert turn.run is not None
-        append_unfenced(turn_id=turn.pk, agent_id=turn.agent_id, type_="data-notice", data={"text": RUN_FAILED_MESSAGE})
+        append_unfenced(turn=turn, type_="data-notice", data={"text": RUN_FAILED_MESSAGE})
         why = str((turn.run.error or {}).get("message") or turn.run.failure_reason or turn.run.status)
         end_locked(turn, status=TurnStatus.FAILED, reason=f"its run ended: {why}", finish="error")
 
@@ -195,7 +195,7 @@ def end_locked(turn: Turn, *, status: str, reason: str, text: str | None = None,
     turn.finished_at = timezone.now()
     turn.save(update_fields=["status", "end_reason", "text", "finished_at"])
     if finish is not None:
-        append_unfenced(turn_id=turn.pk, agent_id=turn.agent_id, type_="finish", data={"reason": finish})
+        append_unfenced(turn=turn, type_="finish", data={"reason": finish})
     push_turn(turn)
     start_next_locked(turn.agent)
 

@@ -218,7 +218,7 @@ def _writer(turn: Turn) -> ChunkWriter:
     ctx = current_step()
     if ctx is None or not ctx.owner:
         raise FencedOut("a turn's chunks are written only from its run's steps, by the lease holder")
-    return ChunkWriter(turn_id=turn.pk, agent_id=turn.agent_id, run_id=ctx.run_id, owner=ctx.owner)
+    return ChunkWriter(turn=turn, run_id=ctx.run_id, owner=ctx.owner)
 
 
 def _fence() -> None:

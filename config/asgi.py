@@ -7,12 +7,15 @@ from django.core.exceptions import SuspiciousFileOperation
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-# No persistent database connections in an ASGI server (Django's documentation says to disable
-# them there): the ORM runs in a pool of threads, each keeps a connection of its own, and a burst of
-# requests left one idle connection per thread behind, until PostgreSQL refused everyone else
-# ("too many clients"). Workers keep theirs (DATABASE_CONN_MAX_AGE), web processes close each
-# request's at its end. Forced, not a default: one environment usually serves both kinds of process.
+# No persistent database connections of their own in an ASGI server (Django's documentation says to
+# disable them there): the ORM runs in a pool of threads, each kept a connection of its own, and a
+# burst of requests left one idle connection per thread behind, until PostgreSQL refused everyone
+# else ("too many clients"). On PostgreSQL the server borrows connections from a bounded pool
+# instead (DATABASE_POOL, config/settings.py): no connection is opened per visit, and a burst waits
+# for the pool. Workers keep theirs (DATABASE_CONN_MAX_AGE). Forced, not a default: one environment
+# usually serves both kinds of process.
 os.environ["DATABASE_CONN_MAX_AGE"] = "0"
+os.environ["DATABASE_POOL"] = "1"
 django_asgi_app = get_asgi_application()  # sets Django up before the consumers are imported
 
 

@@ -116,6 +116,18 @@ DATABASES = {
         conn_health_checks=envbool("DATABASE_CONN_HEALTH_CHECKS", True),
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and envbool("DATABASE_POOL", False):
+    # A pool of connections per process (psycopg_pool), for the ASGI server (config/asgi.py sets
+    # DATABASE_POOL): each visit of a consumer or view to the ORM borrows one instead of opening its
+    # own (a connection costs PostgreSQL a process; a reconnecting chat paid for one per read), and a
+    # burst of sockets waits for the pool instead of taking every connection PostgreSQL has.
+    # CONN_HEALTH_CHECKS (on by default) makes the pool check a connection before lending it.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django requires it with a pool: the pool keeps them
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": envint("DATABASE_POOL_MIN_SIZE", 2),
+        "max_size": envint("DATABASE_POOL_MAX_SIZE", 10),
+        "timeout": envfloat("DATABASE_POOL_TIMEOUT", 10.0),
+    }
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Several processes (web, worker, beat) share the file: wait for locks instead of failing.
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
@@ -187,14 +199,18 @@ CELERY_BEAT_SCHEDULE = {
 }
 
 # --- Channels ---------------------------------------------------------------------------------
-# Each socket's consumer waits for its messages with a blocking Redis read of 5 s (channels_redis's
-# RedisChannelLayer.brpop_timeout, BZPOPMIN). redis-py 8 gives every read a 5 s socket timeout by
-# default, so an idle socket's read timed out just as Redis answered and the socket was closed
-# with 1011. The read timeout is set here, well above the blocking read; connecting stays at 5 s.
+# Redis pub/sub: a push to a group is one PUBLISH, and each ASGI process subscribed to the group
+# hands it to its own sockets in memory. channels_redis's list layer (RedisChannelLayer) stores one
+# copy per socket and each process pops them one round trip at a time: a hundred sockets on one chat
+# cost daphne most of a core at 20 chunks a second, and delivery fell seconds behind (bench/chat.py).
+# Pub/sub keeps nothing for a socket that is not listening; nothing here needs that: the database is
+# the authority, and every socket fills a gap in what it was pushed from it (docs/architecture.md).
+# CHANNEL_LAYER_BACKEND=channels_redis.core.RedisChannelLayer selects the list layer; its blocking
+# read of 5 s needs the read timeout below, well above it (redis-py 8's default is 5 s).
 CHANNEL_LAYER_SOCKET_TIMEOUT = 15.0
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "BACKEND": envstr("CHANNEL_LAYER_BACKEND", "channels_redis.pubsub.RedisPubSubChannelLayer"),
         "CONFIG": {
             "hosts": [
                 {"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT, "socket_connect_timeout": 5.0}

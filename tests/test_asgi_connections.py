@@ -1,10 +1,11 @@
-"""The ASGI server keeps no database connection once its requests are answered: persistent
-connections in its thread pool piled up one per thread until PostgreSQL refused everyone else."""
+"""The ASGI server borrows its database connections from a bounded pool (DATABASE_POOL, set by
+config/asgi.py): persistent connections of its own once piled up one per thread until PostgreSQL
+refused everyone else, and opening one per visit made every read of a socket pay for a new
+PostgreSQL process."""
 
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -12,48 +13,69 @@ import httpx
 import pytest
 from django.db import connection
 
-from tests.support import AsgiServer, wait_for
+from tests.support import AsgiServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+POOL_MAX = 4
+BAD_TOKEN = {"Authorization": "Token " + "0" * 40}  # a token the database must be asked about
 
 
 @pytest.fixture
 def named_server() -> Iterator[tuple[AsgiServer, str]]:
-    """A daphne whose database connections carry an application name of their own (libpq's
-    PGAPPNAME), so this test counts only them."""
+    """A daphne with a pool of at most POOL_MAX whose connections carry an application name of
+    their own (libpq's PGAPPNAME), so this test counts only them."""
     name = f"daphne-{uuid.uuid4().hex[:8]}"
-    server = AsgiServer(PGAPPNAME=name)
+    server = AsgiServer(PGAPPNAME=name, DATABASE_POOL_MAX_SIZE=str(POOL_MAX))
     yield server, name
     server.stop()
 
 
-def connections_of(name: str) -> int:
+def backends_of(name: str) -> set[int]:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name])
-        (count,) = cursor.fetchone()
-    return int(count)
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [name])
+        return {pid for (pid,) in cursor.fetchall()}
 
 
-def test_a_burst_of_requests_leaves_no_database_connection_behind(named_server: tuple[AsgiServer, str]) -> None:
+def test_requests_one_after_another_reuse_the_pools_connections(named_server: tuple[AsgiServer, str]) -> None:
+    server, name = named_server
+    seen: list[set[int]] = []
+
+    # when requests that each use the database come one after another
+    for _ in range(10):
+        assert httpx.get(f"{server.url}/api/runs", headers=BAD_TOKEN, timeout=30).status_code == 401
+        seen.append(backends_of(name))
+
+    # then they were served by the same few connections, kept open between them
+    assert all(1 <= len(backends) <= POOL_MAX for backends in seen), seen
+    assert len(set().union(*seen)) <= POOL_MAX, seen
+
+
+def test_a_burst_of_requests_never_holds_more_connections_than_the_pool(
+    named_server: tuple[AsgiServer, str],
+) -> None:
     server, name = named_server
     barrier = threading.Barrier(30)
     statuses: list[int] = []
+    peak = 0
+    done = threading.Event()
 
     def call() -> None:
         barrier.wait()
-        # A token the database must be asked about: every request uses a connection.
-        response = httpx.get(f"{server.url}/api/runs", headers={"Authorization": "Token " + "0" * 40}, timeout=60)
+        response = httpx.get(f"{server.url}/api/runs", headers=BAD_TOKEN, timeout=60)
         statuses.append(response.status_code)
 
-    # when 30 requests arrive at once
+    # when 30 requests arrive at once, while the server's connections are counted
     threads = [threading.Thread(target=call) for _ in range(30)]
     for thread in threads:
         thread.start()
+    while not done.is_set():
+        peak = max(peak, len(backends_of(name)))
+        done.wait(0.005) if any(t.is_alive() for t in threads) else done.set()
     for thread in threads:
         thread.join(timeout=90)
 
-    # then each was answered, and once they are, the server holds no connection
+    # then each was answered, and the server never held more connections than its pool
     assert statuses == [401] * 30
-    wait_for(lambda: connections_of(name) == 0, timeout=10, what="daphne's connections to close")
-    time.sleep(1)
-    assert connections_of(name) == 0
+    assert 1 <= peak <= POOL_MAX
+    assert len(backends_of(name)) <= POOL_MAX

@@ -36,6 +36,7 @@ from uuid import UUID
 
 import redis
 from asgiref.sync import sync_to_async
+from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
@@ -107,7 +108,26 @@ class ClientError(Exception):
     """A message from the client that the protocol does not allow; answered, never fatal."""
 
 
-class RunConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels has no types: its classes are Any
+class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # channels has no types: its classes are Any
+    """The base of the project's sockets: channels' consumer without its per-message connection sweep.
+
+    Since channels 4.2 ``AsyncConsumer.dispatch`` runs ``close_old_connections`` in the thread pool
+    before every message it hands to a handler, for handlers that use the async ORM. A socket that
+    streams gets a channel-layer message per pushed batch: with a hundred sockets on an agent that
+    hop was the largest part of daphne's CPU (a profile of ``bench/chat.py``'s delivery phase put
+    a quarter of it there), and delivery queued behind it. These consumers touch the database only
+    through ``database_sync_to_async`` or a ``sync_to_async`` helper, and the former closes old
+    connections on each visit itself; so a message goes straight to its handler.
+    """
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"No handler for message type {message['type']}")
+        await handler(message)
+
+
+class RunConsumer(StreamConsumer):
     """Snapshot, then the run's live events; ``resume`` replays what a reconnecting client missed."""
 
     run_id: UUID

@@ -27,7 +27,7 @@ from accounts.services import account_ensure
 from agents import selectors
 from agents.consumers import REPLAY_PAGE, max_frame_chars, max_text_chars
 from agents.models import Agent, Chunk, Message, Turn, TurnStatus
-from agents.streams import chunk_data, push_later
+from agents.streams import chunk_data, chunks_message, push_later
 from tests.factories import Users
 from tests.support import AsgiServer, wait_for
 from workflows.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
@@ -95,14 +95,7 @@ def write(turn: Turn, seqs: Iterable[int], *, push: bool = True) -> None:
             Chunk.objects.create(turn=turn, seq=seq, type="text-delta", data={"delta": f"w{seq} "}) for seq in seqs
         ]
         if push:
-            push_later(
-                turn.agent_id,
-                {
-                    "type": "agent.chunks",
-                    "turn": str(turn.pk),
-                    "chunks": [chunk_data(c.seq, c.type, c.data) for c in chunks],
-                },
-            )
+            push_later(turn.agent_id, chunks_message(turn, [chunk_data(c.seq, c.type, c.data) for c in chunks]))
     assert publisher.flush(TIMEOUT)
 
 

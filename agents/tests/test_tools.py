@@ -103,7 +103,7 @@ def test_a_writer_without_the_lease_cannot_append(
     turn = Turn.objects.create(agent=agent, number=1, run=run)
 
     # when a writer that is not the lease holder appends, it is fenced out and stores nothing
-    writer = ChunkWriter(turn_id=turn.pk, agent_id=agent.pk, run_id=run.pk, owner="me")
+    writer = ChunkWriter(turn=turn, run_id=run.pk, owner="me")
     with pytest.raises(FencedOut):
         writer.add("text-delta", {"delta": "late"})
     with pytest.raises(FencedOut):
@@ -111,7 +111,7 @@ def test_a_writer_without_the_lease_cannot_append(
     assert not Chunk.objects.filter(turn=turn).exists()
 
     # and the lease holder can, while its lease lasts
-    holder = ChunkWriter(turn_id=turn.pk, agent_id=agent.pk, run_id=run.pk, owner="other")
+    holder = ChunkWriter(turn=turn, run_id=run.pk, owner="other")
     holder.add("text-delta", {"delta": "a"})
     holder.add("text-delta", {"delta": "b"})
     holder.close()
@@ -129,9 +129,7 @@ def test_a_writer_without_the_lease_cannot_append(
     # and not once the lease has expired
     type(run).objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     with pytest.raises(FencedOut):
-        ChunkWriter(turn_id=turn.pk, agent_id=agent.pk, run_id=run.pk, owner="other").add_once(
-            "data-notice", {"text": "x"}, key="late"
-        )
+        ChunkWriter(turn=turn, run_id=run.pk, owner="other").add_once("data-notice", {"text": "x"}, key="late")
 
 
 @pytest.mark.django_db
@@ -145,7 +143,7 @@ def test_a_chunk_as_slow_as_the_flush_interval_is_stored_at_once_however_long_a_
     later = timezone.now() + timedelta(minutes=1)
     run = make_run(workflow="agents.turn", status=RunStatus.RUNNING, lease_owner="me", lease_expires_at=later)
     turn = Turn.objects.create(agent=agent, number=1, run=run)
-    writer = ChunkWriter(turn_id=turn.pk, agent_id=agent.pk, run_id=run.pk, owner="me")
+    writer = ChunkWriter(turn=turn, run_id=run.pk, owner="me")
     store = writer._insert
 
     def slow(batch: list[tuple[str, Any]], *, key: str = "") -> int:

@@ -6,11 +6,13 @@ The daphne log is read back to prove each case leaves no error and no traceback 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 from uuid import uuid4
 
 import pytest
 from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
+from channels_redis.pubsub import RedisPubSubChannelLayer
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 from websockets.typing import Origin
@@ -33,7 +35,8 @@ from workflows.tests.test_consumers import (
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# channels_redis's receive blocks in Redis for 5 s at a time; idle for more than two of those.
+# channels_redis's list layer blocks in Redis for 5 s at a time; idle for more than two of those
+# (the pub/sub layer, the default, polls its subscription every 0.1 s).
 IDLE_SECONDS = 12.5
 
 
@@ -75,13 +78,18 @@ def test_an_idle_socket_stays_open_and_still_gets_live_events(
     assert "Traceback" not in log and "TimeoutError" not in log, log
 
 
-def test_the_channel_layers_read_timeout_is_above_its_blocking_read() -> None:
-    """What the test above proves end to end, stated for the configuration itself: the socket
-    timeout the layer's connections really get, whatever redis-py's default is."""
-    layer = get_channel_layer()
-    assert isinstance(layer, RedisChannelLayer)
+def test_the_list_layers_read_timeout_is_above_its_blocking_read(settings: Any) -> None:
+    """The list layer (CHANNEL_LAYER_BACKEND=channels_redis.core.RedisChannelLayer) with the
+    project's CONFIG: the socket timeout its connections really get, whatever redis-py's default is,
+    lets its blocking read finish (the test above proves the default layer end to end)."""
+    layer = RedisChannelLayer(**settings.CHANNEL_LAYERS["default"]["CONFIG"])
     timeout = layer.create_pool(0).connection_kwargs.get("socket_timeout")
     assert timeout is not None and timeout >= 2 * RedisChannelLayer.brpop_timeout
+
+
+def test_the_default_layer_is_redis_pub_sub() -> None:
+    """One PUBLISH per push, fanned out in each ASGI process (config/settings.py says why)."""
+    assert isinstance(get_channel_layer(), RedisPubSubChannelLayer)
 
 
 # --- paths that name no socket --------------------------------------------------------------------
