@@ -93,7 +93,12 @@ class ActiveTurnSerializer(serializers.Serializer[dict[str, Any]]):
 @extend_schema_serializer(component_name="AgentSnapshot")
 class SnapshotSerializer(serializers.Serializer[Any]):
     agent = AgentRefSerializer()
-    messages = MessageSerializer(many=True, help_text="The conversation, oldest first (the newest 200).")
+    messages = MessageSerializer(
+        many=True,
+        help_text="The conversation, oldest first: the newest 200 that fit in 512 KiB, after 'since' if given.",
+    )
+    since = serializers.IntegerField(allow_null=True, help_text="The 'since' asked for, or null.")
+    more = serializers.BooleanField(help_text="Older messages (after 'since') were left out to keep it small.")
     state = serializers.JSONField(help_text="The agent's own JSON state.")
     state_version = serializers.IntegerField()
     turn = ActiveTurnSerializer(allow_null=True, help_text="The running (or waiting) turn, if any.")
@@ -132,11 +137,28 @@ class AgentQuerySerializer(StrictSerializer):
     )
 
 
-def visible_agent(request: Request, kind: str, name: str) -> Agent:
-    """The agent for a member of its account (created on first use), else NotFound."""
-    query = AgentQuerySerializer(data=request.query_params.dict())
-    query.is_valid(raise_exception=True)
-    agent = selectors.agent_get(user=request.user, kind=kind, name=name, account=query.validated_data.get("account"))
+@extend_schema_serializer(component_name="AgentSnapshotQuery")
+class SnapshotQuerySerializer(AgentQuerySerializer):
+    since = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=2**63 - 1,
+        help_text="A message id: only the messages after it (a client that has the rest).",
+    )
+
+
+def query_params(request: Request, serializer: type[AgentQuerySerializer] = AgentQuerySerializer) -> dict[str, Any]:
+    """The query string as ``serializer`` validates it (a 400 for an unknown or bad parameter)."""
+    params = serializer(data=request.query_params.dict())
+    params.is_valid(raise_exception=True)
+    return dict(params.validated_data)
+
+
+def visible_agent(request: Request, kind: str, name: str, *, params: dict[str, Any] | None = None) -> Agent:
+    """The agent for a member of its account (created on first use), else NotFound. ``params``: the
+    query string as validated already (default: as AgentQuerySerializer validates it)."""
+    params = query_params(request) if params is None else params
+    agent = selectors.agent_get(user=request.user, kind=kind, name=name, account=params.get("account"))
     if agent is None:
         raise exceptions.NotFound()
     return agent
@@ -174,12 +196,14 @@ class AgentSnapshotApi(ApiBase):
     @extend_schema(
         operation_id="agent_snapshot",
         tags=TAGS,
-        parameters=[KIND, NAME, AgentQuerySerializer],
+        parameters=[KIND, NAME, SnapshotQuerySerializer],
         responses={200: OutputSerializer, **error_responses(400, 401, 404)},
     )
     def get(self, request: Request, kind: str, name: str) -> Response:
-        agent = visible_agent(request, kind, name)
-        return Response(self.OutputSerializer(selectors.agent_snapshot(agent=agent)).data)
+        params = query_params(request, SnapshotQuerySerializer)
+        agent = visible_agent(request, kind, name, params=params)
+        snapshot = selectors.agent_snapshot(agent=agent, since=params.get("since"))
+        return Response(self.OutputSerializer(snapshot).data)
 
 
 class AgentMessageApi(ApiBase):

@@ -1,13 +1,18 @@
-"""The chat socket ``/ws/agents/<kind>/<name>/`` (``?account=<slug>`` optional): thin, like the runs
-socket (``workflows.consumers``). It authorises, sends a snapshot from the database, forwards the
-agent's pushes (``agents.streams``) and hands the client's messages to ``agents.services``; a
-turn never runs here.
+"""The chat socket ``/ws/agents/<kind>/<name>/`` (``?account=<slug>&since=<message id>``, both
+optional): thin, like the runs socket (``workflows.consumers``). It authorises, sends a snapshot
+from the database, forwards the agent's pushes (``agents.streams``) and hands the client's
+messages to ``agents.services``; a turn never runs here.
 
 Protocol:
 
-- server, first: ``{"type": "snapshot", "agent", "messages", "state", "state_version", "turn",
-  "queued"}`` (``agents.selectors.agent_snapshot``). ``turn.seq`` is the active turn's highest
-  stored seq, read after joining the agent's group: every chunk above it is sent live.
+- server, first: ``{"type": "snapshot", "agent", "messages", "since", "more", "state",
+  "state_version", "turn", "queued"}`` (``agents.selectors.agent_snapshot``). ``turn.seq`` is the
+  active turn's highest stored seq, read after joining the agent's group: every chunk above it is
+  sent live. With ``since``, the messages are only those after that message id: a page that
+  reconnects names the newest message it has and gets what it missed, not the conversation again
+  (a ``since`` that is not a message id gets an ``error`` frame, then the whole snapshot).
+- a client need not wait for the snapshot: frames it sends at once (a reconnecting page's
+  ``resume``) are handled after it, in order.
 - client: ``{"type": "message", "text"}`` -> a turn, answered with a ``turn`` frame (and the
   pushes every tab of the agent gets: ``message``, ``turn``).
 - client: ``{"type": "resume", "turn": "<uuid>", "after": N}`` -> the turn's stored chunks with
@@ -36,6 +41,7 @@ twice, and a jump in ``seq`` (a push the channel layer lost) is filled from the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 from uuid import UUID
@@ -63,7 +69,9 @@ from workflows.storable import text_problem
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TEXT_CHARS = 4000
-# Chunks a replay reads at a time: a resume of a long turn sends its first chunk after one short read.
+# Chunks a replay reads at a time: a resume of a long turn sends its first chunks after one short
+# read (REPLAY_FIRST_PAGE), then the rest in pages, each sent on its way before the next is read.
+REPLAY_FIRST_PAGE = 20
 REPLAY_PAGE = 200
 
 
@@ -95,9 +103,9 @@ class AgentConsumer(StreamConsumer):
             await self.close(code=CLOSE_UNAUTHENTICATED, reason="authentication required")
             return
         kwargs = self.scope["url_route"]["kwargs"]
-        account = QueryDict(self.scope.get("query_string", b"").decode("latin-1")).get("account")
+        query = QueryDict(self.scope.get("query_string", b"").decode("latin-1"))
         agent = await database_sync_to_async(selectors.agent_get)(
-            user=user, kind=kwargs["kind"], name=kwargs["name"], account=account
+            user=user, kind=kwargs["kind"], name=kwargs["name"], account=query.get("account")
         )
         if agent is None:
             await self.close(code=CLOSE_NOT_FOUND, reason="agent not found")
@@ -110,7 +118,12 @@ class AgentConsumer(StreamConsumer):
         # Join before the snapshot's reads: every change after them is then pushed here.
         self.group = streams.group_name(agent.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
-        snapshot, newest = await self._snapshot()
+        try:
+            since = _check_since(query.get("since"))
+        except ClientError as exc:
+            await self.send_json({"type": "error", "message": str(exc)})
+            since = None
+        snapshot, newest = await self._snapshot(since)
         self.newest_number = newest
         self.open_at_snapshot = {turn["id"] for turn in snapshot["queued"]}
         if snapshot["turn"] is not None:
@@ -151,8 +164,7 @@ class AgentConsumer(StreamConsumer):
         if kind == "message":
             await self._message(_check_text(content.get("text")))
         elif kind == "resume":
-            turn = await self._turn(content.get("turn"))
-            await self._resume(turn, check_after(content.get("after")))
+            await self._resume(_check_turn_id(content.get("turn")), check_after(content.get("after")))
         elif kind == "stop":
             await self._stop(content.get("turn"))
         else:
@@ -191,32 +203,32 @@ class AgentConsumer(StreamConsumer):
     async def _turn(self, value: Any) -> Turn:
         """The agent's turn named by a client's ``turn``; another agent's and a missing one alike
         are an error."""
-        if not isinstance(value, str):
-            raise ClientError("'turn' must be a turn's id")
-        try:
-            turn_id = UUID(value)
-        except ValueError:
-            raise ClientError("'turn' must be a turn's id") from None
+        turn_id = _check_turn_id(value)
         turn: Turn | None = await database_sync_to_async(selectors.turn_get)(agent=self.agent, turn_id=turn_id)
         if turn is None:
-            raise ClientError(f"no such turn {QUOTE.repr(value)}")
+            raise ClientError(f"no such turn {QUOTE.repr(str(turn_id))}")
         return turn
 
-    async def _resume(self, turn: Turn, after: int) -> None:
-        key = str(turn.pk)
-        after, page = await self._replay_start(key, after)
+    async def _resume(self, turn_id: UUID, after: int) -> None:
+        key = str(turn_id)
+        after, page = await self._replay_start(turn_id, after)
         cursor = self.cursors.get(key)
         if cursor is None:
             cursor = self.cursors[key] = Cursor(low=after, high=after)
             self.ended.discard(key)
-        # In pages: the first replayed chunk leaves after one short read, not after the whole turn's.
+        # In pages: the first replayed chunks leave after one short read, not after the whole turn's,
+        # and each page is on its way (the server writes frames when this coroutine yields) before
+        # the next is read.
+        size = REPLAY_FIRST_PAGE
         while True:
             for chunk in page:
                 if not cursor.was_sent(chunk["seq"]):
                     await self._send_chunk(key, cursor, chunk, replay=True)
-            if len(page) < REPLAY_PAGE:
+            if len(page) < size:
                 break
-            page = await self._stored(key, page[-1]["seq"], limit=REPLAY_PAGE)
+            await asyncio.sleep(0)
+            size = REPLAY_PAGE
+            page = await self._stored(key, page[-1]["seq"], limit=size)
         # Everything after ``after`` now counts as sent or missing: the same resume twice sends nothing twice.
         cursor.low = min(cursor.low, after)
         await self.send_json({"type": "replay_complete", "turn": key, "seq": cursor.high})
@@ -290,13 +302,17 @@ class AgentConsumer(StreamConsumer):
 
     # --- reads ---------------------------------------------------------------------------------------
     @database_sync_to_async  # type: ignore[untyped-decorator]  # channels has no types
-    def _replay_start(self, turn: str, after: int) -> tuple[int, list[ChunkData]]:
-        """``after`` as the replay takes it, and the first page after it, in one database visit (each
-        visit of an ASGI consumer opens a connection). An ``after`` beyond what is stored (a stale
-        number of the client's own) counts as the stored top: taken as given, every live chunk up
-        to it would count as already sent."""
-        after = min(after, selectors.turn_seq(turn_id=turn))
-        return after, selectors.chunks_after(turn_id=turn, after=after, limit=REPLAY_PAGE)
+    def _replay_start(self, turn_id: UUID, after: int) -> tuple[int, list[ChunkData]]:
+        """The check that the turn is the agent's, ``after`` as the replay takes it, and the first
+        page after it, in one database visit (each is a hop to the ORM's thread and a connection
+        borrowed from the pool). An ``after`` beyond what is stored (a stale number of the client's
+        own) counts as the stored top: taken as given, every live chunk up to it would count as
+        already sent."""
+        found = selectors.turn_with_seq(agent=self.agent, turn_id=turn_id)
+        if found is None:
+            raise ClientError(f"no such turn {QUOTE.repr(str(turn_id))}")
+        after = min(after, found[1])
+        return after, selectors.chunks_after(turn_id=turn_id, after=after, limit=REPLAY_FIRST_PAGE)
 
     async def _stored(
         self, turn: str, after: int, *, until: int | None = None, limit: int | None = None
@@ -306,10 +322,26 @@ class AgentConsumer(StreamConsumer):
         )
 
     @database_sync_to_async  # type: ignore[untyped-decorator]  # channels has no types
-    def _snapshot(self) -> tuple[AgentSnapshot, int]:
-        # The newest turn's number first: a turn above it started after the snapshot was read.
-        newest = selectors.latest_turn_number(agent=self.agent)
-        return selectors.agent_snapshot(agent=self.agent), newest
+    def _snapshot(self, since: int | None) -> tuple[AgentSnapshot, int]:
+        return selectors.agent_snapshot_numbered(agent=self.agent, since=since)
+
+
+def _check_turn_id(value: Any) -> UUID:
+    if not isinstance(value, str):
+        raise ClientError("'turn' must be a turn's id")
+    try:
+        return UUID(value)
+    except ValueError:
+        raise ClientError("'turn' must be a turn's id") from None
+
+
+def _check_since(value: str | None) -> int | None:
+    """The ``since`` of the socket's query string: a message id (digits), or absent."""
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit() and len(value) <= 18):
+        raise ClientError("'since' must be a message id")
+    return int(value)
 
 
 def _check_text(value: Any) -> str:

@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 from uuid import UUID
 
 from django.conf import settings
-from django.db.models import Max
+from django.db.models import Max, OuterRef, Subquery
 
 from accounts.selectors import User, account_for, accounts_of
 from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Chunk, Message, Turn, TurnStatus
@@ -62,6 +62,8 @@ class ActiveTurn(TypedDict):
 class AgentSnapshot(TypedDict):
     agent: dict[str, str]
     messages: list[MessageData]
+    since: int | None
+    more: bool
     state: Any
     state_version: int
     turn: ActiveTurn | None
@@ -81,16 +83,27 @@ def agent_get(*, user: User, kind: str, name: str, account: str | None = None) -
         return None
     if account is not None and text_problem(account) is not None:
         return None
-    found = account_for(user, account)
-    if found is None or not kind_registered(kind):
+    if not kind_registered(kind):
         return None
-    agent = Agent.objects.filter(account=found, kind=kind, name=name).first()
+    # The agent and its account in one query (every socket's connect asks); creating one takes more.
+    accounts = accounts_of(user) if account is None else accounts_of(user).filter(slug=account)
+    agent = (
+        Agent.objects.select_related("account")
+        .filter(account=Subquery(accounts.values("pk")[:1]), kind=kind, name=name)
+        .first()
+    )
+    if agent is not None:
+        return agent
+    found = account_for(user, account)
+    if found is None:
+        return None
     if agent is None:
         # Opening an agent creates it, so the count per account is bounded: past the limit a new
         # name is not found (the account's existing agents stay reachable).
         if Agent.objects.filter(account=found).count() >= settings.AGENTS_MAX_AGENTS_PER_ACCOUNT:
             return None
         agent, _ = Agent.objects.get_or_create(account=found, kind=kind, name=name)
+    agent.account = found  # read already: the snapshot's agent.account.slug costs no query
     return agent
 
 
@@ -126,6 +139,16 @@ def chunks_after(
     return [{"seq": seq, "type": type_, "data": data} for seq, type_, data in rows]
 
 
+# The highest stored seq of the turn of each row (the (turn, seq) index's last entry).
+_TOP_SEQ = Subquery(Chunk.objects.filter(turn_id=OuterRef("pk")).order_by("-seq").values("seq")[:1])
+
+
+def turn_with_seq(*, agent: Agent, turn_id: UUID) -> tuple[Turn, int] | None:
+    """``turn_get`` and ``turn_seq`` in one query: the agent's turn and its highest stored seq."""
+    turn = Turn.objects.filter(agent=agent, pk=turn_id).annotate(top=_TOP_SEQ).first()
+    return (turn, int(turn.top or 0)) if turn is not None else None
+
+
 def turn_seq(*, turn_id: UUID | str) -> int:
     """The highest stored seq of the turn (0 before its first chunk)."""
     return int(Chunk.objects.filter(turn_id=turn_id).aggregate(top=Max("seq"))["top"] or 0)
@@ -153,22 +176,47 @@ def message_data(message: Message) -> MessageData:
     }
 
 
-def agent_snapshot(*, agent: Agent) -> AgentSnapshot:
+def agent_snapshot(*, agent: Agent, since: int | None = None) -> AgentSnapshot:
+    """``agent_snapshot_numbered`` without the number."""
+    return agent_snapshot_numbered(agent=agent, since=since)[0]
+
+
+def agent_snapshot_numbered(*, agent: Agent, since: int | None = None) -> tuple[AgentSnapshot, int]:
     """Everything a client draws first: the conversation so far, the state, the active turn (with
     the highest seq stored, read now: a caller that joined the agent's group before calling this
-    gets every later chunk live) and the turns queued behind it."""
-    # Turns before messages: a turn that ends in between is then both the active turn and answered
-    # in the messages (the client sees its final message), never neither.
-    open_turns = turns_open(agent=agent)
+    gets every later chunk live) and the turns queued behind it.
+
+    The messages are the newest that fit (SNAPSHOT_MESSAGES, SNAPSHOT_BYTES), oldest first, and
+    ``more`` says whether older ones were left out. ``since`` (a message id) keeps only the messages
+    after it: a client that reconnects names the newest message it has, and gets what it missed
+    instead of the whole conversation again.
+
+    Also the number of the agent's newest turn, read first: a turn above it started after the
+    snapshot was read (the socket streams such a turn from its first chunk). Four queries."""
+    # The state and the newest turn's number first, then turns before messages: a turn that ends in
+    # between is then both the active turn and answered in the messages (the client sees its final
+    # message), never neither.
+    state, state_version, newest_number = (
+        Agent.objects.filter(pk=agent.pk)
+        .annotate(newest=Max("turns__number"))
+        .values_list("state", "state_version", "newest")
+        .get()
+    )
+    open_turns = list(Turn.objects.filter(agent=agent, status__in=TURN_OPEN).annotate(top=_TOP_SEQ).order_by("number"))
     active = next((t for t in open_turns if t.status in TURN_ACTIVE), None)
-    active_seq = turn_seq(turn_id=active.pk) if active is not None else 0
-    newest = list(Message.objects.filter(agent=agent).order_by("-id")[:SNAPSHOT_MESSAGES])
-    agent.refresh_from_db(fields=["state", "state_version"])
-    return {
+    active_seq = int(active.top or 0) if active is not None else 0
+    messages = Message.objects.filter(agent=agent)
+    if since is not None:
+        messages = messages.filter(id__gt=since)
+    newest = list(messages.order_by("-id")[: SNAPSHOT_MESSAGES + 1])
+    kept = newest_that_fit([message_data(m) for m in newest[:SNAPSHOT_MESSAGES]])
+    snapshot: AgentSnapshot = {
         "agent": {"kind": agent.kind, "name": agent.name, "account": agent.account.slug},
-        "messages": newest_that_fit([message_data(m) for m in newest]),
-        "state": agent.state,
-        "state_version": agent.state_version,
+        "messages": kept,
+        "since": since,
+        "more": len(kept) < len(newest),
+        "state": state,
+        "state_version": state_version,
         "turn": (
             {"id": str(active.pk), "number": active.number, "status": active.status, "seq": active_seq}
             if active is not None
@@ -176,6 +224,7 @@ def agent_snapshot(*, agent: Agent) -> AgentSnapshot:
         ),
         "queued": [turn_data(t) for t in open_turns if t.status == TurnStatus.QUEUED],
     }
+    return snapshot, int(newest_number or 0)
 
 
 def newest_that_fit(newest_first: list[MessageData]) -> list[MessageData]:
@@ -195,11 +244,6 @@ def newest_that_fit(newest_first: list[MessageData]) -> list[MessageData]:
 def turns_open(*, agent: Agent) -> list[Turn]:
     """The agent's turns not yet ended, in queue order."""
     return list(Turn.objects.filter(agent=agent, status__in=TURN_OPEN).order_by("number"))
-
-
-def latest_turn_number(*, agent: Agent) -> int:
-    """The number of the agent's newest turn (0 before the first)."""
-    return int(Turn.objects.filter(agent=agent).aggregate(top=Max("number"))["top"] or 0)
 
 
 def agents_of(*, user: User) -> list[Agent]:

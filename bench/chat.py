@@ -16,8 +16,11 @@ signed in with a session cookie as a browser is.
 2. throughput: R turns of C deltas with the model yielding as fast as the model step takes them:
    text deltas stored per second of the model step (ChunkWriter batches, each INSERT fenced by the
    lease, pushed after its commit); one connected client: deltas delivered per second.
-3. replay: reconnects to the last C-delta turn (ended): open a socket, read the snapshot, send
-   ``resume {turn, after}``; time to the first replayed chunk, ``after`` spread over the turn.
+3. replay: reconnects to a turn still streaming after C deltas, as the chat page reconnects: the
+   socket's URL names the newest message the page has (``?since=``: the turn's question) and it
+   sends ``resume {turn, after}`` at once, without waiting for the snapshot; time from the connect
+   to the first replayed chunk, ``after`` spread over the turn. Also the older way: reconnect with
+   no ``since``, read the whole snapshot, then resume.
 4. overhead: turns of a model that answers at once, one at a time: ``message_send`` called here ->
    the turn's ``finished_at`` (written by the worker). The model's own time is nil.
 5. kill: two workers of one process each; a paced turn; SIGKILL the process group holding its
@@ -101,8 +104,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--phases",
         default=",".join(sorted(PHASES)),
-        help="comma-separated subset of delivery,throughput,replay,overhead,kill (default all; replay "
-        "replays the last throughput turn, so it needs throughput)",
+        help="comma-separated subset of delivery,throughput,replay,overhead,kill (default all)",
     )
     p.add_argument(
         "--profile",
@@ -112,8 +114,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_session_arguments(p, database="durable_bench_chat", redis="redis://127.0.0.1:6379/12")
     args = p.parse_args(argv)
     args.phases = parse_phases(p, args.phases, PHASES)
-    if "replay" in args.phases and "throughput" not in args.phases:
-        p.error("the replay phase replays the throughput phase's turn: add throughput")
     if min(args.clients, args.paced_chunks, args.chunks, args.rounds, args.reconnects, args.turns) < 1:
         p.error("--clients, --paced-chunks, --chunks, --rounds, --reconnects and --turns must be at least 1")
     if args.rate <= 0 or args.lease < 1:
@@ -474,7 +474,6 @@ class Throughput:
     step_seconds: list[float] = field(default_factory=list)
     lost: int = 0
     duplicated: int = 0
-    turn: Turn | None = None  # the last one: replayed
 
 
 def model_step_seconds(turn: Turn) -> float:
@@ -510,7 +509,6 @@ def throughput(args: argparse.Namespace, world: World) -> Throughput:
             out.step_seconds.append(seconds)
             out.lost += lost
             out.duplicated += duplicated
-            out.turn = turn
             say(
                 f"throughput round {r + 1}: {stored:,} deltas stored in a {seconds:.2f} s model step "
                 f"({stored / seconds:,.0f}/s); delivered {delivered:,.0f}/s to a client"
@@ -523,24 +521,41 @@ def throughput(args: argparse.Namespace, world: World) -> Throughput:
 @dataclass
 class Replay:
     chunks: int = 0
-    first: list[float] = field(default_factory=list)  # connect -> first replayed chunk
+    first: list[float] = field(default_factory=list)  # connect -> first replayed chunk (the page's way)
     after_resume: list[float] = field(default_factory=list)  # resume sent -> first replayed chunk
     snapshot: list[float] = field(default_factory=list)  # connect -> snapshot read
     complete_rates: list[float] = field(default_factory=list)  # replayed chunks / (connect -> replay_complete)
+    waited: list[float] = field(default_factory=list)  # the same with no since, resume after the snapshot
     worst_after: int = 0
 
 
-async def reconnect_once(target: Target, turn_id: str, after: int) -> tuple[float, float, float, float, int]:
-    """Reconnect and resume after ``after``: (to the snapshot, to the first replayed chunk, resume
-    to it, to replay_complete, chunks replayed), seconds from the start of the connect."""
+class Reconnect(NamedTuple):
+    snapshot: float  # seconds from the start of the connect to the snapshot read
+    first: float  # to the first replayed chunk
+    after_resume: float  # from the resume sent to the first replayed chunk
+    complete: float  # to replay_complete
+    replayed: int  # chunks replayed
+
+
+async def reconnect_once(target: Target, turn_id: str, after: int, *, since: int | None) -> Reconnect:
+    """Reconnect and resume after ``after``. With ``since`` as the chat page does: that in the URL,
+    and the resume sent as the socket opens; without, the resume waits for the whole snapshot."""
     t0 = time.perf_counter()
+    resume = json.dumps({"type": "resume", "turn": turn_id, "after": after})
+    if since is not None:
+        target = Target(f"{target.url}{'&' if '?' in target.url else '?'}since={since}", target.origin, target.cookie)
     ws = await open_socket(target)
     try:
+        t_resume = 0.0
+        if since is not None:
+            await ws.send(resume)
+            t_resume = time.perf_counter()
         if json.loads(await ws.recv()).get("type") != "snapshot":
             raise RuntimeError("expected the snapshot first")
         t_snapshot = time.perf_counter()
-        await ws.send(json.dumps({"type": "resume", "turn": turn_id, "after": after}))
-        t_resume = time.perf_counter()
+        if since is None:
+            await ws.send(resume)
+            t_resume = time.perf_counter()
         first = 0.0
         count = 0
         async for raw in ws:
@@ -551,7 +566,7 @@ async def reconnect_once(target: Target, turn_id: str, after: int) -> tuple[floa
                 count += 1
             elif frame["type"] == "replay_complete":
                 done = time.perf_counter()
-                return t_snapshot - t0, first - t0, first - t_resume, done - t0, count
+                return Reconnect(t_snapshot - t0, first - t0, first - t_resume, done - t0, count)
             elif frame["type"] == "error":
                 raise RuntimeError(f"resume refused: {frame}")
         raise RuntimeError("the socket closed before replay_complete")
@@ -559,29 +574,46 @@ async def reconnect_once(target: Target, turn_id: str, after: int) -> tuple[floa
         await ws.close()
 
 
-def replay(args: argparse.Namespace, world: World, turn: Turn) -> Replay:
+def replay(args: argparse.Namespace, world: World) -> Replay:
+    from agents.models import TURN_ENDED, Message
+    from agents.models import Turn as TurnModel
     from agents.selectors import turn_seq
+    from agents.services import turn_stop
 
+    agent = world.agent("replay")
+    turn = world.send(agent, f"hold {args.chunks}")
+    question = Message.objects.filter(agent=agent).latest("id").pk  # the newest message a page has
+    wait_for(
+        lambda: turn_seq(turn_id=turn.pk) > args.chunks,  # its start chunk and C deltas
+        timeout=300,
+        what=f"{args.chunks:,} deltas of the turn",
+        check=world.check,
+    )
     top = turn_seq(turn_id=turn.pk)
     afters = [round(i * (top - 1) / max(args.reconnects - 1, 1)) for i in range(args.reconnects)]
     random.Random(8).shuffle(afters)
     out = Replay(chunks=top)
-    target = world.target(turn.agent)
-    say(f"replay: {args.reconnects} reconnects to a turn of {top:,} chunks, resuming after 0..{top - 1:,}")
+    target = world.target(agent)
+    say(f"replay: {args.reconnects} reconnects to a streaming turn of {top:,} chunks, resuming after 0..{top - 1:,}")
     worst = -1.0
-    for after in afters:
-        to_snapshot, first, after_resume, complete, count = world.fleet.call(
-            reconnect_once(target, str(turn.pk), after)
-        )
-        if count != top - after:
-            raise RuntimeError(f"resume after {after}: {count} chunks replayed, expected {top - after}")
-        out.snapshot.append(to_snapshot)
-        out.first.append(first)
-        out.after_resume.append(after_resume)
-        out.complete_rates.append(count / complete)
-        if first > worst:
-            worst, out.worst_after = first, after
-        world.check()
+    try:
+        for after in afters:
+            got = world.fleet.call(reconnect_once(target, str(turn.pk), after, since=question))
+            if got.replayed < top - after:
+                raise RuntimeError(f"resume after {after}: {got.replayed} chunks replayed, expected {top - after}+")
+            out.snapshot.append(got.snapshot)
+            out.first.append(got.first)
+            out.after_resume.append(got.after_resume)
+            out.complete_rates.append(got.replayed / got.complete)
+            if got.first > worst:
+                worst, out.worst_after = got.first, after
+            waited = world.fleet.call(reconnect_once(target, str(turn.pk), after, since=None))
+            out.waited.append(waited.first)
+            world.check()
+    finally:
+        turn_stop(turn=TurnModel.objects.select_related("agent").get(pk=turn.pk), user=world.user)
+        ended = TurnModel.objects.filter(pk=turn.pk, status__in=TURN_ENDED)
+        wait_for(ended.exists, timeout=60, what="the held turn to stop", check=world.check)
     return out
 
 
@@ -859,6 +891,7 @@ def report(args: argparse.Namespace, res: Results) -> None:
             Row("  connect -> snapshot p50 / p99", p50_p99(r.snapshot)),
             Row("  resume sent -> first replayed chunk p50 / p99", p50_p99(r.after_resume)),
             Row("  whole replay, chunks/s p50", f"{percentile(r.complete_rates, 0.5):,.0f}"),
+            Row("  no since, resume after the snapshot p50 / p99", p50_p99(r.waited)),
         ]
     o = res.overhead
     if o is not None:
@@ -905,8 +938,10 @@ loop), signed in by session cookie. The model (bench/chat_agents.py) stamps each
 as it yields it; a client's latency is its read time minus that stamp, so it includes the ChunkWriter's
 batching and fenced INSERT, the commit, the push through the channel layer, daphne's consumer and the
 client loop (100 sockets read by one Python thread). Delivery: {args.rounds} turns of {args.paced_chunks} deltas at
-{args.rate:g}/s. Throughput: the model step's duration from its step row. Replay: the throughput phase's last
-turn, ended; 'after' spread evenly over it. Overhead: message_send here -> the turn's finished_at (worker).
+{args.rate:g}/s. Throughput: the model step's duration from its step row. Replay: a turn still streaming after
+{args.chunks:,} deltas; each reconnect names the newest message in ?since= and sends its resume as the socket
+opens, as the chat page does; 'after' spread evenly over the turn. Overhead: message_send here -> the turn's
+finished_at (worker).
 Kill: two workers of one process, WORKFLOWS_LEASE_SECONDS={args.lease:g}, the sweeper every {SWEEP_INTERVAL:g} s.""")
 
 
@@ -935,8 +970,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 res.delivery = delivery(args, world)
             if "throughput" in args.phases:
                 res.throughput = throughput(args, world)
-                if "replay" in args.phases and res.throughput.turn is not None:
-                    res.replay = replay(args, world, res.throughput.turn)
+            if "replay" in args.phases:
+                res.replay = replay(args, world)
             if "overhead" in args.phases:
                 res.overhead = overhead(args, world)
             session.stop_worker()

@@ -4,7 +4,9 @@
 - ``paced <n> <interval>``: ``n`` text deltas, one every ``interval`` seconds on a fixed schedule
   (a model streaming at a steady rate);
 - ``fast <n>``: ``n`` text deltas as fast as the model step takes them;
-- ``instant``: one text delta, no wait (a model that costs nothing).
+- ``instant``: one text delta, no wait (a model that costs nothing);
+- ``hold <n>``: ``n`` text deltas as fast as it can, then one every half second until the turn is
+  stopped (a long answer still streaming, for clients to reconnect to).
 
 Every delta is ``"<i>:<t> "``: its number (1, 2, …) and ``time.time()`` just before the provider
 yields it, so a client that receives it knows how long it took from the model step to its socket.
@@ -42,6 +44,14 @@ class PacedProvider:
                 yield delta(1)
         elif command == "fast":
             for i in range(done + 1, int(words[1]) + 1):
+                yield delta(i)
+        elif command == "hold":
+            for i in range(done + 1, int(words[1]) + 1):
+                yield delta(i)
+            i = max(done, int(words[1]))
+            while True:  # until a stop fences this step out at its next write
+                time.sleep(0.5)
+                i += 1
                 yield delta(i)
         elif command == "paced":
             n, interval = int(words[1]), float(words[2])

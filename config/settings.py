@@ -121,8 +121,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and envbool
     # DATABASE_POOL): each visit of a consumer or view to the ORM borrows one instead of opening its
     # own (a connection costs PostgreSQL a process; a reconnecting chat paid for one per read), and a
     # burst of sockets waits for the pool instead of taking every connection PostgreSQL has.
-    # CONN_HEALTH_CHECKS (on by default) makes the pool check a connection before lending it.
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # Django requires it with a pool: the pool keeps them
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = envbool("DATABASE_POOL_CHECKS", True)
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": envint("DATABASE_POOL_MIN_SIZE", 2),
         "max_size": envint("DATABASE_POOL_MAX_SIZE", 10),

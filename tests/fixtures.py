@@ -114,10 +114,11 @@ def no_enqueue() -> Iterator[NoEnqueue]:
 
 
 @pytest.fixture(scope="session")
-def asgi_server(django_db_setup: None) -> Iterator[AsgiServer]:
+def asgi_server(django_db_setup: None, django_db_blocker: Any) -> Iterator[AsgiServer]:
     server = AsgiServer()
     yield server
-    server.stop()
+    with django_db_blocker.unblock():  # stop() waits for its database connections to end
+        server.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -139,6 +139,8 @@ class AsgiServer:
 
     def __init__(self, **env: str) -> None:
         self.port = free_port()
+        # Its database connections carry this name (libpq's PGAPPNAME): stop() waits for them to go.
+        self.app_name = env.setdefault("PGAPPNAME", f"daphne-{self.port}")
         self.log = tempfile.NamedTemporaryFile(prefix="daphne-", suffix=".log", delete=False)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "config.asgi:application"],
@@ -171,6 +173,14 @@ class AsgiServer:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
+        # Its pool's connections end a moment after the process: the test database is dropped next.
+        wait_for(lambda: not self._connections(), timeout=10, what="daphne's database connections to end")
+
+    def _connections(self) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [self.app_name])
+            row = cursor.fetchone()
+        return int(row[0]) if row else 0
 
 
 def wait_for_status(run_id: UUID | str, *statuses: str, timeout: float = 30.0) -> WorkflowRun:

@@ -43,6 +43,23 @@ def test_the_snapshot_is_the_members_and_nobody_elses(world: World) -> None:
     assert api_login(None).get(BASE).status_code == 401
 
 
+def test_the_snapshot_since_a_message_holds_only_the_later_ones(world: World) -> None:
+    first, second = (
+        Message.objects.create(agent=world.agent, role="user", text=text, author=world.users.alice)
+        for text in ("one", "two")
+    )
+    alice = api_login(world.users.alice)
+
+    answer = alice.get(f"{BASE}?since={first.pk}")
+
+    assert answer.status_code == 200
+    assert ([m["id"] for m in answer.json()["messages"]], answer.json()["since"]) == ([second.pk], first.pk)
+    for bad in ("x", "-1", str(2**63)):
+        assert alice.get(f"{BASE}?since={bad}").status_code == 400, bad
+    # only the snapshot takes it
+    assert alice.post(f"{BASE}/messages?since={first.pk}", {"text": "hi"}, format="json").status_code == 400
+
+
 def test_a_turn_is_read_only_through_its_own_agent(world: World) -> None:
     turn = make_turn(world.agent, status=TurnStatus.COMPLETED)
     Chunk.objects.create(turn=turn, seq=1, type="start", data={})

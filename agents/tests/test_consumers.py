@@ -187,6 +187,43 @@ def test_the_snapshot_comes_first_and_is_the_databases_view(asgi_server: AsgiSer
     assert (snapshot["state"], snapshot["state_version"]) == ({"refunds": {"1042": "awaiting approval"}}, 3)
 
 
+def test_a_reconnect_since_its_newest_message_gets_what_it_missed_and_its_resume_at_once(
+    asgi_server: AsgiServer, world: World
+) -> None:
+    # given a page that had the first two messages when its connection dropped, and meanwhile a
+    # third message and a running turn with four chunks, of which it had drawn two
+    alice, agent = world.users.alice, world.agent
+    had = [Message.objects.create(agent=agent, role="user", text=f"m{i}", author=alice) for i in range(2)]
+    missed = Message.objects.create(agent=agent, role="user", text="m2", author=alice)
+    turn = make_turn(agent)
+    write(turn, range(1, 5), push=False)
+
+    # when it reconnects naming its newest message, and sends its resume before the snapshot comes
+    with open_chat(asgi_server, alice, query=f"?since={had[-1].pk}") as ws:
+        ws.send(json.dumps({"type": "resume", "turn": str(turn.pk), "after": 2}))
+        snapshot = receive(ws)
+        replayed = receive_until(ws, is_replay_complete)
+
+    # then the snapshot holds only the message it missed, and the rest of the turn follows it
+    assert [m["id"] for m in snapshot["messages"]] == [missed.pk]
+    assert (snapshot["since"], snapshot["more"]) == (had[-1].pk, False)
+    assert snapshot["turn"]["seq"] == 4
+    assert [(f["type"], f.get("seq")) for f in replayed] == [("chunk", 3), ("chunk", 4), ("replay_complete", 4)]
+
+
+def test_a_since_that_is_not_a_message_id_gets_an_error_then_the_whole_snapshot(
+    asgi_server: AsgiServer, world: World
+) -> None:
+    Message.objects.create(agent=world.agent, role="user", text="hello", author=world.users.alice)
+
+    for bad in ("x", "-1", "1.5", "%C2%B2", "9" * 19):
+        with open_chat(asgi_server, world.users.alice, query=f"?since={bad}") as ws:
+            error, snapshot = receive(ws), receive(ws)
+        assert error == {"type": "error", "message": "'since' must be a message id"}, bad
+        assert [m["text"] for m in snapshot["messages"]] == ["hello"], bad
+        assert snapshot["since"] is None
+
+
 def test_resume_replays_then_live_chunks_follow_with_no_gap_and_no_duplicate(
     asgi_server: AsgiServer, world: World
 ) -> None:

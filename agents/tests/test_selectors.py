@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from accounts.services import account_ensure
+from agents import selectors
 from agents.models import Agent, Message, MessageRole, Turn, TurnStatus
-from agents.selectors import FAILED_REASON, SNAPSHOT_BYTES, agent_get, agent_snapshot, turn_data
+from agents.selectors import FAILED_REASON, SNAPSHOT_BYTES, AgentSnapshot, agent_get, agent_snapshot, turn_data
 from tests.factories import Users
 
 pytestmark = pytest.mark.django_db
@@ -69,3 +70,30 @@ def test_a_snapshot_of_a_long_conversation_in_cyrillic_still_fits_one_message(us
     assert len(json.dumps(snapshot)) <= SNAPSHOT_BYTES + 10_000
     assert snapshot["messages"][-1]["text"].startswith("99 ")
     assert 0 < len(snapshot["messages"]) < 100
+
+
+def test_a_snapshot_since_a_message_holds_only_the_later_ones_and_says_when_it_left_some_out(
+    users: Users, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a conversation of five messages, and room for three in a snapshot
+    account_ensure(slug="acme", members=[users.alice])
+    agent = agent_get(user=users.alice, kind="test.chat", name="help")
+    assert agent is not None
+    sent = [Message.objects.create(agent=agent, role=MessageRole.USER, text=f"m{i}") for i in range(5)]
+    monkeypatch.setattr(selectors, "SNAPSHOT_MESSAGES", 3)
+
+    # when snapshots are read whole, and since the second, the first and the last message
+    whole = agent_snapshot(agent=agent)
+    after_second = agent_snapshot(agent=agent, since=sent[1].pk)
+    after_first = agent_snapshot(agent=agent, since=sent[0].pk)
+    after_last = agent_snapshot(agent=agent, since=sent[4].pk)
+
+    def texts(snapshot: AgentSnapshot) -> list[str]:
+        return [m["text"] for m in snapshot["messages"]]
+
+    # then the whole one is the newest three and says older ones were left out
+    assert (texts(whole), whole["since"], whole["more"]) == (["m2", "m3", "m4"], None, True)
+    # and since a message: the ones after it, all of them when they fit
+    assert (texts(after_second), after_second["since"], after_second["more"]) == (["m2", "m3", "m4"], sent[1].pk, False)
+    assert (texts(after_first), after_first["more"]) == (["m2", "m3", "m4"], True)  # m1 left out
+    assert (texts(after_last), after_last["more"]) == ([], False)

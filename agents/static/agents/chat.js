@@ -1,6 +1,8 @@
 // The chat page (agents/templates/agents/chat.html): follows /ws/agents/<kind>/<name>/ live.
 // Protocol: agents/consumers.py. The server sends a snapshot first; the page asks to resume each
-// turn it is rendering after the last seq it rendered, so a reconnect shows every chunk once.
+// turn it is rendering after the last seq it rendered, so a reconnect shows every chunk once. A
+// reconnect names the newest message the page has (?since=), so the snapshot brings only what it
+// missed, and sends its resumes as soon as the socket opens, without waiting for the snapshot.
 "use strict";
 (function () {
   const root = document.getElementById("chat");
@@ -12,6 +14,8 @@
   const turns = new Map();     // id -> {id, number, status, end_reason}
   const streams = new Map();   // turn id -> {seq, parts: [{kind, text|tool}], notices, finished}
   let stateVersion = -1;
+  let resumed = new Set();     // turns asked to resume on the current socket
+  let whole = true;            // the next socket asks for the whole conversation (no ?since=)
   const ENDED = ["completed", "cancelled", "sealed", "failed"];
 
   function el(tag, attrs, ...children) {
@@ -142,6 +146,14 @@
     switch (msg.type) {
       case "snapshot":
         retries = 0;
+        if (msg.since !== null && msg.more) {
+          // More was missed than a snapshot holds: start again from the whole conversation.
+          messages.clear();
+          whole = true;
+          connect();
+          return;
+        }
+        whole = false;
         setConnection("live");
         for (const m of msg.messages) messages.set(m.id, m);
         // A turn this page saw open that is neither active nor queued now ended while it was away.
@@ -152,9 +164,7 @@
         if (msg.state_version > stateVersion) { stateVersion = msg.state_version; renderState(msg.state); }
         // Resume the active turn, and any turn this page was drawing when the connection dropped.
         if (msg.turn) stream(msg.turn.id);
-        for (const [turnId, s] of streams) {
-          if (!s.finished && !answered(turnId)) send({type: "resume", turn: turnId, after: s.seq});
-        }
+        resumeAll();
         render();
         break;
       case "chunk":
@@ -179,6 +189,21 @@
         console.warn("chat:", msg.message);
         break;
     }
+  }
+
+  // Ask the server for what this page lacks of each turn it is drawing (each once per socket: a
+  // second resume would send nothing new).
+  function resumeAll() {
+    for (const [turnId, s] of streams) {
+      if (s.finished || answered(turnId) || resumed.has(turnId)) continue;
+      if (send({type: "resume", turn: turnId, after: s.seq})) resumed.add(turnId);
+    }
+  }
+
+  function newestMessage() {
+    let newest = null;
+    for (const id of messages.keys()) if (newest === null || id > newest) newest = id;
+    return newest;
   }
 
   function setConnection(text) {
@@ -208,8 +233,12 @@
     reconnectTimer = null;
     drop();
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    const current = socket = new WebSocket(scheme + location.host + root.dataset.wsPath);
+    const newest = whole ? null : newestMessage();
+    const path = root.dataset.wsPath + (newest === null ? "" : (root.dataset.wsPath.includes("?") ? "&" : "?") + "since=" + newest);
+    const current = socket = new WebSocket(scheme + location.host + path);
+    resumed = new Set();
     setConnection("connecting…");
+    current.onopen = () => resumeAll();
     current.onmessage = (message) => handle(JSON.parse(message.data));
     current.onclose = (event) => {
       socket = null;
