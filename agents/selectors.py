@@ -154,6 +154,25 @@ def turn_seq(*, turn_id: UUID | str) -> int:
     return int(Chunk.objects.filter(turn_id=turn_id).aggregate(top=Max("seq"))["top"] or 0)
 
 
+def turn_partial_text(*, turn_id: UUID | str) -> str:
+    """The answer a turn's stream has shown so far: its text deltas, a round's text after the tool
+    calls before it set apart as a paragraph, and none of what a ``data-reset`` (a recovered round
+    starting again) took back."""
+    rounds: list[str] = []
+    current = ""
+    for type_, data in Chunk.objects.filter(turn_id=turn_id).order_by("seq").values_list("type", "data"):
+        if type_ == "text-delta":
+            current += str((data or {}).get("delta", ""))
+        elif type_ == "data-reset":
+            current = ""
+        elif type_ == "tool-input-available" and current:
+            rounds.append(current)
+            current = ""
+    if current:
+        rounds.append(current)
+    return "\n\n".join(r.strip() for r in rounds if r.strip())
+
+
 # What members read of a failed turn's reason: the reason itself (an exception's text, a setting's
 # name) is for staff, who read it in the admin with the run that failed.
 FAILED_REASON = "something went wrong and this answer could not be finished"

@@ -22,7 +22,7 @@ from django.utils import timezone
 from agents import fibers, streams
 from agents.chunks import append_unfenced
 from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Fiber, FiberStatus, Message, MessageRole, Turn, TurnStatus
-from agents.selectors import message_data, turn_data
+from agents.selectors import message_data, turn_data, turn_partial_text
 from workflows.exceptions import InvalidPayload, TransitionNotAllowed
 from workflows.models import RunStatus, WorkflowRun
 from workflows.services import check_json_size, check_text, run_start, run_terminate
@@ -217,7 +217,7 @@ def turn_stop(*, turn: Turn, user: User | None) -> Turn:
             run_terminate(run_id=run.pk)  # the hook below ends the turn
             turn.refresh_from_db()
         if turn.status in TURN_OPEN:
-            end_locked(turn, status=TurnStatus.CANCELLED, reason=f"stopped by {who}", finish="stopped")
+            end_stopped_locked(turn, reason=f"stopped by {who}")
         else:
             turn.end_reason = f"stopped by {who}"
             turn.save(update_fields=["end_reason"])
@@ -233,7 +233,20 @@ def on_run_terminated(run: WorkflowRun) -> None:
     Agent.objects.select_for_update().get(pk=turn.agent_id)
     turn = Turn.objects.select_related("agent").get(pk=turn.pk)
     if turn.status in TURN_OPEN:
-        end_locked(turn, status=TurnStatus.CANCELLED, reason="its run was terminated", finish="stopped")
+        end_stopped_locked(turn, reason="its run was terminated")
+
+
+def end_stopped_locked(turn: Turn, *, reason: str) -> None:
+    """Cancel an open turn that was stopped (inside atomic(), its agent row locked). What its
+    stream showed so far stays: as the turn's text and as an assistant message (marked stopped),
+    so a reload shows the partial answer the customer saw, not nothing."""
+    partial = turn_partial_text(turn_id=turn.pk)
+    if partial:
+        message = Message.objects.create(
+            agent_id=turn.agent_id, turn=turn, role=MessageRole.ASSISTANT, text=partial, parts={"stopped": True}
+        )
+        push_message(message)
+    end_locked(turn, status=TurnStatus.CANCELLED, reason=reason, text=partial, finish="stopped")
 
 
 # --- state ------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from accounts.services import account_ensure
 from agents import selectors
-from agents.models import Agent, Message, MessageRole, Turn, TurnStatus
+from agents.models import Agent, Chunk, Message, MessageRole, Turn, TurnStatus
 from agents.selectors import FAILED_REASON, SNAPSHOT_BYTES, AgentSnapshot, agent_get, agent_snapshot, turn_data
 from tests.factories import Users
 
@@ -97,3 +97,26 @@ def test_a_snapshot_since_a_message_holds_only_the_later_ones_and_says_when_it_l
     assert (texts(after_second), after_second["since"], after_second["more"]) == (["m2", "m3", "m4"], sent[1].pk, False)
     assert (texts(after_first), after_first["more"]) == (["m2", "m3", "m4"], True)  # m1 left out
     assert (texts(after_last), after_last["more"]) == ([], False)
+
+
+def test_a_turns_partial_text_is_what_its_stream_showed(users: Users) -> None:
+    # given a stream: a round's text, a tool call, a round that was reset and streamed again
+    account_ensure(slug="acme", members=[users.alice])
+    agent = agent_get(user=users.alice, kind="test.chat", name="help")
+    assert agent is not None
+    turn = Turn.objects.create(agent=agent, number=1, status=TurnStatus.RUNNING)
+    stream = [
+        ("start", {}),
+        ("text-delta", {"delta": "Let me "}),
+        ("text-delta", {"delta": "look. "}),
+        ("tool-input-available", {"toolName": "order_get"}),
+        ("tool-output-available", {"output": {}}),
+        ("text-delta", {"delta": "It was "}),
+        ("data-reset", {}),
+        ("text-delta", {"delta": "It is "}),
+        ("text-delta", {"delta": "on its way"}),
+    ]
+    Chunk.objects.bulk_create(Chunk(turn=turn, seq=i + 1, type=t, data=d) for i, (t, d) in enumerate(stream))
+
+    assert selectors.turn_partial_text(turn_id=turn.pk) == "Let me look.\n\nIt is on its way"
+    assert selectors.turn_partial_text(turn_id=Turn.objects.create(agent=agent, number=2).pk) == ""

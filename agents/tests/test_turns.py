@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.models import Chunk, Message, Turn, TurnStatus
+from agents.models import Chunk, Message, MessageRole, Turn, TurnStatus
 from agents.services import message_send, turn_stop
 from agents.tests.support import (
     assert_seq_complete,
@@ -139,6 +139,12 @@ def test_stop_cancels_a_queued_and_a_running_turn_for_good(worker: Worker, users
     assert running.run_id is not None
     run = WorkflowRun.objects.get(pk=running.run_id)
     assert run.status == RunStatus.TERMINATED
+    # and what the running one had streamed stays as its answer, marked stopped (nothing for the queued)
+    partial = streamed_text(running)
+    assert partial.startswith("w1 w2 w3") and running.text == partial.strip()
+    kept = Message.objects.get(turn=running, role=MessageRole.ASSISTANT)
+    assert (kept.text, kept.parts) == (partial.strip(), {"stopped": True})
+    assert not Message.objects.filter(turn=queued, role=MessageRole.ASSISTANT).exists()
     # and nothing is added to the stream afterwards, not even by a worker started later
     stored = Chunk.objects.filter(turn=running).count()
     restarted = Worker(concurrency=1)

@@ -10,9 +10,10 @@ class RefundsConfig(AppConfig):
         # Every process that performs or reconciles (web, workers, commands) needs the adapter.
         from django.conf import settings
 
-        from examples.refunds.services import refund_settled
+        from examples.refunds.services import refund_run_ended_early, refund_settled
         from ledger import HttpAdapter, register_adapter
         from ledger.hooks import on_operation_settled
+        from workflows import hooks
 
         register_adapter(
             "payments",
@@ -24,3 +25,5 @@ class RefundsConfig(AppConfig):
             ),
         )
         on_operation_settled(refund_settled)  # a refund reconciled as paid after its run ended
+        hooks.on_run_failed(refund_run_ended_early)  # the chat hears of a run that could not report
+        hooks.on_run_terminated(refund_run_ended_early)

@@ -294,3 +294,33 @@ def refund_settled(op: ExternalOperation) -> None:
         },
     )
     order_mark_refunded(order_id=refund.order_id)
+    refund_tell_chat(refund)
+
+
+def refund_tell_chat(refund: RefundRequest) -> None:
+    """Tell the chat the request was asked in (if any) its state as ``refund_status`` reads it now,
+    for the states its run could not report itself. Inside atomic(): the agent's row is locked."""
+    if refund.agent_id is None:
+        return
+    from examples.chat import chat_report
+    from examples.refunds.selectors import refund_status
+
+    entry = {
+        "order": refund.order.number,
+        "amount": str(refund.amount),
+        "currency": refund.order.currency,
+        "status": refund_status(refund),
+    }
+    chat_report(refund.agent_id, "refunds", str(refund.pk), entry)
+
+
+def refund_run_ended_early(run: WorkflowRun) -> None:
+    """``workflows.hooks.on_run_failed`` and ``on_run_terminated`` (registered in RefundsConfig.ready):
+    a refund's run that ended without reaching its last report (the engine failed it, staff
+    terminated it) still tells the chat where the request stands: "could not be completed", or
+    "outcome being checked" while a payment it sent is unsettled (reconcile then tells the rest)."""
+    if run.workflow != "refund":
+        return
+    refund = RefundRequest.objects.select_related("order", "run").filter(run=run).first()
+    if refund is not None:
+        refund_tell_chat(refund)

@@ -274,12 +274,20 @@ def assessment_decide(*, assessment_id: int, approve: bool, by_id: int, version:
         return str(assessment.status)
 
 
-def fail_for_terminated_run(run: WorkflowRun) -> None:
-    """``workflows.hooks.on_run_terminated`` (registered in SuppliersConfig.ready), called inside
-    run_terminate's transaction: an assessment whose run was stopped for good can no longer be
-    decided, so it fails rather than sit "ready for review" forever."""
+def fail_for_ended_run(run: WorkflowRun) -> None:
+    """``workflows.hooks.on_run_terminated`` and ``on_run_failed`` (registered in
+    SuppliersConfig.ready), called inside the transaction that ended the run: an assessment whose run
+    was stopped for good, or failed by the engine, can no longer be decided, so it fails rather than
+    sit "ready for review" forever, and the requester's chat (if the run names one) hears it could
+    not be completed (the run's own last report will never come)."""
+    from examples.chat import agent_of
+    from examples.suppliers.workflows import NOT_COMPLETED, report_status
+
+    why = "the workflow run was terminated" if run.status == "terminated" else "the workflow run failed"
+    agent_id = agent_of(run.payload) if isinstance(run.payload, dict) else None
     for assessment_id in SupplierAssessment.objects.filter(run=run).values_list("pk", flat=True):
-        assessment_fail(assessment_id=assessment_id, reason="the workflow run was terminated")
+        if assessment_fail(assessment_id=assessment_id, reason=why) == AssessmentStatus.FAILED and agent_id:
+            report_status(agent_id, assessment_id, NOT_COMPLETED)
 
 
 def assessment_fail(*, assessment_id: int, reason: str) -> str:

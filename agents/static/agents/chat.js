@@ -114,7 +114,8 @@
       const queued = turn && turn.status === "queued";
       const attrs = {class: "role-" + m.role + (queued ? " queued" : ""), "data-message": m.id};
       if (m.turn) attrs["data-turn"] = m.turn;
-      list.append(el("li", attrs, m.text, queued ? el("div", {class: "muted"}, "queued") : null));
+      const note = queued ? "queued" : (m.parts && m.parts.stopped ? "stopped" : null);
+      list.append(el("li", attrs, m.text, note ? el("div", {class: "muted"}, note) : null));
       if (m.role === "user" && m.turn) drawStream(m.turn);
     }
     for (const turnId of streams.keys()) drawStream(turnId);

@@ -152,3 +152,23 @@ def test_only_the_customer_may_ask_about_their_order(world: World, users: Users,
     assert turn.text == "I couldn't find order 1042: You have no order 1042."
     assert not RefundRequest.objects.exists()
     assert Agent.objects.get(pk=agent.pk).state == {}
+
+
+def test_a_refund_run_terminated_while_awaiting_approval_tells_the_chat_it_could_not_be_completed(
+    world: World, users: Users
+) -> None:
+    # given a refund asked for in the chat, awaiting approval
+    from workflows.services import run_terminate
+
+    new_order(users.alice, "1042", "150.00")
+    agent = support_agent(users.alice)
+    wait_ended(message_send(agent=agent, user=users.alice, text=ASK), timeout=60)
+    request = RefundRequest.objects.get()
+    wait_state(agent, request, "awaiting approval")
+
+    # when staff terminate its run (its last report, after the payment, will never come)
+    run_terminate(run_id=run_of(request))
+
+    # then the chat hears where the request stands, in the same words as everywhere else
+    entry = refund_state(agent, request)
+    assert entry == {"order": "1042", "amount": "150.00", "currency": "GBP", "status": "could not be completed"}

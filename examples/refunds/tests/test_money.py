@@ -17,6 +17,9 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
+from accounts.services import account_ensure
+from agents.models import Agent
+from agents.selectors import agent_get
 from approvals import ApprovalRefused, RefusalCode, decide
 from approvals.models import ApprovalRequest, DecisionLog
 from examples.refunds.models import Order, RefundRequest
@@ -122,10 +125,15 @@ def test_a_request_while_another_is_unknown_counts_the_unknown_one(world: World,
 
 
 def test_a_terminated_run_whose_refund_reconciles_as_paid_still_counts(world: World, users: Users) -> None:
-    # given a run terminated while its £30 refund's outcome was unknown
+    # given a run terminated while its £30 refund's outcome was unknown, asked for in alice's chat
     first = unknown_refund(world, users.alice, "2004", "30.00", "30.00")
+    account_ensure(slug="acme", members=[users.alice])
+    agent = agent_get(user=users.alice, kind="support", name="help")
+    assert agent is not None
+    RefundRequest.objects.filter(pk=first.pk).update(agent=agent)
     terminate(run_of(first))
     wait_for_status(run_of(first), "terminated")
+    assert chat_status(agent, first) == "outcome being checked"  # told by the termination's hook
     order = Order.objects.get(pk=first.order_id)
     with pytest.raises(ValidationError):
         ask(order, "30.00")  # unknown still counts
@@ -147,6 +155,13 @@ def test_a_terminated_run_whose_refund_reconciles_as_paid_still_counts(world: Wo
     assert record.operation is not None
     assert (record.step, record.run_id, record.operation.key) == ("reconcile", first.run_id, first.operation_key)
     assert status_of(first) == "confirmed"
+    # and the chat it was asked in hears it, though its run never will tell it
+    assert chat_status(agent, first) == "confirmed"
+
+
+def chat_status(agent: Agent, request: RefundRequest) -> str | None:
+    entry = Agent.objects.get(pk=agent.pk).state.get("refunds", {}).get(str(request.pk))
+    return entry["status"] if isinstance(entry, dict) else None
 
 
 def test_a_not_found_while_the_provider_still_processes_is_never_believed_for_an_ended_run(

@@ -189,7 +189,14 @@ def test_no_decision_in_time_fails_the_assessment(worker: Worker, users: Users, 
 
 
 def test_terminating_the_run_fails_the_assessment(worker: Worker, users: Users, assessment: SupplierAssessment) -> None:
-    # given report v1 under review
+    # given report v1 under review, for alice whose account has a support agent
+    from accounts.services import account_ensure
+    from agents.models import Agent
+    from agents.selectors import agent_get
+
+    account_ensure(slug="acme", members=[users.alice])
+    agent = agent_get(user=users.alice, kind="support", name="help")
+    assert agent is not None
     run = submit(assessment, users.alice)
     request = review_pending(assessment)
 
@@ -200,6 +207,9 @@ def test_terminating_the_run_fails_the_assessment(worker: Worker, users: Users, 
     row = SupplierAssessment.objects.get(pk=assessment.pk)
     assert (row.status, row.failure_reason) == (AssessmentStatus.FAILED, "the workflow run was terminated")
     assert ApprovalRequest.objects.get(pk=request.pk).status == ApprovalStatus.CANCELLED
+    # and alice's chat hears it could not be completed (the run's own last report never comes)
+    entry = Agent.objects.get(pk=agent.pk).state["assessments"][str(assessment.pk)]
+    assert entry == {"supplier": assessment.supplier_name, "status": "could not be completed"}
 
 
 def test_a_restarted_run_gathers_again_and_asks_for_the_new_report(
