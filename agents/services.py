@@ -12,6 +12,8 @@ the run before its hooks run, and the turn's last step share-locks the run befor
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -21,7 +23,19 @@ from django.utils import timezone
 
 from agents import fibers, streams
 from agents.chunks import append_unfenced
-from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Fiber, FiberStatus, Message, MessageRole, Turn, TurnStatus
+from agents.models import (
+    TURN_ACTIVE,
+    TURN_ENDED,
+    TURN_OPEN,
+    Agent,
+    Chunk,
+    Fiber,
+    FiberStatus,
+    Message,
+    MessageRole,
+    Turn,
+    TurnStatus,
+)
 from agents.selectors import message_data, turn_data, turn_partial_text
 from workflows.exceptions import InvalidPayload, TransitionNotAllowed
 from workflows.models import RunStatus, WorkflowRun
@@ -353,3 +367,37 @@ def fiber_cancel(*, fiber: Fiber, user: User | None = None) -> Fiber:
             fiber.save(update_fields=["end_reason", "updated_at"])
             fibers.push_fiber(fiber)
     return fiber
+
+
+# --- retention ------------------------------------------------------------------------------------------
+PURGE_BATCH = 10_000  # chunks per DELETE: each is a short transaction, not one that holds the table
+
+
+@dataclass(frozen=True)
+class ChunkPurge:
+    cutoff: datetime
+    turns: int  # ended turns whose streams were (or would be) deleted
+    chunks: int
+    dry_run: bool
+
+
+def chunks_purge(*, older_than: timedelta | None = None, dry_run: bool = False) -> ChunkPurge:
+    """Delete the stored streams (chunks) of turns that ended before ``now - older_than`` (default
+    AGENTS_CHUNK_RETENTION_DAYS). A turn's answer stays: its text and its messages are the
+    conversation; only the replay of an old stream goes (a resume of such a turn replays nothing).
+    Streams of open turns are never touched, whatever their age."""
+    age = older_than if older_than is not None else timedelta(days=int(settings.AGENTS_CHUNK_RETENTION_DAYS))
+    cutoff = timezone.now() - age
+    old = Turn.objects.filter(status__in=TURN_ENDED, finished_at__lt=cutoff)
+    chunks = Chunk.objects.filter(turn__in=old.values("pk"))
+    if dry_run:
+        return ChunkPurge(cutoff, chunks.values("turn_id").distinct().count(), chunks.count(), True)
+    turns: set[Any] = set()
+    deleted = 0
+    while True:
+        batch = list(chunks.values_list("pk", "turn_id")[:PURGE_BATCH])
+        if not batch:
+            break
+        deleted += Chunk.objects.filter(pk__in=[pk for pk, _ in batch]).delete()[0]
+        turns.update(turn for _, turn in batch)
+    return ChunkPurge(cutoff, len(turns), deleted, False)

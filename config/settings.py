@@ -370,6 +370,9 @@ AGENTS_MAX_OPEN_TURNS_PER_USER = envint("AGENTS_MAX_OPEN_TURNS_PER_USER", 10)
 # last batch, and at the end of each step.
 AGENTS_CHUNK_FLUSH_MS = envfloat("AGENTS_CHUNK_FLUSH_MS", 20.0)
 AGENTS_CHUNK_FLUSH_COUNT = envint("AGENTS_CHUNK_FLUSH_COUNT", 64)
+# `manage.py agents purge-chunks` deletes the streams of turns ended longer ago than this (their
+# answers stay, as the turns' text and the conversation's messages).
+AGENTS_CHUNK_RETENTION_DAYS = envint("AGENTS_CHUNK_RETENTION_DAYS", 30)
 # The embedded `rules` model: seconds before each word it streams (0: as fast as it can).
 AGENTS_RULES_WORD_DELAY = envfloat("AGENTS_RULES_WORD_DELAY", 0.0)
 # The `openai` model: any OpenAI-compatible server (/chat/completions, streaming).

@@ -1,18 +1,26 @@
 """``manage.py agents list``: the registered agent kinds, their model and tools.
-``manage.py agents fibers``: the newest fibers (an agent's background jobs) and where they stand."""
+``manage.py agents fibers``: the newest fibers (an agent's background jobs) and where they stand.
+``manage.py agents purge-chunks [--older-than 30d] [--dry-run]``: the retention of turns' streams."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
+from django.utils import timezone
 
 from agents.models import Fiber, FiberStatus
 from agents.registry import agent_kinds, get_agent_class
+from agents.services import chunks_purge
+from ledger.durations import describe, duration_argument
 
 
 class Command(BaseCommand):
-    help = "Agents: `agents list` shows the registered kinds; `agents fibers` the newest fibers."
+    help = (
+        "Agents: `agents list` shows the registered kinds; `agents fibers` the newest fibers; "
+        "`agents purge-chunks` deletes the streams of turns that ended long ago."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="subcommand")
@@ -20,10 +28,25 @@ class Command(BaseCommand):
         fibers = sub.add_parser("fibers", help="The newest fibers: agent, name, status, attempts, stash version.")
         fibers.add_argument("--status", choices=FiberStatus.values, help="Only fibers in this status.")
         fibers.add_argument("--limit", type=int, default=50, help="At most this many (default 50).")
+        purge = sub.add_parser(
+            "purge-chunks",
+            help="Delete the stored streams of turns that ended before the cutoff; their answers stay.",
+        )
+        purge.add_argument(
+            "--older-than",
+            type=duration_argument,
+            metavar="DURATION",
+            help="Turns ended longer ago than this, e.g. 30d, 12w, 36h (default AGENTS_CHUNK_RETENTION_DAYS, "
+            f"now {settings.AGENTS_CHUNK_RETENTION_DAYS}d).",
+        )
+        purge.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["subcommand"] == "fibers":
             self.fibers(status=options.get("status"), limit=int(options.get("limit") or 50))
+            return
+        if options["subcommand"] == "purge-chunks":
+            self.purge(older_than=options["older_than"], dry_run=options["dry_run"])
             return
         for kind in agent_kinds():
             cls = get_agent_class(kind)
@@ -40,3 +63,14 @@ class Command(BaseCommand):
                 f"{f.pk}\t{f.agent.account.slug}/{f.agent.kind}/{f.agent.name}\t{f.name}\t{f.status}"
                 f"\tattempts {f.attempts}\tstash v{f.stash_version}\t{f.end_reason or '-'}"
             )
+
+    def purge(self, *, older_than: Any, dry_run: bool) -> None:
+        result = chunks_purge(older_than=older_than, dry_run=dry_run)
+        age = describe(older_than) if older_than is not None else f"{settings.AGENTS_CHUNK_RETENTION_DAYS}d"
+        cutoff = timezone.localtime(result.cutoff).strftime("%Y-%m-%d %H:%M:%S")
+        verb = "Would delete" if result.dry_run else "Deleted"
+        self.stdout.write(
+            f"{verb} {result.chunks} chunk(s) of {result.turns} turn(s) ended before {cutoff} (older than {age})."
+        )
+        if result.dry_run:
+            self.stdout.write("Dry run: nothing was deleted.")
