@@ -1,6 +1,7 @@
 """Agents: chat with an agent of your account over a WebSocket, each turn a durable workflow run.
 
 from agents import ChatAgent, agent, tool, Approval, Effect, ToolContext, RecoveryContext
+    from agents import submit  # hand an agent messages from another system, exactly once
 
 The names are imported lazily so that importing this package does not need Django's app registry
 to be ready (an app's ``agents.py`` imports it at app-loading time).
@@ -19,6 +20,7 @@ if TYPE_CHECKING:  # what __getattr__ below returns, for the type checker ("as":
     from agents.registry import tool as tool
     from agents.state import AgentStep as AgentStep
     from agents.state import AgentWorkflow as AgentWorkflow
+    from agents.submissions import submit as submit
 
 _LAZY = {
     "Approval": "agents.registry",
@@ -31,6 +33,7 @@ _LAZY = {
     "tool": "agents.registry",
     "AgentStep": "agents.state",
     "AgentWorkflow": "agents.state",
+    "submit": "agents.submissions",
 }
 
 __all__ = list(_LAZY)

@@ -13,7 +13,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from django_fsm import FSMField, FSMModelMixin, transition
+from django_fsm import RETURN_VALUE, FSMField, FSMModelMixin, transition
 
 from accounts.models import Account
 
@@ -237,3 +237,77 @@ class Fiber(FSMModelMixin, models.Model):
     @transition(field=status, source=FIBER_OPEN, target=FiberStatus.CANCELLED)
     def cancel(self) -> None:
         pass
+
+
+class SubmissionStatus(models.TextChoices):
+    PENDING = "pending"  # accepted and stored; its turn is queued behind the agent's others
+    RUNNING = "running"  # its turn started: its messages are now part of the conversation
+    COMPLETED = "completed"  # its turn answered
+    CANCELLED = "cancelled"  # stopped by someone: pending, its messages were never added
+    SKIPPED = "skipped"  # its turn was sealed (it waited too long, or was interrupted too often)
+    ERROR = "error"  # its turn failed
+
+
+SUBMISSION_OPEN = [SubmissionStatus.PENDING, SubmissionStatus.RUNNING]
+SUBMISSION_ENDED = [
+    SubmissionStatus.COMPLETED,
+    SubmissionStatus.CANCELLED,
+    SubmissionStatus.SKIPPED,
+    SubmissionStatus.ERROR,
+]
+# How a submission ends when its turn does.
+SUBMISSION_OF_TURN = {
+    TurnStatus.COMPLETED: SubmissionStatus.COMPLETED,
+    TurnStatus.CANCELLED: SubmissionStatus.CANCELLED,
+    TurnStatus.SEALED: SubmissionStatus.SKIPPED,
+    TurnStatus.FAILED: SubmissionStatus.ERROR,
+}
+
+
+class Submission(FSMModelMixin, models.Model):
+    """Messages another system handed to an agent (``POST .../submissions``, ``agents.submit``):
+    stored (and committed) before anything runs, answered by one turn that waits in the agent's
+    queue with the chat's own. Its messages join the conversation only when that turn starts, so a
+    submission cancelled while pending leaves no trace in it."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="submissions")
+    turn = models.OneToOneField(Turn, on_delete=models.PROTECT, related_name="submission")
+    status = FSMField(default=SubmissionStatus.PENDING, choices=SubmissionStatus.choices, protected=True)
+    # "" when the caller gave none: then every call is a new submission.
+    idempotency_key = models.CharField(max_length=255, blank=True)
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the messages and metadata as JSON.")
+    messages = models.JSONField(help_text='[{"role": "user", "content": "..."}, ...]')
+    metadata = models.JSONField(default=dict, blank=True)
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["agent", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="agents_submission_key",
+            )
+        ]
+        indexes = [models.Index(fields=["agent", "status", "created_at"], name="agents_submission_list")]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"submission {self.pk} to {self.agent}"
+
+    @property
+    def is_ended(self) -> bool:
+        return self.status in SUBMISSION_ENDED
+
+    @transition(field=status, source=SubmissionStatus.PENDING, target=SubmissionStatus.RUNNING)
+    def begin(self) -> None:
+        """Its turn started."""
+
+    @transition(field=status, source=SUBMISSION_OPEN, target=RETURN_VALUE(*SUBMISSION_ENDED))
+    def end(self, status: str) -> str:
+        """Its turn ended (or it was cancelled while pending); ``status``: one of SUBMISSION_ENDED."""
+        return status

@@ -12,10 +12,10 @@ from typing import Any, TypedDict
 from uuid import UUID
 
 from django.conf import settings
-from django.db.models import Max, OuterRef, Subquery
+from django.db.models import Max, OuterRef, QuerySet, Subquery
 
 from accounts.selectors import User, account_for, accounts_of
-from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Chunk, Message, Turn, TurnStatus
+from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Chunk, Message, Submission, Turn, TurnStatus
 from agents.registry import get_agent_class
 from workflows.storable import text_problem
 
@@ -272,3 +272,50 @@ def agents_of(*, user: User) -> list[Agent]:
         .select_related("account")
         .order_by("account__slug", "kind", "name")
     )
+
+
+# --- submissions ------------------------------------------------------------------------------------
+class SubmissionData(TypedDict):
+    id: str
+    agent: dict[str, str]
+    status: str
+    messages: list[dict[str, str]]
+    metadata: dict[str, Any]
+    turn: TurnData
+    created_at: str
+    finished_at: str | None
+
+
+def submission_data(submission: Submission) -> SubmissionData:
+    """A submission as members of its agent's account (and the system that submitted it) see it."""
+    agent = submission.agent
+    return {
+        "id": str(submission.pk),
+        "agent": {"kind": agent.kind, "name": agent.name, "account": agent.account.slug},
+        "status": submission.status,
+        "messages": submission.messages,
+        "metadata": submission.metadata,
+        "turn": turn_data(submission.turn),
+        "created_at": submission.created_at.isoformat(),
+        "finished_at": submission.finished_at.isoformat() if submission.finished_at else None,
+    }
+
+
+def submission_get(*, user: User, submission_id: UUID | str) -> Submission | None:
+    """The submission if ``user`` is a member of its agent's account; None otherwise, or if there is
+    no such submission (the same answer)."""
+    try:
+        parsed = UUID(str(submission_id))
+    except ValueError:
+        return None
+    return (
+        Submission.objects.select_related("agent__account", "turn")
+        .filter(pk=parsed, agent__account__in=accounts_of(user))
+        .first()
+    )
+
+
+def submissions_of(*, agent: Agent, status: str | None = None) -> QuerySet[Submission]:
+    """The agent's submissions, newest first; only those in ``status`` if given."""
+    rows = Submission.objects.select_related("agent__account", "turn").filter(agent=agent)
+    return rows.filter(status=status) if status else rows

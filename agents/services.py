@@ -24,6 +24,7 @@ from django.utils import timezone
 from agents import fibers, streams
 from agents.chunks import append_unfenced
 from agents.models import (
+    SUBMISSION_OF_TURN,
     TURN_ACTIVE,
     TURN_ENDED,
     TURN_OPEN,
@@ -33,6 +34,7 @@ from agents.models import (
     FiberStatus,
     Message,
     MessageRole,
+    Submission,
     Turn,
     TurnStatus,
 )
@@ -136,7 +138,8 @@ def check_queued_turns(agent: Agent) -> None:
     limit = int(settings.AGENTS_MAX_QUEUED_TURNS)
     if not limit:
         return
-    queued = Turn.objects.filter(agent=agent, status=TurnStatus.QUEUED).count()
+    # The chat's own: submissions from other systems have their cap (AGENTS_MAX_PENDING_SUBMISSIONS).
+    queued = Turn.objects.filter(agent=agent, status=TurnStatus.QUEUED, source="chat").count()
     if queued >= limit:
         raise TooManyQueuedTurns(
             f"{queued} messages are waiting for an answer already (the limit is {limit}); "
@@ -185,8 +188,40 @@ def start_next_locked(agent: Agent) -> Turn | None:
     turn.run = run
     turn.started_at = timezone.now()
     turn.save(update_fields=["status", "run", "started_at"])
+    if turn.source == SUBMISSION_SOURCE:
+        submission_started_locked(turn)
     push_turn(turn)
     return turn
+
+
+SUBMISSION_SOURCE = "submission"
+
+
+def submission_started_locked(turn: Turn) -> None:
+    """The submission's turn starts: its messages join the conversation now (never while it waits,
+    so a submission cancelled before its turn leaves no trace there), and it is running."""
+    submission = Submission.objects.select_for_update().get(turn=turn)
+    submission.begin()
+    submission.save(update_fields=["status"])
+    for item in submission.messages:
+        message = Message.objects.create(
+            agent_id=turn.agent_id,
+            turn=turn,
+            role=MessageRole.USER,
+            text=item["content"],
+            author_id=submission.submitted_by_id,
+        )
+        push_message(message)
+
+
+def submission_ended_locked(turn: Turn) -> None:
+    """The submission's turn ended: so does the submission (SUBMISSION_OF_TURN)."""
+    submission = Submission.objects.select_for_update().filter(turn=turn).first()
+    if submission is None or submission.is_ended:
+        return
+    submission.end(SUBMISSION_OF_TURN[TurnStatus(turn.status)])
+    submission.finished_at = timezone.now()
+    submission.save(update_fields=["status", "finished_at"])
 
 
 def _user(turn: Turn) -> Any:
@@ -208,6 +243,8 @@ def end_locked(turn: Turn, *, status: str, reason: str, text: str | None = None,
         turn.text = text
     turn.finished_at = timezone.now()
     turn.save(update_fields=["status", "end_reason", "text", "finished_at"])
+    if turn.source == SUBMISSION_SOURCE:
+        submission_ended_locked(turn)
     if finish is not None:
         append_unfenced(turn=turn, type_="finish", data={"reason": finish})
     push_turn(turn)

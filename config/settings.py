@@ -366,6 +366,9 @@ AGENTS_MAX_QUEUED_TURNS = envint("AGENTS_MAX_QUEUED_TURNS", 5)
 # Turns one user may have not yet ended over all their agents (queued, running or waiting); past it a
 # message is refused the same way. Bounds what one member takes of the workers from everyone. 0: no limit.
 AGENTS_MAX_OPEN_TURNS_PER_USER = envint("AGENTS_MAX_OPEN_TURNS_PER_USER", 10)
+# Submissions (POST .../submissions): messages per submission, and pending ones per agent (past it: 429).
+AGENTS_MAX_SUBMISSION_MESSAGES = envint("AGENTS_MAX_SUBMISSION_MESSAGES", 20)
+AGENTS_MAX_PENDING_SUBMISSIONS = envint("AGENTS_MAX_PENDING_SUBMISSIONS", 100)
 # A turn's chunks are stored in batches: at this many, or when this long has passed since the
 # last batch, and at the end of each step.
 AGENTS_CHUNK_FLUSH_MS = envfloat("AGENTS_CHUNK_FLUSH_MS", 20.0)

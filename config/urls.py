@@ -22,6 +22,7 @@ urlpatterns = [
     path("api/", include("ledger.urls")),
     path("api/", include("approvals.urls")),
     path("api/agents/", include("agents.urls")),
+    path("api/submissions/", include("agents.submission_urls")),
     *example_apis,
     re_path(r"^api/", ApiNotFound.as_view(), name="api-not-found"),  # after every api/ route: JSON 404
     path("", include("workflows.urls")),

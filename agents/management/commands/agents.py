@@ -1,18 +1,22 @@
 """``manage.py agents list``: the registered agent kinds, their model and tools.
 ``manage.py agents fibers``: the newest fibers (an agent's background jobs) and where they stand.
-``manage.py agents purge-chunks [--older-than 30d] [--dry-run]``: the retention of turns' streams."""
+``manage.py agents purge-chunks [--older-than 30d] [--dry-run]``: the retention of turns' streams.
+``manage.py agents submit --account A --kind K --name N --text T [--key K] [--metadata JSON]``: a
+submission, as ``POST .../submissions`` makes one (``agents.submissions``)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from accounts.models import Account
 from agents.models import Fiber, FiberStatus
 from agents.registry import agent_kinds, get_agent_class
-from agents.services import chunks_purge
+from agents.services import TooManyQueuedTurns, chunks_purge
 from ledger.durations import describe, duration_argument
 
 
@@ -40,6 +44,13 @@ class Command(BaseCommand):
             f"now {settings.AGENTS_CHUNK_RETENTION_DAYS}d).",
         )
         purge.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
+        submit = sub.add_parser("submit", help="Hand an agent a message, as another system would (a submission).")
+        submit.add_argument("--account", required=True, help="The account's slug.")
+        submit.add_argument("--kind", required=True, help="The agent's kind.")
+        submit.add_argument("--name", required=True, help="The agent's name (created on first use).")
+        submit.add_argument("--text", required=True, action="append", help="A message (repeat for several).")
+        submit.add_argument("--key", default="", help="An idempotency key: the same key and text again is a no-op.")
+        submit.add_argument("--metadata", default="{}", help="A JSON object kept with the submission.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["subcommand"] == "fibers":
@@ -47,6 +58,9 @@ class Command(BaseCommand):
             return
         if options["subcommand"] == "purge-chunks":
             self.purge(older_than=options["older_than"], dry_run=options["dry_run"])
+            return
+        if options["subcommand"] == "submit":
+            self.submit(options)
             return
         for kind in agent_kinds():
             cls = get_agent_class(kind)
@@ -74,3 +88,33 @@ class Command(BaseCommand):
         )
         if result.dry_run:
             self.stdout.write("Dry run: nothing was deleted.")
+
+    def submit(self, options: dict[str, Any]) -> None:
+        from agents.models import Agent
+        from agents.registry import get_agent_class
+        from agents.submissions import submission_create
+        from workflows.exceptions import WorkflowError
+
+        try:
+            account = Account.objects.get(slug=options["account"])
+        except Account.DoesNotExist:
+            raise CommandError(f"no account {options['account']!r}") from None
+        if get_agent_class(options["kind"]) is None:
+            raise CommandError(f"no agent kind {options['kind']!r} (see `manage.py agents list`)")
+        try:
+            metadata = json.loads(options["metadata"])
+        except ValueError as exc:
+            raise CommandError(f"--metadata is not JSON: {exc}") from None
+        agent, _ = Agent.objects.get_or_create(account=account, kind=options["kind"], name=options["name"])
+        try:
+            result = submission_create(
+                agent=agent,
+                user=None,
+                messages=[{"role": "user", "content": text} for text in options["text"]],
+                metadata=metadata,
+                idempotency_key=options["key"] or None,
+            )
+        except (WorkflowError, TooManyQueuedTurns) as exc:
+            raise CommandError(str(exc)) from None
+        verb = "Submitted" if result.accepted else "Already submitted (same key and text)"
+        self.stdout.write(f"{verb}: {result.submission.pk} {result.submission.status}")

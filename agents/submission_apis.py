@@ -1,0 +1,209 @@
+"""The submissions API: other systems hand an agent messages, durably and exactly once.
+
+- ``POST /api/agents/<kind>/<name>/submissions`` (``Idempotency-Key``): 202 ``{id, status,
+  accepted: true}``; the same key and body again 200 with the first one (``accepted: false``); the
+  same key with another body 409. The row is committed before anything runs.
+- ``GET /api/agents/<kind>/<name>/submissions?status=``: the agent's, newest first, cursor-paginated.
+- ``GET /api/submissions/<id>``, ``POST /api/submissions/<id>/cancel`` (409 with the status once ended).
+
+Only members of the agent's account reach any of them; anyone else gets the same 404.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, extend_schema_serializer
+from rest_framework import exceptions, serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from agents import selectors, services
+from agents.apis import (
+    KIND,
+    NAME,
+    AgentQuerySerializer,
+    AgentRefSerializer,
+    TurnSummarySerializer,
+    user_of,
+    visible_agent,
+)
+from agents.models import Submission, SubmissionStatus
+from agents.submissions import submission_cancel, submission_create
+from workflows.apis.common import (
+    CURSOR,
+    ApiBase,
+    JsonObjectField,
+    RunCursorPagination,
+    StrictCharField,
+    StrictSerializer,
+    idempotency_key_header,
+)
+from workflows.apis.errors import error_response, error_responses
+from workflows.apis.runs import idempotency_key_parameter
+
+TAGS = ["submissions"]
+SUBMISSION_ID = OpenApiParameter(
+    "submission_id", OpenApiTypes.UUID, OpenApiParameter.PATH, description="The submission's id."
+)
+
+
+class SubmissionStatusField(serializers.ChoiceField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(choices=SubmissionStatus.choices, **kwargs)
+
+
+@extend_schema_serializer(component_name="SubmissionMessage")
+class SubmittedMessageSerializer(serializers.Serializer[dict[str, Any]]):
+    role = serializers.CharField(help_text="Always 'user'.")
+    content = serializers.CharField()
+
+
+@extend_schema_serializer(component_name="Submission")
+class SubmissionSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    agent = AgentRefSerializer()
+    status = SubmissionStatusField(
+        help_text="pending, running, then completed, cancelled, skipped (its turn was sealed) or error."
+    )
+    messages = SubmittedMessageSerializer(many=True)
+    metadata = serializers.JSONField()
+    turn = TurnSummarySerializer(help_text="The turn that answers it.")
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+
+
+@extend_schema_serializer(component_name="SubmissionAccepted")
+class AcceptedSerializer(serializers.Serializer[dict[str, Any]]):
+    id = serializers.UUIDField()
+    status = SubmissionStatusField()
+    accepted = serializers.BooleanField(help_text="False: the same key and body were submitted before; this is that.")
+
+
+def visible_submission(request: Request, submission_id: str) -> Submission:
+    submission = selectors.submission_get(user=user_of(request), submission_id=submission_id)
+    if submission is None or str(submission.pk) != submission_id.lower():
+        raise exceptions.NotFound()
+    return submission
+
+
+class AgentSubmissionsApi(ApiBase):
+    """GET and POST /api/agents/<kind>/<name>/submissions: list the agent's, or submit."""
+
+    @extend_schema_serializer(component_name="SubmissionInput")
+    class InputSerializer(StrictSerializer):
+        messages = serializers.ListField(
+            child=JsonObjectField(), help_text='[{"role": "user", "content": "..."}, ...]: 1 to 20 messages.'
+        )
+        metadata = JsonObjectField(required=False, default=dict, help_text="Yours, kept with the submission.")
+
+    @extend_schema_serializer(component_name="SubmissionListFilter")
+    class FilterSerializer(AgentQuerySerializer):
+        status = SubmissionStatusField(required=False)
+        cursor = StrictCharField(required=False, pattern=CURSOR, help_text="From the previous page's link.")
+        page_size = serializers.IntegerField(required=False, min_value=1, max_value=RunCursorPagination.max_page_size)
+
+    @extend_schema_serializer(component_name="SubmissionPage")
+    class PageSerializer(serializers.Serializer[dict[str, Any]]):
+        next = serializers.URLField(allow_null=True)
+        previous = serializers.URLField(allow_null=True)
+        results = SubmissionSerializer(many=True)
+
+    @extend_schema(
+        operation_id="submission_create",
+        tags=TAGS,
+        parameters=[
+            KIND,
+            NAME,
+            AgentQuerySerializer,
+            idempotency_key_parameter(
+                "Scoped to the agent. Same key and body again: 200 with the first submission. Same key, "
+                "other body: 409."
+            ),
+        ],
+        request=InputSerializer,
+        responses={
+            202: AcceptedSerializer,
+            200: AcceptedSerializer,
+            **error_responses(400, 401, 403, 404, 409, 413, 415, 429),
+        },
+        examples=[
+            OpenApiExample(
+                "crm",
+                value={"messages": [{"role": "user", "content": "Order 1042 arrived damaged"}]},
+                request_only=True,
+            )
+        ],
+    )
+    def post(self, request: Request, kind: str, name: str) -> Response:
+        agent = visible_agent(request, kind, name)
+        key = idempotency_key_header(request)
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        try:
+            result = submission_create(
+                agent=agent,
+                user=user_of(request),
+                messages=serializer.validated_data["messages"],
+                metadata=serializer.validated_data["metadata"],
+                idempotency_key=key,
+            )
+        except services.TooManyQueuedTurns as exc:
+            return error_response("too_many_requests", str(exc), status.HTTP_429_TOO_MANY_REQUESTS)
+        body = {"id": result.submission.pk, "status": result.submission.status, "accepted": result.accepted}
+        return Response(
+            AcceptedSerializer(body).data,
+            status=status.HTTP_202_ACCEPTED if result.accepted else status.HTTP_200_OK,
+            headers={"Location": f"/api/submissions/{result.submission.pk}"},
+        )
+
+    @extend_schema(
+        operation_id="submission_list",
+        tags=TAGS,
+        parameters=[KIND, NAME, FilterSerializer],
+        responses={200: PageSerializer, **error_responses(400, 401, 404)},
+    )
+    def get(self, request: Request, kind: str, name: str) -> Response:
+        filters = self.FilterSerializer(data=request.query_params.dict())
+        filters.is_valid(raise_exception=True)
+        agent = visible_agent(request, kind, name, params=filters.validated_data)
+        rows = selectors.submissions_of(agent=agent, status=filters.validated_data.get("status"))
+        paginator = RunCursorPagination()
+        page = paginator.paginate_queryset(rows, request, view=self)
+        return paginator.get_paginated_response(
+            SubmissionSerializer([selectors.submission_data(s) for s in page or []], many=True).data
+        )
+
+
+class SubmissionDetailApi(ApiBase):
+    """GET /api/submissions/<id>: the submission, its status and the turn that answers it."""
+
+    @extend_schema(
+        operation_id="submission_retrieve",
+        tags=TAGS,
+        parameters=[SUBMISSION_ID],
+        responses={200: SubmissionSerializer, **error_responses(401, 404)},
+    )
+    def get(self, request: Request, submission_id: str) -> Response:
+        submission = visible_submission(request, submission_id)
+        return Response(SubmissionSerializer(selectors.submission_data(submission)).data)
+
+
+class SubmissionCancelApi(ApiBase):
+    """POST /api/submissions/<id>/cancel: a pending one is cancelled (its messages never join the
+    conversation), a running one's turn is stopped; an ended one is a 409 with its status."""
+
+    @extend_schema(
+        operation_id="submission_cancel",
+        tags=TAGS,
+        parameters=[SUBMISSION_ID],
+        request=None,
+        responses={200: SubmissionSerializer, **error_responses(401, 404, 409)},
+    )
+    def post(self, request: Request, submission_id: str) -> Response:
+        submission = visible_submission(request, submission_id)
+        cancelled = submission_cancel(submission=submission, user=user_of(request))
+        fresh = selectors.submission_get(user=user_of(request), submission_id=cancelled.pk)
+        assert fresh is not None
+        return Response(SubmissionSerializer(selectors.submission_data(fresh)).data)

@@ -1,0 +1,152 @@
+"""Submissions: messages another system hands to an agent, durably and exactly once.
+
+``submission_create`` stores the submission and its turn in one transaction (committed before
+anything runs) and queues the turn behind the agent's others, chat messages included: the queue is
+one, FIFO. An ``idempotency_key`` makes a retry safe: the same key and the same messages and
+metadata return the first submission (``accepted`` False); the same key with anything else is an
+IdempotencyConflict. The turn's start writes the messages into the conversation and the turn's end
+ends the submission (``agents.services.submission_started_locked`` / ``submission_ended_locked``):
+completed, cancelled, skipped (the turn was sealed: it waited too long) or error (it failed).
+``submission_cancel`` stops a pending or running one through the turn's own stop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import transaction
+
+from agents.models import Agent, Submission, SubmissionStatus, Turn
+from agents.services import (
+    SUBMISSION_SOURCE,
+    TooManyQueuedTurns,
+    check_message,
+    lock_agent,
+    push_turn,
+    repair_locked,
+    start_next_locked,
+    turn_stop,
+)
+from workflows.exceptions import IdempotencyConflict, InvalidPayload, TransitionNotAllowed
+from workflows.services import check_json_size
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+
+class SubmissionNotCancellable(TransitionNotAllowed):
+    """The submission has ended already: a 409 that says how (``status``)."""
+
+
+@dataclass(frozen=True)
+class SubmissionResult:
+    submission: Submission
+    accepted: bool  # False: the same key and payload were submitted before; this is that submission
+
+
+def check_submission(messages: Any, metadata: Any) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """The messages as stored (``[{"role": "user", "content": text}, ...]``) and the metadata, or
+    InvalidPayload saying what is wrong."""
+    limit = int(settings.AGENTS_MAX_SUBMISSION_MESSAGES)
+    if not isinstance(messages, list) or not 1 <= len(messages) <= limit:
+        raise InvalidPayload(f"'messages' must be a list of 1 to {limit} messages")
+    checked = []
+    for i, item in enumerate(messages):
+        if not isinstance(item, dict) or set(item) - {"role", "content"}:
+            raise InvalidPayload(f"messages[{i}] must be an object with 'content' (and 'role': 'user')")
+        if item.get("role", "user") != "user":
+            raise InvalidPayload(f"messages[{i}]: only 'user' messages may be submitted")
+        try:
+            checked.append({"role": "user", "content": check_message(item.get("content"))})
+        except InvalidPayload as exc:
+            raise InvalidPayload(f"messages[{i}]: {exc}") from None
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise InvalidPayload("'metadata' must be a JSON object")
+    check_json_size(metadata, what="metadata")
+    return checked, metadata
+
+
+def fingerprint(messages: list[dict[str, str]], metadata: dict[str, Any]) -> str:
+    text = json.dumps({"messages": messages, "metadata": metadata}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def submission_create(
+    *,
+    agent: Agent,
+    user: User | None,
+    messages: Any,
+    metadata: Any = None,
+    idempotency_key: str | None = None,
+) -> SubmissionResult:
+    """Store a submission and queue its turn (start it now if the agent is idle). InvalidPayload
+    for bad messages or metadata; IdempotencyConflict for a key used with another payload;
+    TooManyQueuedTurns past AGENTS_MAX_PENDING_SUBMISSIONS pending ones. Nothing is stored then."""
+    checked, metadata = check_submission(messages, metadata)
+    key = idempotency_key or ""
+    print_ = fingerprint(checked, metadata)
+    with transaction.atomic():
+        # The agent's row first: submissions with one key, and the queue's numbers, one at a time.
+        agent = lock_agent(agent)
+        if key:
+            earlier = Submission.objects.filter(agent=agent, idempotency_key=key).first()
+            if earlier is not None:
+                if earlier.fingerprint != print_:
+                    raise IdempotencyConflict(
+                        f"the Idempotency-Key {key!r} was used for another submission to this agent"
+                    )
+                return SubmissionResult(earlier, accepted=False)
+        repair_locked(agent)
+        check_pending(agent)
+        last = Turn.objects.filter(agent=agent).order_by("-number").values_list("number", flat=True).first()
+        turn = Turn.objects.create(agent=agent, number=(last or 0) + 1, requested_by=user, source=SUBMISSION_SOURCE)
+        submission = Submission.objects.create(
+            agent=agent,
+            turn=turn,
+            idempotency_key=key,
+            fingerprint=print_,
+            messages=checked,
+            metadata=metadata,
+            submitted_by=user,
+        )
+        push_turn(turn)
+        start_next_locked(agent)
+    submission.refresh_from_db()
+    return SubmissionResult(submission, accepted=True)
+
+
+def check_pending(agent: Agent) -> None:
+    """TooManyQueuedTurns if the agent has AGENTS_MAX_PENDING_SUBMISSIONS submissions pending."""
+    limit = int(settings.AGENTS_MAX_PENDING_SUBMISSIONS)
+    pending = Submission.objects.filter(agent=agent, status=SubmissionStatus.PENDING).count()
+    if limit and pending >= limit:
+        raise TooManyQueuedTurns(
+            f"{pending} submissions are waiting already (the limit is {limit}); submit more once some have run"
+        )
+
+
+def submission_cancel(*, submission: Submission, user: User | None) -> Submission:
+    """Cancel a pending submission (its messages are never added to the conversation) or stop a
+    running one (its turn is stopped: what it streamed stays). An ended one: SubmissionNotCancellable."""
+    submission.refresh_from_db(fields=["status"])
+    if submission.is_ended:
+        raise SubmissionNotCancellable(f"the submission has ended ({submission.status})", status=submission.status)
+    turn = Turn.objects.select_related("agent").get(pk=submission.turn_id)
+    try:
+        turn_stop(turn=turn, user=user)
+    except TransitionNotAllowed:
+        pass  # its turn ended between the two reads: the submission says how
+    submission.refresh_from_db()
+    if submission.status not in (SubmissionStatus.CANCELLED,) and submission.is_ended:
+        raise SubmissionNotCancellable(f"the submission has ended ({submission.status})", status=submission.status)
+    return submission
+
+
+# The public name: ``agents.submit(agent=..., user=..., messages=[...], idempotency_key=...)``.
+submit = submission_create

@@ -1,0 +1,189 @@
+"""Submissions: messages other systems hand an agent, once per key, in the chat's own queue.
+
+In-process through the API (the turn's run is not enqueued: ``no_enqueue``) for keys, refusals,
+tenancy and cancel in each status; with a real worker for FIFO and the answers."""
+
+from __future__ import annotations
+
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from agents.models import Message, Submission, SubmissionStatus, Turn, TurnStatus
+from agents.services import message_send
+from agents.submissions import submission_create
+from agents.tests.support import chat_agent, streamed_text, wait_ended
+from tests.factories import Users, api_login
+from tests.fixtures import NoEnqueue
+from tests.support import Worker, wait_for
+
+BASE = "/api/agents/test.chat/t/submissions"
+
+
+def post(client: Any, body: dict[str, Any], key: str | None = None) -> Any:
+    headers = {"Idempotency-Key": key} if key is not None else {}
+    return client.post(BASE, body, format="json", headers=headers)
+
+
+def said(text: str) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}], "metadata": {"ticket": 7}}
+
+
+@pytest.mark.django_db
+def test_a_key_gives_one_submission_and_another_body_with_it_is_a_409(users: Users, no_enqueue: NoEnqueue) -> None:
+    # given alice's agent and a CRM signed in as alice
+    chat_agent(users.alice)
+    crm = api_login(users.alice)
+
+    # when it submits, retries with the same key and body, then reuses the key for something else
+    first = post(crm, said("order 1042 arrived damaged"), key="crm-7")
+    again = post(crm, said("order 1042 arrived damaged"), key="crm-7")
+    other = post(crm, said("order 1043 too"), key="crm-7")
+
+    # then one submission: 202, then 200 with the same one, then 409 and nothing stored
+    assert first.status_code == 202 and first.json()["accepted"] is True
+    assert again.status_code == 200 and again.json() == {**first.json(), "accepted": False}
+    assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_conflict"
+    assert Submission.objects.count() == 1 and Turn.objects.count() == 1
+    submission = Submission.objects.get()
+    assert first["Location"] == f"/api/submissions/{submission.pk}"
+    assert (submission.metadata, submission.messages) == (
+        {"ticket": 7},
+        [{"role": "user", "content": "order 1042 arrived damaged"}],
+    )
+    # and without a key every call is a new submission
+    assert post(crm, said("hello")).status_code == post(crm, said("hello")).status_code == 202
+    assert Submission.objects.count() == 3
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": []},
+        {"messages": "hello"},
+        {"messages": [{"role": "assistant", "content": "I said so"}]},
+        {"messages": [{"content": ""}]},
+        {"messages": [{"content": "x" * 4001}]},
+        {"messages": [{"content": "nul \x00"}]},
+        {"messages": [{"content": "hi", "extra": 1}]},
+        {"messages": [{"content": "hi"}] * 21},
+        {"messages": [{"content": "hi"}], "metadata": [1]},
+        {"messages": [{"content": "hi"}], "other": 1},
+    ],
+)
+def test_a_bad_submission_is_a_400_and_nothing_is_stored(
+    users: Users, no_enqueue: NoEnqueue, body: dict[str, Any]
+) -> None:
+    chat_agent(users.alice)
+
+    answer = post(api_login(users.alice), body, key="k")
+
+    assert answer.status_code == 400, answer.json()
+    assert not Submission.objects.exists() and not Turn.objects.exists() and not Message.objects.exists()
+
+
+@pytest.mark.django_db
+def test_another_accounts_agent_and_submission_are_not_found(users: Users, no_enqueue: NoEnqueue) -> None:
+    from accounts.services import account_ensure
+
+    chat_agent(users.alice)
+    account_ensure(slug="evil", members=[users.mallory])
+    mine = post(api_login(users.alice), said("hello"), key="k").json()["id"]
+    mallory = api_login(users.mallory)
+
+    # without ?account= her submission goes to her own account's agent of that name, a different one
+    hers = post(mallory, said("hello"), key="k")
+    assert hers.status_code == 202 and hers.json()["id"] != mine
+    assert Submission.objects.get(pk=hers.json()["id"]).agent.account.slug == "evil"
+    assert mallory.post(f"{BASE}?account=acme", said("x"), format="json").status_code == 404
+    assert mallory.get(f"/api/submissions/{mine}").status_code == 404
+    assert mallory.post(f"/api/submissions/{mine}/cancel").status_code == 404
+    assert mallory.get(f"{BASE}?account=acme").status_code == 404
+    assert Submission.objects.get(pk=mine).status != SubmissionStatus.CANCELLED
+    assert api_login(None).post(BASE, said("x"), format="json").status_code == 401
+
+
+@pytest.mark.django_db
+def test_cancel_in_each_status(users: Users, no_enqueue: NoEnqueue) -> None:
+    # given a chat turn running, then two submissions queued behind it
+    agent = chat_agent(users.alice)
+    crm = api_login(users.alice)
+    running_chat = message_send(agent=agent, user=users.alice, text="hello")
+    pending = post(crm, said("first"), key="a").json()
+    later = post(crm, said("second"), key="b").json()
+    assert pending["status"] == later["status"] == "pending"
+
+    # when the first pending one is cancelled
+    cancelled = crm.post(f"/api/submissions/{pending['id']}/cancel")
+
+    # then it is cancelled, its turn too, and its message never joined the conversation
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert cancelled.json()["turn"]["status"] == "cancelled"
+    assert not Message.objects.filter(text="first").exists()
+
+    # when the chat turn ends, the second starts: running, its message now in the conversation
+    from agents.services import turn_stop
+
+    turn_stop(turn=running_chat, user=users.alice)
+    assert crm.get(f"/api/submissions/{later['id']}").json()["status"] == "running"
+    assert Message.objects.filter(text="second", role="user").count() == 1
+
+    # and cancelling a running one stops its turn; an ended one is a 409 that says how it ended
+    stopped = crm.post(f"/api/submissions/{later['id']}/cancel")
+    assert stopped.status_code == 200 and stopped.json()["status"] == "cancelled"
+    again = crm.post(f"/api/submissions/{later['id']}/cancel")
+    assert again.status_code == 409 and again.json()["error"]["detail"] == {"status": "cancelled"}
+
+    # and the list filters by status, newest first
+    listed = crm.get(f"{BASE}?status=cancelled").json()["results"]
+    assert [s["id"] for s in listed] == [later["id"], pending["id"]]
+    assert crm.get(f"{BASE}?status=nope").status_code == 400
+
+
+@pytest.mark.django_db(transaction=True)
+def test_submissions_and_chat_messages_share_one_fifo_queue_and_each_is_answered(worker: Worker, users: Users) -> None:
+    # given a slow chat answer running
+    agent = chat_agent(users.alice)
+    chat = message_send(agent=agent, user=users.alice, text="story 8 0.05")
+
+    # when two submissions and another chat message arrive behind it
+    first = submission_create(agent=agent, user=None, messages=[{"content": "from the crm"}], idempotency_key="1")
+    second = submission_create(
+        agent=agent, user=users.alice, messages=[{"content": "two"}, {"content": "lines"}], idempotency_key="2"
+    )
+    later_chat = message_send(agent=agent, user=users.alice, text="after them")
+
+    # then all are answered in the order they came, each submission by its own turn
+    turns = [wait_ended(t, timeout=60) for t in (chat, first.submission.turn, second.submission.turn, later_chat)]
+    assert [t.number for t in turns] == [1, 2, 3, 4] and all(t.status == TurnStatus.COMPLETED for t in turns)
+    for turn in turns[1:]:
+        assert turn.started_at is not None
+    assert all(a.finished_at <= b.started_at for a, b in zip(turns, turns[1:], strict=False))  # type: ignore[operator]
+    assert streamed_text(turns[1]) == "You said: from the crm"
+    assert streamed_text(turns[2]) == "You said: lines"  # the model reads the last user message
+    assert list(Message.objects.filter(turn=turns[2], role="user").values_list("text", flat=True)) == ["two", "lines"]
+    wait_for(
+        lambda: set(Submission.objects.values_list("status", flat=True)) == {SubmissionStatus.COMPLETED},
+        timeout=10,
+        what="both submissions to complete",
+    )
+
+
+@pytest.mark.django_db
+def test_the_command_submits_once_per_key(users: Users, no_enqueue: NoEnqueue) -> None:
+    chat_agent(users.alice)
+
+    def submit(*extra: str) -> str:
+        out = StringIO()
+        call_command("agents", "submit", "--account", "acme", "--kind", "test.chat", "--name", "t", *extra, stdout=out)
+        return out.getvalue()
+
+    first = submit("--text", "nightly report", "--key", "2026-11-30")
+    again = submit("--text", "nightly report", "--key", "2026-11-30")
+
+    submission = Submission.objects.get()
+    assert first == f"Submitted: {submission.pk} running\n"
+    assert again.startswith(f"Already submitted (same key and text): {submission.pk}")
