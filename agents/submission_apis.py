@@ -14,7 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema, extend_schema_serializer
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    extend_schema,
+    extend_schema_field,
+    extend_schema_serializer,
+)
 from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -49,7 +55,17 @@ SUBMISSION_ID = OpenApiParameter(
 )
 
 
+@extend_schema_field(
+    {
+        "type": "string",
+        "enum": list(SubmissionStatus.values),
+        "description": "pending, running, then completed, cancelled, skipped (its turn was sealed) or error.",
+    },
+    component_name="SubmissionStatus",
+)
 class SubmissionStatusField(serializers.ChoiceField):
+    """Named SubmissionStatus in the schema (the runs' status enum would compete for StatusEnum)."""
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(choices=SubmissionStatus.choices, **kwargs)
 

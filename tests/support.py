@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
@@ -177,10 +178,20 @@ class AsgiServer:
         wait_for(lambda: not self._connections(), timeout=10, what="daphne's database connections to end")
 
     def _connections(self) -> int:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [self.app_name])
-            row = cursor.fetchone()
-        return int(row[0]) if row else 0
+        """Counted from a thread of its own: stop() is also called where an event loop runs (a
+        browser test's), and Django refuses a query there."""
+
+        def count() -> int:
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [self.app_name])
+                    row = cursor.fetchone()
+                return int(row[0]) if row else 0
+            finally:
+                connection.close()  # this thread's own connection, or the test database's drop waits for it
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            return pool.submit(count).result()
 
 
 def wait_for_status(run_id: UUID | str, *statuses: str, timeout: float = 30.0) -> WorkflowRun:

@@ -78,10 +78,11 @@ class Workflow:
         publish_progress(self.run_id, data)
 
     def broadcast(self, message: Any) -> None:
-        """Best effort, not durable: may repeat on replay."""
-        from workflows.streams import publish
+        """Best effort, not durable: may repeat on replay. Sent by the process's publisher thread,
+        in order with the run's other events (its one event loop keeps one channel-layer connection)."""
+        from workflows.streams import publish_later
 
-        publish(self.run_id, "broadcast", message)
+        publish_later(self.run_id, "broadcast", message)
 
 
 def workflow(name: str, *, public: bool = False) -> Callable[[W], W]:

@@ -160,3 +160,29 @@ def test_a_turn_out_of_recovery_budget_is_sealed_with_the_terminal_message(
     assert notices(turn) == [BUDGET_MESSAGE]
     assert STORY.startswith(turn.text) and turn.text
     assert_seq_complete(turn)
+
+
+def test_a_worker_killed_while_a_submission_runs_completes_it_once(
+    queue: str, workers: list[Worker], users: Users
+) -> None:
+    # given a submission whose turn streams slowly, five words in
+    from agents.models import Message, Submission, SubmissionStatus
+    from agents.submissions import submission_create
+
+    workers.append(Worker(queue=queue, beat=True))
+    agent = chat_agent(users.alice)
+    submitted = submission_create(agent=agent, user=None, messages=[{"content": "story 30 0.1"}], idempotency_key="s")
+    turn = submitted.submission.turn
+    wait_chunks(turn, "text-delta", 5)
+
+    # when the worker's process group is SIGKILLed, and a new worker starts
+    workers[0].kill()
+    workers.append(Worker(queue=queue, beat=True))
+
+    # then the submission completes with the whole answer once, and its message was added once
+    turn = wait_ended(turn, timeout=60)
+    assert turn.status == TurnStatus.COMPLETED, turn.end_reason
+    assert_seq_complete(turn)
+    assert streamed_text(turn) == turn.text == STORY
+    assert Submission.objects.get(pk=submitted.submission.pk).status == SubmissionStatus.COMPLETED
+    assert list(Message.objects.filter(turn=turn, role="user").values_list("text", flat=True)) == ["story 30 0.1"]

@@ -5,11 +5,12 @@ is told each change of the request's state exactly once."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from accounts.services import account_ensure
@@ -63,25 +64,36 @@ def wait_state(agent: Agent, request: RefundRequest, status: str) -> dict[str, A
 
 
 class Pushes:
-    """What the agent's clients receive: a channel in the agent's group, read when asked."""
+    """What the agent's clients receive: a channel in the agent's group, read when asked. On an
+    event loop of its own that lasts the test, as a server's does (the pub/sub layer's channels and
+    subscriptions belong to the loop that made them)."""
 
     def __init__(self, agent: Agent) -> None:
         self.layer: Any = get_channel_layer()
-        self.channel: str = async_to_sync(self.layer.new_channel)()
-        async_to_sync(self.layer.group_add)(group_name(agent.pk), self.channel)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.channel: str = self.call(self.layer.new_channel())
+        self.call(self.layer.group_add(group_name(agent.pk), self.channel))
         self.received: list[dict[str, Any]] = []
+        self.reader = asyncio.run_coroutine_threadsafe(self.read(), self.loop)
+
+    def call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
+
+    async def read(self) -> None:
+        while True:
+            self.received.append(await self.layer.receive(self.channel))
 
     def drain(self, quiet: float = 1.0) -> None:
-        """Read until nothing arrives for ``quiet`` seconds."""
-
-        async def read() -> None:
-            while True:
-                try:
-                    self.received.append(await asyncio.wait_for(self.layer.receive(self.channel), quiet))
-                except TimeoutError:
-                    return
-
-        async_to_sync(read)()
+        """Wait until nothing more arrives for ``quiet`` seconds, then stop listening."""
+        count = -1
+        while count != len(self.received):
+            count = len(self.received)
+            time.sleep(quiet)
+        self.loop.call_soon_threadsafe(self.reader.cancel)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
 
     def states(self, request: RefundRequest) -> list[str]:
         return [

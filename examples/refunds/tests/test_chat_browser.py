@@ -44,12 +44,13 @@ WATCH = """() => {
 
 
 @pytest.fixture(scope="module")
-def server(refund_workers: Workers) -> Iterator[AsgiServer]:
+def server(refund_workers: Workers, django_db_blocker: Any) -> Iterator[AsgiServer]:
     """A daphne of this module's own: what it starts (a chat turn, an approved run going on) goes
     to the module's queue, which its workers serve."""
     process = AsgiServer(WORKFLOWS_QUEUE=refund_workers.queue, SANDBOX_PAYMENTS_URL=refund_workers.url, **WORKER_ENV)
     yield process
-    process.stop()
+    with django_db_blocker.unblock():  # stop() waits for its database connections to end
+        process.stop()
 
 
 @pytest.fixture
