@@ -114,6 +114,11 @@ def delivery_receive(
     except ActionRefused as exc:
         # Rolled back whole: only the rejection is recorded, after the rollback.
         rejection = Rejection(400, exc.code, exc.message)
+    except Exception as exc:
+        # A bug or an outage in the action: rolled back whole, so nothing was accepted. Recorded,
+        # and a 500 tells the sender to try again later, when it may be accepted.
+        logger.exception("webhook %s %s: the action failed", source.name, checked.event_id)
+        rejection = Rejection(500, "action_failed", f"the event could not be acted on ({type(exc).__name__})")
     delivery = delivery_reject(
         source=source, headers=headers, size=len(body), rejection=rejection, event_id=checked.event_id
     )

@@ -190,3 +190,20 @@ def test_the_error_names_the_delivery_record() -> None:
     body = encode(EVENT)
     response = post("runs", body, {})
     assert json.loads(response.content)["error"]["detail"] == {"delivery": WebhookDelivery.objects.get().pk}
+
+
+def test_an_action_that_fails_is_a_500_that_keeps_nothing_but_the_rejection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from webhooks import actions
+
+    def broken(action: dict[str, Any], event: actions.Event) -> actions.ActionResult:
+        WorkflowRun.objects.create(workflow="test.echo", payload={})  # work done, then a failure
+        raise RuntimeError("the database of the partner is down")
+
+    monkeypatch.setitem(actions.ACTIONS, "workflow", actions.ActionType(actions._workflow_problems, broken))
+    body = encode(EVENT)
+
+    delivery = refused(post("runs", body, standard_headers(body, "msg_1")), 500, "action_failed")
+
+    assert "partner" not in delivery.message  # the exception's text stays in the log
+    monkeypatch.undo()
+    assert post("runs", body, standard_headers(body, "msg_1")).status_code == 202  # sent again: accepted
