@@ -388,7 +388,8 @@ AGENTS_OPENAI_CONTINUE_FINAL_MESSAGE = envbool("AGENTS_OPENAI_CONTINUE_FINAL_MES
 # Each source is a name (its URL: POST /webhooks/<name>/) with a signature scheme (standard, stripe
 # or github), its secrets (several at once while one is rotated), and what an accepted event becomes
 # (its action). A JSON object in WEBHOOK_SOURCES_JSON replaces the default, which is the sandbox
-# payment provider's outcome webhooks. Its secret has a public development default only with DEBUG:
+# payment provider's outcome webhooks where the examples are installed (the sandbox is one of them),
+# and no source otherwise. Its secret has a public development default only with DEBUG:
 # without DEBUG and without SANDBOX_WEBHOOK_SECRET it has no secret, and every delivery is refused
 # (system check webhooks.W001 says so) rather than verified against a key anyone can read here.
 SANDBOX_WEBHOOK_SECRET = envstr("SANDBOX_WEBHOOK_SECRET", "") or ("whsec_ZGV2ZWxvcG1lbnQtb25seQ==" if DEBUG else "")
@@ -400,7 +401,9 @@ WEBHOOK_SOURCES: dict[str, Any] = envjson(
             "secrets": [SANDBOX_WEBHOOK_SECRET] if SANDBOX_WEBHOOK_SECRET else [],
             "action": {"type": "operation_outcome", "system": "payments"},
         }
-    },
+    }
+    if INSTALL_EXAMPLES
+    else {},
 )
 # `manage.py webhooks purge` deletes delivery records older than this by default.
 WEBHOOKS_RETENTION_DAYS = envint("WEBHOOKS_RETENTION_DAYS", 30)

@@ -9,11 +9,11 @@ import json
 from tests.test_settings import fresh_python
 
 CODE = "import json, config.settings as s; print(json.dumps(s.WEBHOOK_SOURCES))"
-UNSET = ("SECRET_KEY", "DEBUG", "WEBHOOK_SOURCES_JSON", "SANDBOX_WEBHOOK_SECRET")
+UNSET = ("SECRET_KEY", "DEBUG", "WEBHOOK_SOURCES_JSON", "SANDBOX_WEBHOOK_SECRET", "INSTALL_EXAMPLES")
 
 
 def sources(**env: str) -> dict[str, dict[str, object]]:
-    result = fresh_python(CODE, {"SECRET_KEY": "k" * 50, **env}, unset=UNSET)
+    result = fresh_python(CODE, {"SECRET_KEY": "k" * 50, "INSTALL_EXAMPLES": "1", **env}, unset=UNSET)
     assert result.returncode == 0, result.stderr
     found: dict[str, dict[str, object]] = json.loads(result.stdout)
     return found
@@ -28,6 +28,10 @@ def test_without_debug_the_sandbox_source_has_no_secret_unless_given() -> None:
     assert sources(SANDBOX_WEBHOOK_SECRET="whsec_c2VjcmV0LWZyb20tdGhlLWVudg==")["sandbox-payments"]["secrets"] == [
         "whsec_c2VjcmV0LWZyb20tdGhlLWVudg=="
     ]
+
+
+def test_without_the_examples_there_is_no_default_source() -> None:
+    assert sources(INSTALL_EXAMPLES="0") == {}
 
 
 def test_with_debug_the_development_secret_is_used() -> None:
