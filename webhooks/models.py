@@ -25,7 +25,8 @@ ACCEPTED_ONCE = "webhook_accepted_once"
 
 class WebhookDelivery(models.Model):
     source = models.CharField(max_length=100)
-    # Blank when the delivery was rejected before its id could be read (no header, bad size).
+    # Blank when the delivery was rejected before its signature held: an id from an unverified sender
+    # proves nothing (its headers, kept below, show what it claimed).
     event_id = models.CharField(max_length=255, blank=True)
     outcome = models.CharField(max_length=20, choices=Outcome.choices)
     # Why it was rejected: a code (bad_signature, stale_timestamp, ...) and words for people.
