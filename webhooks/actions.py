@@ -42,10 +42,15 @@ class OperationOutcomeAction(TypedDict):
 
 
 class SubmissionAction(TypedDict):
-    """The extension point for the agents app's submissions (being built): a message submitted to
-    the agent ``(account, kind, name)``, its text at ``text_from`` in the body, the event id as
-    its idempotency key. When ``agents.services.submission_create`` exists, ``_submission_perform``
-    calls it and ``_submission_problems`` stops refusing the type; nothing else here changes."""
+    """The extension point for the agents app's submissions: a message submitted to the agent
+    ``(account, kind, name)``, its text at ``text_from`` in the body, ``<source>:<event id>`` as
+    its idempotency key. Once the agents' service is on this branch
+    (``agents.submissions.submission_create(*, agent, user=None, messages, metadata,
+    idempotency_key)``), ``_submission_perform`` finds the agent without a user (a webhook has
+    none), calls it inside the accepting transaction and returns the submission in its result;
+    ``_submission_problems`` checks the account and kind instead of refusing the type. A refusal
+    for too many pending submissions should then be an answer the sender retries (429 or 503),
+    not an ActionRefused (400). Nothing else here changes."""
 
     type: Literal["submission"]
     account: str
