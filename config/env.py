@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
 
 
 def envstr(name: str, default: str) -> str:
@@ -45,3 +47,14 @@ def envlist(name: str, default: list[str]) -> list[str]:
     if value is None:
         return default
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def envjson(name: str, default: Any) -> Any:
+    """A JSON value (e.g. an object of webhook sources); unset or empty is ``default``."""
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise ValueError(f"{name} is not valid JSON: {exc}") from None

@@ -9,7 +9,7 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import envbool, envfloat, envint, envlist, envstr
+from config.env import envbool, envfloat, envint, envjson, envlist, envstr
 
 # Django's classes that the type stubs make generic (ModelAdmin, ModelForm, ...) accept their type
 # arguments at run time too, as the code writes them: `class RunAdmin(admin.ModelAdmin[WorkflowRun])`.
@@ -74,6 +74,7 @@ INSTALLED_APPS = [
     "approvals",
     "accounts",
     "agents",
+    "webhooks",  # signed inbound events; above agents, below the examples
     *(EXAMPLE_APPS if INSTALL_EXAMPLES else []),
     "portal",  # the pages a signed-in person sees; may read every app listed above
 ]
@@ -385,6 +386,30 @@ AGENTS_OPENAI_MODEL = envstr("AGENTS_OPENAI_MODEL", "")
 AGENTS_OPENAI_TIMEOUT = envfloat("AGENTS_OPENAI_TIMEOUT", 30.0)
 # Continue a recovered answer with vLLM's continue_final_message; off for servers that refuse it.
 AGENTS_OPENAI_CONTINUE_FINAL_MESSAGE = envbool("AGENTS_OPENAI_CONTINUE_FINAL_MESSAGE", True)
+
+# --- Webhooks: signed inbound events (webhooks/; README "Webhooks") ---------------------------
+# Each source is a name (its URL: POST /webhooks/<name>/) with a signature scheme (standard, stripe
+# or github), its secrets (several at once while one is rotated), and what an accepted event becomes
+# (its action). A JSON object in WEBHOOK_SOURCES_JSON replaces the default, which is the sandbox
+# payment provider's outcome webhooks where the examples are installed (the sandbox is one of them),
+# and no source otherwise. Its secret has a public development default only with DEBUG:
+# without DEBUG and without SANDBOX_WEBHOOK_SECRET it has no secret, and every delivery is refused
+# (system check webhooks.W001 says so) rather than verified against a key anyone can read here.
+SANDBOX_WEBHOOK_SECRET = envstr("SANDBOX_WEBHOOK_SECRET", "") or ("whsec_ZGV2ZWxvcG1lbnQtb25seQ==" if DEBUG else "")
+WEBHOOK_SOURCES: dict[str, Any] = envjson(
+    "WEBHOOK_SOURCES_JSON",
+    {
+        "sandbox-payments": {
+            "scheme": "standard",
+            "secrets": [SANDBOX_WEBHOOK_SECRET] if SANDBOX_WEBHOOK_SECRET else [],
+            "action": {"type": "operation_outcome", "system": "payments"},
+        }
+    }
+    if INSTALL_EXAMPLES
+    else {},
+)
+# `manage.py webhooks purge` deletes delivery records older than this by default.
+WEBHOOKS_RETENTION_DAYS = envint("WEBHOOKS_RETENTION_DAYS", 30)
 
 # --- The refund example (examples/refunds; read only where INSTALL_EXAMPLES is on) -------------
 # The payment provider the "payments" ledger adapter talks to (examples/sandbox in development).

@@ -4,6 +4,7 @@ from ledger.services.operations import check_operation, operation_perform, opera
 from ledger.services.reconciliation import (
     ReconcileResult,
     operation_reconcile,
+    operation_report,
     operation_resolve,
     operations_abandon_for_run,
     operations_reconcile,
@@ -18,6 +19,7 @@ __all__ = [
     "operation_prepare",
     "operations_abandon_for_run",
     "operation_reconcile",
+    "operation_report",
     "operation_resolve",
     "operations_reconcile",
     "record_create",

@@ -134,8 +134,10 @@ def may_still_arrive(op: ExternalOperation, *, now: datetime) -> bool:
     return op.submitted_at is not None and op.submitted_at > now - in_flight_window()
 
 
-def apply_lookup(op: ExternalOperation, outcome: LookupOutcome, *, now: datetime, run_ended: bool = False) -> str:
-    note, event = prepare_lookup(op, outcome, now=now, run_ended=run_ended)
+def apply_lookup(
+    op: ExternalOperation, outcome: LookupOutcome, *, now: datetime, run_ended: bool = False, reported_by: str = ""
+) -> str:
+    note, event = prepare_lookup(op, outcome, now=now, run_ended=run_ended, reported_by=reported_by)
     op.save()
     event.save()
     if op.status in FINAL:
@@ -149,6 +151,7 @@ def prepare_lookup(
     *,
     now: datetime,
     run_ended: bool = False,
+    reported_by: str = "",
 ) -> tuple[str, OperationEvent]:
     """Record what a lookup found and return a note for people. Call inside atomic() with the row
     locked (``lock``), the operation unknown, stale submitted, or pending after a send with its run
@@ -162,10 +165,14 @@ def prepare_lookup(
     provider may act on a request long after our call gave up): it stays as it is, for a person to
     decide (``operation_resolve``). The lookup could not tell → an unknown operation stays unknown;
     a stale submitted one becomes unknown, so it shows among those that need attention.
+
+    ``reported_by``: the provider told us on its own (a signed webhook, ``operation_report``)
+    rather than answering our lookup; recorded the same way, the note naming who reported it.
     """
     before = op.status
-    op.lookup_count += 1
-    op.looked_up_at = now
+    if not reported_by:
+        op.lookup_count += 1
+        op.looked_up_at = now
     if isinstance(outcome, Succeeded):
         op.reconcile_succeeded()
         op.response, op.error, op.finished_at = outcome.response, None, now
@@ -198,6 +205,8 @@ def prepare_lookup(
             op.lose_track()
         note = f"the lookup could not tell: {outcome.reason}"
     # (A pending operation whose lookup finds nothing stays pending: sent before, its run ended.)
+    if reported_by:
+        note = f"{note} (reported by {reported_by})"
     op.note = note
     op.updated_at = now  # set here too for bulk_update, which skips auto_now
     event = build_event(

@@ -323,6 +323,31 @@ def operation_reconcile(
         return _record_lookup(op, lock(op.pk), outcome)
 
 
+def operation_report(*, key: str, system: str, outcome: Succeeded | Failed, reported_by: str) -> ReconcileResult | None:
+    """An outcome the provider reported on its own (a signed webhook), recorded as a lookup that
+    found it would be: the same transitions, event, note and settled hooks as ``reconcile``.
+
+    Call inside atomic(): the caller's transaction records the report too, so both commit or
+    neither. Locks the operation's row as every status change does, so a report racing a reconcile
+    (or a perform, or a person) gives one outcome: whichever locks second finds it settled, or
+    moved, and changes nothing. Settles an unknown or submitted operation at once (a submit still
+    in flight then finds it settled and keeps its own answer beside it, see ``_record_submit``), and
+    a pending one that was sent before. Leaves a settled one as it is (a provider resends its
+    webhooks) and a pending one never sent (nothing can have happened to it). None: no operation
+    has this key at this system.
+    """
+    op = ExternalOperation.objects.select_for_update().filter(key=key, system=system).first()
+    if op is None:
+        return None
+    before = op.status
+    if op.status in FINAL:
+        return _result(op, op.status, "skipped", f"already {op.status}: the report changes nothing")
+    if op.status == OperationStatus.PENDING and op.submit_count == 0:
+        return _result(op, op.status, "skipped", "never sent: a report of its outcome is not believed")
+    note = apply_lookup(op, outcome, now=timezone.now(), run_ended=run_ended(op), reported_by=reported_by)
+    return _result(op, op.status, "resolved", note, before=before)
+
+
 def _abandon_pending(op: ExternalOperation, *, dry_run: bool) -> ReconcileResult:
     """A pending operation never sent, whose run has ended: nobody will send it. Failed as
     abandoned, so it no longer waits for anyone and whatever it held (a refund's amount) is

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 from uuid import UUID
 
@@ -16,8 +16,13 @@ from examples.refunds.models import Order, OrderStatus, RefundRequest
 from examples.refunds.selectors import order_balance, refund_status
 from examples.refunds.services import order_create, refund_request_create
 from examples.sandbox.process import SandboxProcess
-from ledger.models import ExternalOperation
+from ledger.models import ExternalOperation, OperationStatus
 from tests.support import wait_for, wait_for_terminal
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+    from examples.refunds.tests.conftest import World
 
 ADDRESS = {"street": "221B Baker Street", "postcode": "NW1 6XE"}
 
@@ -119,3 +124,23 @@ def refunded_at_provider(sandbox: SandboxProcess, order_number: str) -> Decimal:
     status, body = sandbox.request("GET", "/v1/refunds")
     assert status == 200, body
     return sum((Decimal(r["amount"]) for r in body["refunds"] if r["order"] == order_number), Decimal("0"))
+
+
+def unknown_refund(world: World, customer: User, number: str, order_amount: str, amount: str) -> RefundRequest:
+    """A refund for ``customer`` that the provider makes, but whose answer is lost; lookups fail until
+    drained."""
+    sandbox = world.sandbox
+    request = ask(
+        new_order(customer, number, order_amount),
+        amount,
+        sandbox=sandbox,
+        faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")),
+        retry_delay_seconds=0.5,
+        check_interval_seconds=2,
+    )
+    wait_for(
+        lambda: ExternalOperation.objects.filter(key=request.operation_key, status=OperationStatus.UNKNOWN).exists(),
+        timeout=40,
+        what="the refund's outcome to be unknown",
+    )
+    return request

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from django.apps import apps
-from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
@@ -36,6 +35,7 @@ from examples.refunds.tests.support import (
     refunded_at_provider,
     run_of,
     status_of,
+    unknown_refund,
 )
 from ledger.models import ExternalOperation, OperationalRecord, OperationStatus
 from ledger.services import operation_resolve
@@ -46,26 +46,6 @@ from workflows import terminate
 from workflows.models import StepResult
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def unknown_refund(world: World, customer: User, number: str, order_amount: str, amount: str) -> RefundRequest:
-    """A refund for ``customer`` that the provider makes, but whose answer is lost; lookups fail until
-    drained."""
-    sandbox = world.sandbox
-    request = ask(
-        new_order(customer, number, order_amount),
-        amount,
-        sandbox=sandbox,
-        faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")),
-        retry_delay_seconds=0.5,
-        check_interval_seconds=2,
-    )
-    wait_for(
-        lambda: ExternalOperation.objects.filter(key=request.operation_key, status=OperationStatus.UNKNOWN).exists(),
-        timeout=40,
-        what="the refund's outcome to be unknown",
-    )
-    return request
 
 
 def test_two_requests_for_the_whole_order_sent_together_pay_once(world: World, users: Users) -> None:

@@ -1,0 +1,147 @@
+"""The payment provider's outcome webhook settles a refund whose outcome was unknown, as reconcile
+would, and the waiting run goes on; a webhook and a reconcile racing settle it once.
+
+Real sandbox provider, real workers (the refund tests' world); the webhook is posted through
+Django's test client to a source configured for the test."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+
+from examples.refunds.models import RefundRequest
+from examples.refunds.tests.conftest import World
+from examples.refunds.tests.support import (
+    assert_confirmed,
+    drain_lookup_faults,
+    reconcile,
+    status_of,
+    unknown_refund,
+)
+from examples.sandbox.process import SandboxProcess
+from ledger.models import ExternalOperation, OperationalRecord, OperationEvent, OperationStatus
+from tests.factories import Users
+from webhooks.models import WebhookDelivery
+from webhooks.tests.support import SOURCES, encode, outcome_event, standard_headers
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture(autouse=True)
+def sources(settings: Any) -> None:
+    settings.WEBHOOK_SOURCES = SOURCES
+
+
+def provider_record(sandbox: SandboxProcess, key: str) -> dict[str, Any]:
+    """The provider's own record of the refund (its list: lookups of the key are failing)."""
+    status, body = sandbox.request("GET", "/v1/refunds")
+    assert status == 200, body
+    [record] = [r for r in body["refunds"] if r["key"] == key]
+    return dict(record)
+
+
+def post_outcome(event_id: str, event: dict[str, Any]) -> Any:
+    body = encode(event)
+    headers = standard_headers(body, event_id)
+    response = Client().post("/webhooks/sandbox/", data=body, content_type="application/json", headers=headers)
+    connection.close()  # from a thread: its own connection must not outlive it
+    return response
+
+
+def settled_events(op: ExternalOperation) -> int:
+    """How many times the operation was moved to a final state (one outcome: once)."""
+    return (
+        OperationEvent.objects.filter(operation=op, status_after__in=[OperationStatus.SUCCEEDED, "failed"])
+        .exclude(status_before__in=[OperationStatus.SUCCEEDED, "failed"])
+        .count()
+    )
+
+
+def test_the_providers_webhook_settles_an_unknown_refund_and_the_run_goes_on(world: World, users: Users) -> None:
+    # given a refund the provider made, whose answer was lost and whose lookups fail
+    request = unknown_refund(world, users.alice, "2101", "50.00", "30.00")
+    assert status_of(request) == "outcome being checked"
+    record = provider_record(world.sandbox, request.operation_key)
+
+    # when the provider's webhook says it succeeded
+    response = post_outcome("evt_2101", {"type": "refund.succeeded", "data": record})
+
+    # then it is accepted and the operation is settled at once, recorded as reconcile would
+    assert response.status_code == 202, response.content
+    op = ExternalOperation.objects.get(key=request.operation_key)
+    assert op.status == OperationStatus.SUCCEEDED
+    assert op.response is not None and op.response["key"] == request.operation_key
+    assert "reported by webhook sandbox" in op.note
+    assert settled_events(op) == 1
+    delivery = WebhookDelivery.objects.get(pk=response.json()["delivery"])
+    assert delivery.operation_key == request.operation_key
+    assert delivery.result is not None
+    assert (delivery.result["changed"], delivery.result["before"], delivery.result["after"]) == (
+        True,
+        "unknown",
+        "succeeded",
+    )
+    # and the waiting run reads it at its next check: confirmed, one refund at the provider, one record
+    assert_confirmed(request, world.sandbox)
+    assert OperationalRecord.objects.filter(request_id=f"refund-request:{request.pk}").count() == 1
+
+    # and the provider sending its webhook again (another event id) is accepted and changes nothing
+    again = post_outcome("evt_2101_again", {"type": "refund.succeeded", "data": record})
+    assert again.status_code == 202
+    result = WebhookDelivery.objects.get(pk=again.json()["delivery"]).result
+    assert result is not None and result["changed"] is False and "already succeeded" in result["note"]
+    assert settled_events(ExternalOperation.objects.get(pk=op.pk)) == 1
+    drain_lookup_faults(world.sandbox, request.operation_key)
+
+
+def test_a_webhook_for_a_key_nobody_knows_is_accepted_and_changes_nothing(world: World) -> None:
+    response = post_outcome("evt_nobody", outcome_event("refund:nobody:0", "succeeded"))
+    assert response.status_code == 202
+    delivery = WebhookDelivery.objects.get()
+    assert delivery.result == {"changed": False, "note": "no operation of payments has this key"}
+    assert ExternalOperation.objects.count() == 0
+
+
+def test_a_webhook_and_reconcile_racing_settle_the_refund_once(world: World, users: Users) -> None:
+    # given an unknown refund whose lookups work again: reconcile and the webhook both know the answer
+    request = unknown_refund(world, users.alice, "2102", "50.00", "30.00")
+    drain_lookup_faults(world.sandbox, request.operation_key)
+    record = provider_record(world.sandbox, request.operation_key)
+    barrier = threading.Barrier(2)
+    answers: dict[str, Any] = {}
+
+    def webhook() -> None:
+        barrier.wait()
+        answers["webhook"] = post_outcome("evt_2102", {"type": "refund.succeeded", "data": record})
+
+    def reconciling() -> None:
+        barrier.wait()
+        try:
+            answers["reconcile"] = reconcile()
+        finally:
+            connection.close()
+
+    # when both run at the same instant
+    threads = [threading.Thread(target=webhook), threading.Thread(target=reconciling)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    # then one of them settled it, once; the other found it settled and changed nothing
+    assert answers["webhook"].status_code == 202, answers["webhook"].content
+    op = ExternalOperation.objects.get(key=request.operation_key)
+    assert op.status == OperationStatus.SUCCEEDED
+    assert settled_events(op) == 1
+    result = WebhookDelivery.objects.get().result
+    assert result is not None
+    webhook_won = result["changed"]
+    assert ("reported by webhook sandbox" in op.note) is webhook_won
+    # and the run goes on once: one refund, one record, confirmed
+    assert_confirmed(request, world.sandbox)
+    assert OperationalRecord.objects.filter(request_id=f"refund-request:{request.pk}").count() == 1
+    assert RefundRequest.objects.get(pk=request.pk).run_id is not None

@@ -1,0 +1,79 @@
+"""``operation_report``: an outcome the provider reported on its own (a signed webhook) settles an
+operation in doubt as a lookup would, and leaves everything else as it is."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from ledger import hooks
+from ledger.adapters import Failed, Succeeded
+from ledger.models import EventKind, ExternalOperation, OperationEvent, OperationStatus
+from ledger.services import operation_report
+from ledger.tests.support import make_operation
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def settled(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The keys the settled hooks were called for."""
+    calls: list[str] = []
+    monkeypatch.setattr(hooks, "_on_settled", [lambda op: calls.append(op.key)])
+    return calls
+
+
+def report(key: str, outcome: Succeeded | Failed, system: str = "payments") -> Any:
+    with transaction.atomic():
+        return operation_report(key=key, system=system, outcome=outcome, reported_by="webhook sandbox")
+
+
+@pytest.mark.parametrize("status", [OperationStatus.UNKNOWN, OperationStatus.SUBMITTED])
+def test_an_operation_in_doubt_is_settled_as_a_lookup_would(status: str, settled: list[str]) -> None:
+    make_operation("k1", status)
+
+    result = report("k1", Succeeded({"id": "re_1"}))
+
+    op = ExternalOperation.objects.get(key="k1")
+    assert (op.status, op.response) == (OperationStatus.SUCCEEDED, {"id": "re_1"})
+    assert (result.before, result.after, result.verdict) == (status, "succeeded", "resolved")
+    assert op.note == "the provider has it as succeeded (reported by webhook sandbox)"
+    assert op.lookup_count == 0  # not a lookup of ours
+    [event] = OperationEvent.objects.filter(operation=op)
+    assert (event.kind, event.status_before, event.status_after) == (EventKind.LOOKUP, status, "succeeded")
+    assert settled == ["k1"]
+
+
+def test_a_failure_report_fails_it_with_the_reason(settled: list[str]) -> None:
+    make_operation("k1")
+    report("k1", Failed(reason="declined", detail={"status": "declined"}))
+    op = ExternalOperation.objects.get(key="k1")
+    assert (op.status, op.error) == (OperationStatus.FAILED, {"reason": "declined", "detail": {"status": "declined"}})
+    assert settled == ["k1"]
+
+
+@pytest.mark.parametrize(
+    ("status", "says"),
+    [
+        (OperationStatus.SUCCEEDED, "already succeeded"),
+        (OperationStatus.FAILED, "already failed"),
+        (OperationStatus.PENDING, "never sent"),
+    ],
+)
+def test_anything_else_is_left_as_it_is(status: str, says: str, settled: list[str]) -> None:
+    make_operation("k1", status)
+
+    result = report("k1", Failed(reason="declined"))
+
+    assert ExternalOperation.objects.get(key="k1").status == status
+    assert result.verdict == "skipped" and says in result.note
+    assert OperationEvent.objects.count() == 0 and settled == []
+
+
+def test_a_key_of_another_system_or_nobodys_is_none(settled: list[str]) -> None:
+    make_operation("k1")
+    assert report("k1", Succeeded({}), system="crm") is None
+    assert report("nobody", Succeeded({})) is None
+    assert ExternalOperation.objects.get(key="k1").status == OperationStatus.UNKNOWN

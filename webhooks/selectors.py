@@ -1,0 +1,55 @@
+"""Reads of the webhooks app: the configured sources as people may see them, and deliveries."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, TypedDict
+
+from django.db.models import QuerySet
+
+from webhooks.conf import raw_sources, source_problems
+from webhooks.models import WebhookDelivery
+
+
+class SourceSummary(TypedDict):
+    name: str
+    scheme: str
+    secrets: int  # how many, never what they are
+    tolerance_seconds: int | None
+    max_body_bytes: int | None
+    action: str
+    problems: list[str]
+
+
+def source_summaries() -> list[SourceSummary]:
+    """Every configured source, bad ones included with their problems; no secret in any of it."""
+    summaries: list[SourceSummary] = []
+    for name, raw in sorted(raw_sources().items()):
+        raw = raw if isinstance(raw, dict) else {}
+        action: dict[str, Any] = raw["action"] if isinstance(raw.get("action"), dict) else {}
+        secrets = raw.get("secrets")
+        summaries.append(
+            {
+                "name": str(name),
+                "scheme": str(raw.get("scheme", "")),
+                "secrets": len(secrets) if isinstance(secrets, list) else 0,
+                "tolerance_seconds": raw.get("tolerance_seconds", 300) if raw.get("scheme") != "github" else None,
+                "max_body_bytes": raw.get("max_body_bytes", 256 * 1024),
+                "action": describe_action(action),
+                "problems": source_problems(name, raw),
+            }
+        )
+    return summaries
+
+
+def describe_action(action: dict[str, Any]) -> str:
+    kind = action.get("type", "?")
+    if kind == "workflow":
+        return f"start workflow {action.get('workflow')!r}"
+    if kind == "operation_outcome":
+        return f"settle {action.get('system')!r} operations"
+    return str(kind)
+
+
+def deliveries_received_before(cutoff: datetime) -> QuerySet[WebhookDelivery]:
+    return WebhookDelivery.objects.filter(received_at__lt=cutoff)

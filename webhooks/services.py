@@ -1,0 +1,202 @@
+"""Writes of the webhooks app: check an inbound delivery, then record it and do its work.
+
+``check_delivery`` decides whether a delivery may be accepted (size, signature, JSON) and writes
+nothing; ``delivery_receive`` records what became of it:
+
+- rejected: one rejected delivery row, nothing else (``delivery_reject``);
+- accepted: the accepted row and the action's work in ONE transaction (``delivery_accept``). The
+  partial unique constraint on (source, event_id) for accepted rows makes a second delivery of the
+  same event wait for the first to commit and then fail: that transaction rolls back whole (its
+  action's work too) and a duplicate row is recorded after the rollback;
+- duplicate: that row, nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from ledger.redaction import REDACTED, redact
+from ledger.services import PurgeResult
+from webhooks.actions import ActionRefused, Event, action_perform
+from webhooks.conf import Source
+from webhooks.models import ACCEPTED_ONCE, Outcome, WebhookDelivery
+from webhooks.selectors import deliveries_received_before
+from webhooks.verify import SCHEMES, MalformedEvent, SignatureRejected
+from workflows.storable import MAX_JSON_DEPTH, json_problem
+
+logger = logging.getLogger("webhooks")
+
+# Header names whose values are credentials or signatures: never stored. Matched as substrings of
+# the lower-cased name, so x-hub-signature-256, stripe-signature and x-api-key are all caught.
+SECRET_HEADER_PARTS = ("signature", "secret", "token", "authorization", "cookie", "api-key", "apikey", "password")
+
+
+class Rejection(Exception):
+    """Why a delivery is refused, with the HTTP status its sender gets."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
+
+
+@dataclass(frozen=True)
+class Checked:
+    event_id: str
+    body: Any  # the parsed JSON
+
+
+def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {
+        name: REDACTED if any(part in name.lower() for part in SECRET_HEADER_PARTS) else value
+        for name, value in headers.items()
+    }
+
+
+def check_size(*, source: Source, content_length: str | None) -> None:
+    """A declared Content-Length over the source's limit is refused before the body is read."""
+    if content_length and content_length.isdigit() and int(content_length) > source.max_body_bytes:
+        raise Rejection(413, "payload_too_large", f"the body is larger than {source.max_body_bytes:,} bytes")
+
+
+def check_delivery(*, source: Source, headers: Mapping[str, str], body: bytes, now: float | None = None) -> Checked:
+    """The event id and JSON of a delivery that may be accepted, or a Rejection. Writes nothing.
+
+    ``body`` was read with at most max_body_bytes + 1 bytes: one more means it is too large. The
+    signature is checked before the body is parsed: nothing an unverified sender wrote is read."""
+    if len(body) > source.max_body_bytes:
+        raise Rejection(413, "payload_too_large", f"the body is larger than {source.max_body_bytes:,} bytes")
+    verify = SCHEMES[source.scheme]
+    try:
+        event_id = verify(
+            headers=headers,
+            body=body,
+            secrets=source.secrets,
+            tolerance=source.tolerance_seconds,
+            now=time.time() if now is None else now,
+        )
+    except SignatureRejected as exc:
+        raise Rejection(401, exc.reason, exc.message) from None
+    except MalformedEvent as exc:
+        raise Rejection(400, "parse_error", str(exc)) from None
+    return Checked(event_id=event_id, body=parse_json(body))
+
+
+def parse_json(body: bytes) -> Any:
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        raise Rejection(400, "parse_error", "the body is not JSON (UTF-8)") from None
+    if (problem := json_problem(value, max_depth=MAX_JSON_DEPTH)) is not None:
+        raise Rejection(400, "parse_error", f"the body {problem}")
+    return value
+
+
+def delivery_receive(
+    *, source: Source, headers: Mapping[str, str], body: bytes, now: float | None = None
+) -> tuple[WebhookDelivery, Rejection | None]:
+    """Check, then record: the delivery row, and the rejection if it was refused."""
+    try:
+        checked = check_delivery(source=source, headers=headers, body=body, now=now)
+    except Rejection as refused:
+        return delivery_reject(source=source, headers=headers, size=len(body), rejection=refused), refused
+    try:
+        return delivery_accept(source=source, headers=headers, size=len(body), checked=checked), None
+    except ActionRefused as exc:
+        # Rolled back whole: only the rejection is recorded, after the rollback.
+        rejection = Rejection(400, exc.code, exc.message)
+    except Exception as exc:
+        # A bug or an outage in the action: rolled back whole, so nothing was accepted. Recorded,
+        # and a 500 tells the sender to try again later, when it may be accepted.
+        logger.exception("webhook %s %s: the action failed", source.name, checked.event_id)
+        rejection = Rejection(500, "action_failed", f"the event could not be acted on ({type(exc).__name__})")
+    delivery = delivery_reject(
+        source=source, headers=headers, size=len(body), rejection=rejection, event_id=checked.event_id
+    )
+    return delivery, rejection
+
+
+def delivery_reject(
+    *, source: Source, headers: Mapping[str, str], size: int, rejection: Rejection, event_id: str = ""
+) -> WebhookDelivery:
+    """Record a refused delivery, and nothing else. Its body is not kept (see the model)."""
+    logger.warning("webhook %s rejected (%s): %s", source.name, rejection.reason, rejection.message)
+    return WebhookDelivery.objects.create(
+        source=source.name,
+        event_id=event_id,
+        outcome=Outcome.REJECTED,
+        reason=rejection.reason,
+        message=rejection.message,
+        headers=redact_headers(headers),
+        size=size,
+    )
+
+
+def delivery_accept(*, source: Source, headers: Mapping[str, str], size: int, checked: Checked) -> WebhookDelivery:
+    """Accept the event once: the accepted row and the action's work commit together.
+
+    Raises ActionRefused (nothing kept) if the action cannot act on the event. A concurrent or
+    earlier acceptance of the same (source, event id) makes this one a duplicate: its transaction
+    rolls back (the action's work with it) and the duplicate is recorded after the rollback.
+    """
+    row = {
+        "source": source.name,
+        "event_id": checked.event_id,
+        "headers": redact_headers(headers),
+        "body": redact(checked.body),
+        "size": size,
+    }
+    try:
+        with transaction.atomic():
+            # The row first: a second delivery of this event blocks here, on the unique index,
+            # until the first commits (then IntegrityError) or rolls back (then it goes on).
+            delivery = WebhookDelivery.objects.create(outcome=Outcome.ACCEPTED, **row)
+            event = Event(source=source.name, event_id=checked.event_id, body=checked.body)
+            done = action_perform(source.action, event)
+            delivery.run_id = done.get("run_id")
+            delivery.operation_key = done.get("operation_key", "")
+            delivery.result = json.loads(json.dumps(done.get("result"), default=str))
+            delivery.save(update_fields=["run", "operation_key", "result"])
+    except IntegrityError as exc:
+        if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != ACCEPTED_ONCE:
+            raise
+        logger.info("webhook %s %s: a duplicate", source.name, checked.event_id)
+        return WebhookDelivery.objects.create(outcome=Outcome.DUPLICATE, **row)
+    logger.info("webhook %s %s accepted (delivery %s)", source.name, checked.event_id, delivery.pk)
+    return delivery
+
+
+PURGE_BATCH = 1000
+
+
+def delivery_purge(
+    *, older_than: timedelta | None = None, dry_run: bool = False, now: datetime | None = None
+) -> PurgeResult:
+    """Delete delivery records received before now - ``older_than`` (default WEBHOOKS_RETENTION_DAYS),
+    in batches of short transactions, as the ledger's record_purge does.
+
+    Deleting an accepted row lets the same event id be accepted again: a sender that replays an
+    event older than the retention period starts its work again (a workflow start still answers
+    with the run its idempotency key already has; a settled operation stays as it is)."""
+    older_than = timedelta(days=settings.WEBHOOKS_RETENTION_DAYS) if older_than is None else older_than
+    if older_than <= timedelta(0):
+        raise ValueError("the retention period must be more than zero (it would delete every record)")
+    cutoff = (now or timezone.now()) - older_than
+    expired = deliveries_received_before(cutoff)
+    if dry_run:
+        return PurgeResult(count=expired.count(), cutoff=cutoff, dry_run=True)
+    total = 0
+    while ids := list(expired.order_by("pk").values_list("pk", flat=True)[:PURGE_BATCH]):
+        deleted, _ = WebhookDelivery.objects.filter(pk__in=ids).delete()
+        total += deleted
+    logger.info("purged %d webhook deliveries received before %s", total, cutoff.isoformat())
+    return PurgeResult(count=total, cutoff=cutoff, dry_run=False)

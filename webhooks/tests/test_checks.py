@@ -1,0 +1,64 @@
+"""The system check refuses a bad source configuration with a message that says what is wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from webhooks.checks import check_sources
+from webhooks.conf import sources
+
+SECRET = "a-secret-of-at-least-sixteen-bytes"
+GOOD = {"scheme": "github", "secrets": [SECRET], "action": {"type": "operation_outcome", "system": "payments"}}
+
+
+def messages(settings: Any, **source: Any) -> list[str]:
+    settings.WEBHOOK_SOURCES = {"acme": {**GOOD, **source}}
+    return [f"{m.id}: {m.msg}" for m in check_sources()]
+
+
+def test_the_default_settings_pass() -> None:
+    assert [m for m in check_sources() if m.level >= 40] == []
+
+
+def test_a_good_source_passes_and_is_served(settings: Any) -> None:
+    assert messages(settings) == []
+    assert set(sources()) == {"acme"}
+    assert SECRET not in repr(sources()["acme"])
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"scheme": "paypal"}, "scheme must be one of github, standard, stripe"),
+        ({"secrets": "one"}, "secrets must be a list"),
+        ({"secrets": ["short"]}, "secret #1 is 5 bytes; at least 16"),
+        ({"secrets": [SECRET, "whsec_!!"]}, "secret #2: a whsec_ secret must be base64"),
+        ({"tolerance_seconds": 0}, "tolerance_seconds must be a whole number from 1 to 3600"),
+        ({"max_body_bytes": "big"}, "max_body_bytes must be a whole number"),
+        ({"colour": "red"}, "unknown key 'colour'"),
+        ({"action": {"type": "email"}}, "action must be an object whose type is one of"),
+        ({"action": {"type": "workflow", "workflow": "no.such"}}, "no workflow 'no.such' is registered"),
+        ({"action": {"type": "operation_outcome"}}, "names the ledger system"),
+        ({"action": {"type": "submission", "kind": "support"}}, "submission actions are not available yet"),
+    ],
+)
+def test_a_bad_source_is_an_error_saying_what(settings: Any, change: dict[str, Any], says: str) -> None:
+    found = messages(settings, **change)
+    assert len(found) == 1 and found[0].startswith("webhooks.E001: webhook source 'acme': "), found
+    assert says in found[0]
+    assert sources() == {}  # and the endpoint does not serve it
+
+
+def test_a_bad_name_is_an_error(settings: Any) -> None:
+    settings.WEBHOOK_SOURCES = {"Acme/Pay": GOOD}
+    assert [m.id for m in check_sources()] == ["webhooks.E001"]
+
+
+def test_a_source_without_secrets_is_a_warning(settings: Any) -> None:
+    assert [m.split(":")[0] for m in messages(settings, secrets=[])] == ["webhooks.W001"]
+
+
+def test_a_workflow_action_naming_a_registered_workflow_passes(settings: Any) -> None:
+    assert messages(settings, action={"type": "workflow", "workflow": "test.echo", "payload_from": "data"}) == []

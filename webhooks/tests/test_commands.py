@@ -1,0 +1,70 @@
+"""``manage.py webhooks purge`` applies the retention period; ``webhooks sources`` lists the sources."""
+
+from __future__ import annotations
+
+import io
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.utils import timezone
+
+from webhooks.models import WebhookDelivery
+from webhooks.tests.support import SECRET, SOURCES
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args: str) -> str:
+    out = io.StringIO()
+    call_command("webhooks", *args, stdout=out)
+    return out.getvalue()
+
+
+def delivery(age: timedelta) -> WebhookDelivery:
+    return WebhookDelivery.objects.create(
+        source="runs", event_id=f"evt_{age.days}", outcome="accepted", received_at=timezone.now() - age
+    )
+
+
+def test_purge_deletes_only_what_is_older_than_the_retention(settings: Any) -> None:
+    settings.WEBHOOKS_RETENTION_DAYS = 30
+    old, recent = delivery(timedelta(days=31)), delivery(timedelta(days=29))
+
+    out = run("purge")
+
+    assert "Deleted 1 webhook delivery record(s)" in out and "(older than 30d)" in out
+    assert list(WebhookDelivery.objects.values_list("pk", flat=True)) == [recent.pk]
+    assert not WebhookDelivery.objects.filter(pk=old.pk).exists()
+
+
+def test_purge_older_than_and_dry_run() -> None:
+    delivery(timedelta(days=3))
+
+    out = run("purge", "--older-than", "2d", "--dry-run")
+
+    assert "Would delete 1 webhook delivery record(s)" in out and "Dry run: nothing was deleted." in out
+    assert WebhookDelivery.objects.count() == 1
+    assert "Deleted 1" in run("purge", "--older-than", "48h")
+    assert WebhookDelivery.objects.count() == 0
+
+
+def test_purge_refuses_a_bad_or_zero_duration() -> None:
+    delivery(timedelta(days=3))
+    with pytest.raises(CommandError):
+        run("purge", "--older-than", "soon")
+    with pytest.raises(CommandError, match="more than zero"):
+        run("purge", "--older-than", "0d")
+    assert WebhookDelivery.objects.count() == 1
+
+
+def test_sources_lists_each_without_secrets(settings: Any) -> None:
+    settings.WEBHOOK_SOURCES = {**SOURCES, "broken": {"scheme": "nope"}}
+
+    out = run("sources")
+
+    assert "runs: standard, 2 secret(s), start workflow 'test.echo'" in out
+    assert "payments: stripe, 1 secret(s), settle 'payments' operations" in out
+    assert "broken: nope" in out and "PROBLEMS: scheme must be one of" in out
+    assert SECRET not in out

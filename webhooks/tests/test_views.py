@@ -1,0 +1,209 @@
+"""``POST /webhooks/<source>/`` through Django's test client: every answer, and on every refusal
+nothing but one rejected delivery record is written."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from ledger.models import ExternalOperation, OperationEvent
+from webhooks.models import WebhookDelivery
+from webhooks.tests.support import (
+    ROTATED,
+    SOURCES,
+    encode,
+    github_headers,
+    standard_headers,
+    stripe_headers,
+)
+from workflows.models import WorkflowRun
+
+pytestmark = pytest.mark.django_db
+
+EVENT = {"type": "order.paid", "data": {"order": "1042", "email": "alice@example.com"}}
+
+
+@pytest.fixture(autouse=True)
+def sources(settings: Any) -> Iterator[None]:
+    settings.WEBHOOK_SOURCES = SOURCES
+    yield
+
+
+def post(source: str, body: bytes, headers: dict[str, str], **extra: Any) -> Any:
+    return Client().post(f"/webhooks/{source}/", data=body, content_type="application/json", headers=headers, **extra)
+
+
+def written() -> tuple[int, int, int]:
+    return WorkflowRun.objects.count(), ExternalOperation.objects.count(), OperationEvent.objects.count()
+
+
+def refused(response: Any, status: int, code: str) -> WebhookDelivery:
+    """The answer is the API's error shape with ``code``; one rejected delivery and nothing else
+    was written. Returns that delivery."""
+    assert response.status_code == status, response.content
+    error = response.json()["error"]
+    assert error["code"] == code and error["message"], error
+    assert written() == (0, 0, 0)
+    [delivery] = WebhookDelivery.objects.all()
+    assert (delivery.outcome, delivery.reason) == ("rejected", code)
+    assert delivery.body is None and delivery.run is None and delivery.result is None
+    return delivery
+
+
+def test_accepted_starts_the_workflow_once_and_records_the_delivery() -> None:
+    body = encode(EVENT)
+
+    response = post("runs", body, standard_headers(body, "msg_1"))
+
+    assert response.status_code == 202, response.content
+    delivery = WebhookDelivery.objects.get()
+    assert response.json() == {"status": "accepted", "delivery": delivery.pk}
+    run = WorkflowRun.objects.get()
+    assert (run.workflow, run.payload, run.idempotency_key) == ("test.echo", EVENT["data"], "runs:msg_1")
+    assert run.owner is None
+    assert (delivery.source, delivery.event_id, delivery.outcome) == ("runs", "msg_1", "accepted")
+    assert delivery.run_id == run.id
+    assert delivery.size == len(body)
+    # what is recorded: personal data and signatures redacted
+    assert delivery.body == {"type": "order.paid", "data": {"order": "1042", "email": "[redacted]"}}
+    assert delivery.headers["Webhook-Signature"] == "[redacted]"
+    assert delivery.headers["Webhook-Id"] == "msg_1"
+
+
+def test_a_replayed_event_is_a_duplicate_and_nothing_else_happens() -> None:
+    body = encode(EVENT)
+    assert post("runs", body, standard_headers(body, "msg_1")).status_code == 202
+
+    again = post("runs", body, standard_headers(body, "msg_1", secret=ROTATED))  # re-signed, even
+
+    assert again.status_code == 200
+    assert again.json() == {"status": "duplicate"}
+    assert WorkflowRun.objects.count() == 1
+    assert sorted(WebhookDelivery.objects.values_list("outcome", flat=True)) == ["accepted", "duplicate"]
+
+
+def test_the_same_event_id_at_another_source_is_another_event() -> None:
+    body = encode(EVENT)
+    assert post("runs", body, standard_headers(body, "same")).status_code == 202
+    assert post("hub", body, github_headers(body, "same")).status_code == 202
+    assert WorkflowRun.objects.count() == 2
+
+
+def test_an_unknown_source_is_a_404_and_records_nothing() -> None:
+    body = encode(EVENT)
+    response = post("nobody", body, standard_headers(body, "msg_1"))
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+    assert WebhookDelivery.objects.count() == 0 and written() == (0, 0, 0)
+
+
+def test_a_get_is_a_405() -> None:
+    response = Client().get("/webhooks/runs/")
+    assert response.status_code == 405
+    assert response.json()["error"]["code"] == "method_not_allowed"
+    assert WebhookDelivery.objects.count() == 0
+
+
+def test_a_body_over_the_limit_is_a_413() -> None:
+    body = encode({"data": {"pad": "x" * 5000}})
+    delivery = refused(post("runs", body, standard_headers(body, "big")), 413, "payload_too_large")
+    assert delivery.size == len(body)
+
+
+def test_a_declared_length_over_the_limit_is_a_413_before_reading() -> None:
+    body = encode(EVENT)
+    response = post("runs", body, standard_headers(body, "msg_1"), CONTENT_LENGTH="999999")
+    delivery = refused(response, 413, "payload_too_large")
+    assert delivery.size == 999999
+
+
+@pytest.mark.parametrize(
+    ("tamper", "code"),
+    [
+        (lambda h: {**h, "webhook-signature": h["webhook-signature"][:-4] + "AAA="}, "bad_signature"),
+        (lambda h: {k: v for k, v in h.items() if k != "webhook-signature"}, "missing_header"),
+        (lambda h: {**h, "webhook-signature": "v1 nope"}, "malformed_header"),
+    ],
+)
+def test_a_bad_or_missing_signature_is_a_401(tamper: Any, code: str) -> None:
+    body = encode(EVENT)
+    delivery = refused(post("runs", body, tamper(standard_headers(body, "msg_1"))), 401, code)
+    assert delivery.headers.get("Webhook-Id") == "msg_1"
+    assert all(v == "[redacted]" for k, v in delivery.headers.items() if "signature" in k.lower())
+
+
+def test_a_tampered_body_is_a_401() -> None:
+    body = encode(EVENT)
+    refused(post("runs", body.replace(b"1042", b"9999"), standard_headers(body, "msg_1")), 401, "bad_signature")
+
+
+@pytest.mark.parametrize(("offset", "code"), [(-360, "stale_timestamp"), (360, "future_timestamp")])
+def test_a_timestamp_six_minutes_off_is_a_401(offset: int, code: str) -> None:
+    import time
+
+    body = encode(EVENT)
+    refused(post("runs", body, standard_headers(body, "msg_1", at=time.time() + offset)), 401, code)
+
+
+def test_a_stripe_signature_out_of_tolerance_is_a_401() -> None:
+    import time
+
+    body = encode({"id": "evt_1", "data": {}})
+    refused(post("payments", body, stripe_headers(body, at=time.time() - 360)), 401, "stale_timestamp")
+
+
+def test_malformed_json_is_a_400() -> None:
+    body = b'{"data": '
+    refused(post("runs", body, standard_headers(body, "msg_1")), 400, "parse_error")
+
+
+def test_a_signed_stripe_body_without_an_id_is_a_400() -> None:
+    body = encode({"data": {}})
+    refused(post("payments", body, stripe_headers(body)), 400, "parse_error")
+
+
+def test_json_postgresql_cannot_store_is_a_400() -> None:
+    body = b'{"data": {"x": "\\u0000"}}'
+    refused(post("runs", body, standard_headers(body, "msg_1")), 400, "parse_error")
+
+
+def test_a_payload_the_workflow_cannot_take_is_a_400_and_starts_nothing() -> None:
+    body = encode({"data": ["not", "an", "object"]})
+    delivery = refused(post("runs", body, standard_headers(body, "msg_1")), 400, "invalid_event")
+    assert delivery.event_id == "msg_1"
+    # refused, so not accepted: the sender may correct and send the event again
+    fixed = encode(EVENT)
+    assert post("runs", fixed, standard_headers(fixed, "msg_1")).status_code == 202
+
+
+def test_a_source_without_a_secret_refuses_everything(settings: Any) -> None:
+    settings.WEBHOOK_SOURCES = {**SOURCES, "runs": {**SOURCES["runs"], "secrets": []}}
+    body = encode(EVENT)
+    refused(post("runs", body, standard_headers(body, "msg_1")), 401, "no_secret")
+
+
+def test_the_error_names_the_delivery_record() -> None:
+    body = encode(EVENT)
+    response = post("runs", body, {})
+    assert json.loads(response.content)["error"]["detail"] == {"delivery": WebhookDelivery.objects.get().pk}
+
+
+def test_an_action_that_fails_is_a_500_that_keeps_nothing_but_the_rejection(monkeypatch: pytest.MonkeyPatch) -> None:
+    from webhooks import actions
+
+    def broken(action: dict[str, Any], event: actions.Event) -> actions.ActionResult:
+        WorkflowRun.objects.create(workflow="test.echo", payload={})  # work done, then a failure
+        raise RuntimeError("the database of the partner is down")
+
+    monkeypatch.setitem(actions.ACTIONS, "workflow", actions.ActionType(actions._workflow_problems, broken))
+    body = encode(EVENT)
+
+    delivery = refused(post("runs", body, standard_headers(body, "msg_1")), 500, "action_failed")
+
+    assert "partner" not in delivery.message  # the exception's text stays in the log
+    monkeypatch.undo()
+    assert post("runs", body, standard_headers(body, "msg_1")).status_code == 202  # sent again: accepted
