@@ -13,7 +13,7 @@ A few objects exist with ids the schema's generators are told about (``SEEDED``)
 requests that name an object name a real one: alice's run, order, refund request and assessment,
 and a refund approval and an assessment review waiting for carol. The rest are random ids (404).
 
-Bounded: ``FUZZ_EXAMPLES`` examples an operation (default 15) and as many stateful scenarios,
+Bounded: ``FUZZ_EXAMPLES`` examples an operation (default 8) and as many stateful scenarios,
 derandomised so that a run is repeatable; ``FUZZ_EXAMPLES=200 pytest tests/test_fuzz_api.py``
 explores further.
 """
@@ -53,7 +53,7 @@ from ledger.models import ExternalOperation
 from tests.factories import Users
 from workflows.models import RunAttempt, RunStatus, WorkflowRun
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "15"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "8"))
 
 # The seeded objects' ids: far above anything the sequences reach in a test session.
 RUN_ID = UUID("5eed0000-0000-4000-8000-000000000001")
