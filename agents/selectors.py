@@ -8,6 +8,7 @@ send, so a client renders a snapshot, a replay and a live push with the same cod
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, TypedDict
 from uuid import UUID
 
@@ -17,6 +18,7 @@ from django.db.models import Max, OuterRef, QuerySet, Subquery
 from accounts.selectors import User, account_for, accounts_of
 from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Chunk, Message, Submission, Turn, TurnStatus
 from agents.registry import get_agent_class
+from workflows.apis.converters import NameConverter
 from workflows.storable import text_problem
 
 # The columns' lengths (models.Agent): a longer kind or name names no agent, and is not sent to
@@ -113,6 +115,11 @@ def _storable_name(value: str, limit: int) -> bool:
     return 0 < len(value) <= limit and text_problem(value) is None and "\ufffd" not in value
 
 
+def reachable_name(value: str) -> bool:
+    """A name an agent can have and a path can name (``manage.py agents submit`` checks its --name)."""
+    return re.fullmatch(NameConverter.regex, value) is not None and _storable_name(value, NAME_MAX)
+
+
 def turn_get(*, agent: Agent, turn_id: UUID | str) -> Turn | None:
     """The turn if it is ``agent``'s (another agent's turn, or no id at all, is None like a missing one)."""
     try:
@@ -171,6 +178,41 @@ def turn_partial_text(*, turn_id: UUID | str) -> str:
     if current:
         rounds.append(current)
     return "\n\n".join(r.strip() for r in rounds if r.strip())
+
+
+def turn_stopped_messages(*, turn_id: UUID | str) -> list[dict[str, Any]]:
+    """What a stopped turn's stream added to the conversation, in the shape the turn's ``finish``
+    writes (``{"role": "assistant", "content", "tool_calls"}``, ``{"role": "tool", "tool_call_id",
+    "name", "content"}``): each round's text with the tool calls whose results were stored, those
+    results, then the text streamed after the last of them. A call with no stored result is left out
+    (a model is never shown a call without its answer)."""
+    added: list[dict[str, Any]] = []
+    text = ""
+    calls: dict[str, dict[str, Any]] = {}  # the round's calls, by id
+    assistant: dict[str, Any] | None = None  # the round's message, once a result of its calls is stored
+    for type_, data in Chunk.objects.filter(turn_id=turn_id).order_by("seq").values_list("type", "data"):
+        fields = data if isinstance(data, dict) else {}
+        if type_ in ("text-delta", "tool-input-available") and assistant is not None:
+            text, calls, assistant = "", {}, None  # the next round, after the tool results
+        if type_ == "text-delta":
+            text += str(fields.get("delta", ""))
+        elif type_ == "data-reset":
+            text = ""
+        elif type_ == "tool-input-available":
+            call_id = str(fields.get("toolCallId", ""))
+            calls[call_id] = {"id": call_id, "name": fields.get("toolName", ""), "arguments": fields.get("input")}
+        elif type_ == "tool-output-available" and str(fields.get("toolCallId", "")) in calls:
+            call = calls[str(fields.get("toolCallId"))]
+            if assistant is None:
+                assistant = {"role": "assistant", "content": text, "tool_calls": []}
+                added.append(assistant)
+            assistant["tool_calls"].append(call)
+            added.append(
+                {"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": fields.get("output")}
+            )
+    if assistant is None and text.strip():
+        added.append({"role": "assistant", "content": text.strip(), "tool_calls": []})
+    return added
 
 
 # What members read of a failed turn's reason: the reason itself (an exception's text, a setting's

@@ -38,7 +38,7 @@ from agents.models import (
     Turn,
     TurnStatus,
 )
-from agents.selectors import message_data, turn_data, turn_partial_text
+from agents.selectors import message_data, turn_data, turn_partial_text, turn_stopped_messages
 from workflows.exceptions import InvalidPayload, TransitionNotAllowed
 from workflows.models import RunStatus, WorkflowRun
 from workflows.services import check_json_size, check_text, run_start, run_terminate
@@ -256,11 +256,23 @@ def turn_stop(*, turn: Turn, user: User | None) -> Turn:
     terminated (its worker writes nothing more; a restart does not revive it) and is cancelled.
     Either way a ``finish`` chunk ``{"reason": "stopped"}`` ends its stream and the next queued turn
     starts. An ended turn is refused (TurnNotStoppable)."""
+    for _ in range(5):
+        stopped = _turn_stop_once(turn=turn, user=user)
+        if stopped is not None:
+            return stopped
+    raise TurnNotStoppable("the turn kept changing while it was being stopped; try again", status=turn.status)
+
+
+def _turn_stop_once(*, turn: Turn, user: User | None) -> Turn | None:
+    """One try of turn_stop; None if the turn's run changed between its first read and the locks
+    (a queued turn started meanwhile: its new run must be locked and terminated too, so try again)."""
     with transaction.atomic():
         run_id = Turn.objects.filter(pk=turn.pk).values_list("run_id", flat=True).first()
         run = WorkflowRun.objects.select_for_update().filter(pk=run_id).first() if run_id else None  # before the agent
         lock_agent(turn.agent)
         turn = Turn.objects.select_related("agent").get(pk=turn.pk)
+        if turn.run_id != run_id:
+            return None
         if turn.status not in TURN_OPEN:
             raise TurnNotStoppable(f"the turn has ended ({turn.status})", status=turn.status)
         who = getattr(user, "username", "") or "someone"
@@ -289,15 +301,24 @@ def on_run_terminated(run: WorkflowRun) -> None:
 
 def end_stopped_locked(turn: Turn, *, reason: str) -> None:
     """Cancel an open turn that was stopped (inside atomic(), its agent row locked). What its
-    stream showed so far stays: as the turn's text and as an assistant message (marked stopped),
-    so a reload shows the partial answer the customer saw, not nothing."""
-    partial = turn_partial_text(turn_id=turn.pk)
-    if partial:
-        message = Message.objects.create(
-            agent_id=turn.agent_id, turn=turn, role=MessageRole.ASSISTANT, text=partial, parts={"stopped": True}
-        )
-        push_message(message)
-    end_locked(turn, status=TurnStatus.CANCELLED, reason=reason, text=partial, finish="stopped")
+    stream showed so far stays in the conversation: its text, the tool calls whose results were
+    stored and those results (a later turn's model knows a refund was asked for), the last
+    message marked ``{"stopped": true}``; and the text as the turn's."""
+    added = turn_stopped_messages(turn_id=turn.pk)
+    for i, m in enumerate(added):
+        stopped = {"stopped": True} if i == len(added) - 1 else {}
+        if m["role"] == "assistant":
+            parts = {**({"tool_calls": m["tool_calls"]} if m["tool_calls"] else {}), **stopped}
+            row = Message.objects.create(
+                agent_id=turn.agent_id, turn=turn, role=MessageRole.ASSISTANT, text=m["content"], parts=parts
+            )
+        else:
+            parts = {"tool_call_id": m["tool_call_id"], "name": m["name"], "result": m["content"], **stopped}
+            row = Message.objects.create(agent_id=turn.agent_id, turn=turn, role=MessageRole.TOOL, parts=parts)
+        push_message(row)
+    end_locked(
+        turn, status=TurnStatus.CANCELLED, reason=reason, text=turn_partial_text(turn_id=turn.pk), finish="stopped"
+    )
 
 
 # --- state ------------------------------------------------------------------------------------------

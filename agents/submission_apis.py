@@ -36,7 +36,7 @@ from agents.apis import (
     visible_agent,
 )
 from agents.models import Submission, SubmissionStatus
-from agents.submissions import submission_cancel, submission_create
+from agents.submissions import check_submission, submission_cancel, submission_create
 from workflows.apis.common import (
     CURSOR,
     ApiBase,
@@ -153,10 +153,12 @@ class AgentSubmissionsApi(ApiBase):
         ],
     )
     def post(self, request: Request, kind: str, name: str) -> Response:
-        agent = visible_agent(request, kind, name)
+        # The request first: resolving the agent creates it, and a refused request creates nothing.
         key = idempotency_key_header(request)
         serializer = self.InputSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
+        check_submission(serializer.validated_data["messages"], serializer.validated_data["metadata"])
+        agent = visible_agent(request, kind, name)
         try:
             result = submission_create(
                 agent=agent,

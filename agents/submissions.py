@@ -25,6 +25,7 @@ from agents.services import (
     SUBMISSION_SOURCE,
     TooManyQueuedTurns,
     check_message,
+    check_open_turns_of,
     lock_agent,
     push_turn,
     repair_locked,
@@ -92,7 +93,9 @@ def submission_create(
     key = idempotency_key or ""
     print_ = fingerprint(checked, metadata)
     with transaction.atomic():
-        # The agent's row first: submissions with one key, and the queue's numbers, one at a time.
+        if user is not None:
+            check_open_turns_of(user)  # a member's submissions count as their messages do; the user's row first
+        # The agent's row: submissions with one key, and the queue's numbers, one at a time.
         agent = lock_agent(agent)
         if key:
             earlier = Submission.objects.filter(agent=agent, idempotency_key=key).first()

@@ -38,7 +38,19 @@ logger = logging.getLogger("webhooks")
 
 # Header names whose values are credentials or signatures: never stored. Matched as substrings of
 # the lower-cased name, so x-hub-signature-256, stripe-signature and x-api-key are all caught.
-SECRET_HEADER_PARTS = ("signature", "secret", "token", "authorization", "cookie", "api-key", "apikey", "password")
+SECRET_HEADER_PARTS = (
+    "signature",
+    "secret",
+    "token",
+    "authorization",
+    "cookie",
+    "key",
+    "password",
+    "passwd",
+    "credential",
+    "hmac",
+    "auth",
+)
 
 
 class Rejection(Exception):
@@ -91,9 +103,21 @@ def check_delivery(*, source: Source, headers: Mapping[str, str], body: bytes, n
     return Checked(event_id=event_id, body=parse_json(body))
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is too large a number")
+    return value
+
+
 def parse_json(body: bytes) -> Any:
     try:
-        value = json.loads(body)
+        # NaN and Infinity are Python's extensions, not JSON, and PostgreSQL refuses to store them.
+        value = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
     except (ValueError, RecursionError):
         raise Rejection(400, "parse_error", "the body is not JSON (UTF-8)") from None
     if (problem := json_problem(value, max_depth=MAX_JSON_DEPTH)) is not None:

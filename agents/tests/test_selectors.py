@@ -120,3 +120,33 @@ def test_a_turns_partial_text_is_what_its_stream_showed(users: Users) -> None:
 
     assert selectors.turn_partial_text(turn_id=turn.pk) == "Let me look.\n\nIt is on its way"
     assert selectors.turn_partial_text(turn_id=Turn.objects.create(agent=agent, number=2).pk) == ""
+
+
+def test_a_stopped_turns_messages_keep_its_answered_tool_calls(users: Users) -> None:
+    # given a stream: text, two calls of which one has its result stored, the next round's text
+    account_ensure(slug="acme", members=[users.alice])
+    agent = agent_get(user=users.alice, kind="test.chat", name="help")
+    assert agent is not None
+    turn = Turn.objects.create(agent=agent, number=1, status=TurnStatus.RUNNING)
+    stream = [
+        ("start", {}),
+        ("text-delta", {"delta": "Let me look. "}),
+        ("tool-input-available", {"toolCallId": "a", "toolName": "find_order", "input": {"order": "1042"}}),
+        ("tool-input-available", {"toolCallId": "b", "toolName": "request_refund", "input": {"order": "1042"}}),
+        ("tool-output-available", {"toolCallId": "a", "output": {"amount": "150.00"}}),
+        ("text-delta", {"delta": "It cost "}),
+    ]
+    Chunk.objects.bulk_create(Chunk(turn=turn, seq=i + 1, type=t, data=d) for i, (t, d) in enumerate(stream))
+
+    added = selectors.turn_stopped_messages(turn_id=turn.pk)
+
+    # then the answered call and its result stay, the unanswered one does not, and the last text follows
+    assert added == [
+        {
+            "role": "assistant",
+            "content": "Let me look. ",
+            "tool_calls": [{"id": "a", "name": "find_order", "arguments": {"order": "1042"}}],
+        },
+        {"role": "tool", "tool_call_id": "a", "name": "find_order", "content": {"amount": "150.00"}},
+        {"role": "assistant", "content": "It cost", "tool_calls": []},
+    ]

@@ -149,3 +149,34 @@ def test_a_turn_whose_run_failed_outside_its_steps_fails_and_the_queue_moves_on(
     assert first.end_reason == "its run ended: the run's worker was lost 6 times"
     assert [c["type"] for c in chunks_after(turn_id=first.pk, after=0)] == ["data-notice", "finish"]
     assert second.status == TurnStatus.RUNNING
+
+
+@pytest.mark.django_db
+def test_a_stop_that_races_the_turns_start_terminates_the_run_it_started(
+    users: Users, no_enqueue: NoEnqueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a turn queued behind a running one
+    from agents import services
+
+    agent = chat_agent(users.alice)
+    running = message_send(agent=agent, user=users.alice, text="hello")
+    queued = message_send(agent=agent, user=users.alice, text="next")
+    assert queued.status == TurnStatus.QUEUED
+
+    # when the running turn ends (and the queued one starts) between the stop's first read and its locks
+    lock = services.lock_agent
+    raced: list[bool] = []
+
+    def lock_after_the_race(agent: Agent) -> Agent:
+        if not raced:
+            raced.append(True)
+            services.end_locked(Turn.objects.get(pk=running.pk), status=TurnStatus.COMPLETED, reason="answered")
+        return lock(agent)
+
+    monkeypatch.setattr(services, "lock_agent", lock_after_the_race)
+    stopped = turn_stop(turn=queued, user=users.alice)
+
+    # then the run the queued turn got in between is terminated, not left to run its tools
+    assert stopped.status == TurnStatus.CANCELLED
+    assert stopped.run_id is not None
+    assert WorkflowRun.objects.get(pk=stopped.run_id).status == RunStatus.TERMINATED

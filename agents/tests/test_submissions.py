@@ -187,3 +187,63 @@ def test_the_command_submits_once_per_key(users: Users, no_enqueue: NoEnqueue) -
     submission = Submission.objects.get()
     assert first == f"Submitted: {submission.pk} running\n"
     assert again.startswith(f"Already submitted (same key and text): {submission.pk}")
+
+
+@pytest.mark.django_db
+def test_a_members_submissions_count_against_their_open_turns(
+    users: Users, no_enqueue: NoEnqueue, settings: Any
+) -> None:
+    # given a limit of two open turns per member, and alice's two agents
+    settings.AGENTS_MAX_OPEN_TURNS_PER_USER = 2
+    chat_agent(users.alice)
+    chat_agent(users.alice, name="other")
+    crm = api_login(users.alice)
+
+    # when she submits to one agent, then to the other, then once more
+    first = post(crm, said("one"))
+    second = crm.post("/api/agents/test.chat/other/submissions", said("two"), format="json")
+    third = post(crm, said("three"))
+
+    # then the third is refused as her third chat message would be, and nothing of it is stored
+    assert (first.status_code, second.status_code, third.status_code) == (202, 202, 429)
+    assert Submission.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_a_refused_submission_opens_no_agent(users: Users, no_enqueue: NoEnqueue) -> None:
+    from agents.models import Agent
+
+    chat_agent(users.alice)
+    before = Agent.objects.count()
+
+    answer = api_login(users.alice).post("/api/agents/test.chat/fresh/submissions", {"messages": []}, format="json")
+
+    assert answer.status_code == 400 and Agent.objects.count() == before
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--name", "a/b", "--text", "hi"],
+        ["--name", "", "--text", "hi"],
+        ["--name", "x" * 129, "--text", "hi"],
+        ["--name", "new", "--text", ""],
+        ["--name", "new", "--text", "hi", "--metadata", "NaN"],
+        ["--name", "new", "--text", "hi", "--metadata", "[1]"],
+        ["--name", "new", "--text", "hi", "--key", " spaced "],
+        ["--name", "new", "--text", "hi", "--key", "k" * 300],
+    ],
+)
+def test_the_command_refuses_bad_input_and_opens_no_agent(users: Users, no_enqueue: NoEnqueue, args: list[str]) -> None:
+    from django.core.management.base import CommandError
+
+    from agents.models import Agent
+
+    chat_agent(users.alice)
+    before = Agent.objects.count()
+
+    with pytest.raises(CommandError):
+        call_command("agents", "submit", "--account", "acme", "--kind", "test.chat", *args, stdout=StringIO())
+
+    assert Agent.objects.count() == before and not Submission.objects.exists()

@@ -171,6 +171,13 @@ def test_json_postgresql_cannot_store_is_a_400() -> None:
     refused(post("runs", body, standard_headers(body, "msg_1")), 400, "parse_error")
 
 
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e999"])
+def test_numbers_json_has_not_are_a_400_not_a_500(number: bytes) -> None:
+    # Python's json takes them, PostgreSQL refuses them: a signed event with one was a 500 for ever
+    body = b'{"data": {"x": ' + number + b"}}"
+    refused(post("runs", body, standard_headers(body, "msg_1")), 400, "parse_error")
+
+
 def test_a_payload_the_workflow_cannot_take_is_a_400_and_starts_nothing() -> None:
     body = encode({"data": ["not", "an", "object"]})
     delivery = refused(post("runs", body, standard_headers(body, "msg_1")), 400, "invalid_event")

@@ -7,6 +7,7 @@ submission, as ``POST .../submissions`` makes one (``agents.submissions``)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django.conf import settings
@@ -18,6 +19,7 @@ from agents.models import Fiber, FiberStatus
 from agents.registry import agent_kinds, get_agent_class
 from agents.services import TooManyQueuedTurns, chunks_purge
 from ledger.durations import describe, duration_argument
+from workflows.apis.common import IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_MAX
 
 
 class Command(BaseCommand):
@@ -79,7 +81,10 @@ class Command(BaseCommand):
             )
 
     def purge(self, *, older_than: Any, dry_run: bool) -> None:
-        result = chunks_purge(older_than=older_than, dry_run=dry_run)
+        try:
+            result = chunks_purge(older_than=older_than, dry_run=dry_run)
+        except OverflowError:
+            raise CommandError("--older-than reaches before the year 1") from None
         age = describe(older_than) if older_than is not None else f"{settings.AGENTS_CHUNK_RETENTION_DAYS}d"
         cutoff = timezone.localtime(result.cutoff).strftime("%Y-%m-%d %H:%M:%S")
         verb = "Would delete" if result.dry_run else "Deleted"
@@ -92,7 +97,8 @@ class Command(BaseCommand):
     def submit(self, options: dict[str, Any]) -> None:
         from agents.models import Agent
         from agents.registry import get_agent_class
-        from agents.submissions import submission_create
+        from agents.selectors import NAME_MAX, reachable_name
+        from agents.submissions import check_submission, submission_create
         from workflows.exceptions import WorkflowError
 
         try:
@@ -102,19 +108,29 @@ class Command(BaseCommand):
         if get_agent_class(options["kind"]) is None:
             raise CommandError(f"no agent kind {options['kind']!r} (see `manage.py agents list`)")
         try:
-            metadata = json.loads(options["metadata"])
+            metadata = json.loads(options["metadata"], parse_constant=_not_json)
         except ValueError as exc:
             raise CommandError(f"--metadata is not JSON: {exc}") from None
-        agent, _ = Agent.objects.get_or_create(account=account, kind=options["kind"], name=options["name"])
+        messages = [{"role": "user", "content": text} for text in options["text"]]
+        key = options["key"] or None
+        # Everything checked before the agent is opened: opening one creates it.
+        if not reachable_name(options["name"]):
+            raise CommandError(f"--name must be 1 to {NAME_MAX} characters, without '/' or control characters")
+        if key is not None and re.fullmatch(IDEMPOTENCY_KEY, key) is None:
+            raise CommandError(
+                f"--key must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters, no space at either end"
+            )
         try:
+            check_submission(messages, metadata)
+            agent, _ = Agent.objects.get_or_create(account=account, kind=options["kind"], name=options["name"])
             result = submission_create(
-                agent=agent,
-                user=None,
-                messages=[{"role": "user", "content": text} for text in options["text"]],
-                metadata=metadata,
-                idempotency_key=options["key"] or None,
+                agent=agent, user=None, messages=messages, metadata=metadata, idempotency_key=key
             )
         except (WorkflowError, TooManyQueuedTurns) as exc:
             raise CommandError(str(exc)) from None
         verb = "Submitted" if result.accepted else "Already submitted (same key and text)"
         self.stdout.write(f"{verb}: {result.submission.pk} {result.submission.status}")
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
