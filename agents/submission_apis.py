@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
@@ -35,6 +36,7 @@ from agents.apis import (
     user_of,
     visible_agent,
 )
+from agents.consumers import max_text_chars
 from agents.models import Submission, SubmissionStatus
 from agents.submissions import check_submission, submission_cancel, submission_create
 from workflows.apis.common import (
@@ -48,6 +50,7 @@ from workflows.apis.common import (
 )
 from workflows.apis.errors import error_response, error_responses
 from workflows.apis.runs import idempotency_key_parameter
+from workflows.apis.schema import NOT_BLANK
 
 TAGS = ["submissions"]
 SUBMISSION_ID = OpenApiParameter(
@@ -97,6 +100,12 @@ class AcceptedSerializer(serializers.Serializer[dict[str, Any]]):
     accepted = serializers.BooleanField(help_text="False: the same key and body were submitted before; this is that.")
 
 
+@extend_schema_serializer(component_name="SubmissionMessageInput")
+class MessageInputSerializer(StrictSerializer):
+    role = serializers.ChoiceField(choices=["user"], required=False, help_text="Only 'user' (the default).")
+    content = StrictCharField(pattern=NOT_BLANK, max_length=max_text_chars(), help_text="What the system says.")
+
+
 def visible_submission(request: Request, submission_id: str) -> Submission:
     submission = selectors.submission_get(user=user_of(request), submission_id=submission_id)
     if submission is None or str(submission.pk) != submission_id.lower():
@@ -110,7 +119,10 @@ class AgentSubmissionsApi(ApiBase):
     @extend_schema_serializer(component_name="SubmissionInput")
     class InputSerializer(StrictSerializer):
         messages = serializers.ListField(
-            child=JsonObjectField(), help_text='[{"role": "user", "content": "..."}, ...]: 1 to 20 messages.'
+            child=MessageInputSerializer(),
+            min_length=1,
+            max_length=int(settings.AGENTS_MAX_SUBMISSION_MESSAGES),
+            help_text="1 to AGENTS_MAX_SUBMISSION_MESSAGES (20) user messages, in order.",
         )
         metadata = JsonObjectField(required=False, default=dict, help_text="Yours, kept with the submission.")
 
