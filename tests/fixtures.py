@@ -35,7 +35,7 @@ def _flush_that_outlasts_a_deadlock() -> Iterator[None]:
 
     from django.core.management.base import CommandError
     from django.core.management.commands import flush
-    from django.db import OperationalError, connections, transaction
+    from django.db import IntegrityError, OperationalError, connections, transaction
 
     handle = flush.Command.handle
     kept = {"django_content_type", "auth_permission"}
@@ -55,9 +55,12 @@ def _flush_that_outlasts_a_deadlock() -> Iterator[None]:
                 if fast:
                     return delete_all(database)
                 return handle(self, **options)
-            except (CommandError, OperationalError) as exc:
+            except (CommandError, OperationalError, IntegrityError) as exc:
                 cause = exc.__cause__ if isinstance(exc, CommandError) else exc
-                if not (isinstance(cause, OperationalError) and "deadlock" in str(cause)) or attempt == 4:
+                # A deadlock, or (DELETE takes no table lock) a worker's row inserted meanwhile that
+                # references one deleted: the transaction rolled back whole, so try again.
+                racing = isinstance(cause, IntegrityError) or "deadlock" in str(cause)
+                if not (isinstance(cause, OperationalError | IntegrityError) and racing) or attempt == 4:
                     raise
                 time.sleep(0.2 * (attempt + 1))
         return None
