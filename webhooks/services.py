@@ -32,7 +32,7 @@ from webhooks.conf import Source
 from webhooks.models import ACCEPTED_ONCE, Outcome, WebhookDelivery
 from webhooks.selectors import deliveries_received_before
 from webhooks.verify import SCHEMES, MalformedEvent, SignatureRejected
-from workflows.storable import MAX_JSON_DEPTH, json_problem
+from workflows.storable import MAX_JSON_DEPTH, json_loads_strict, json_problem
 
 logger = logging.getLogger("webhooks")
 
@@ -103,21 +103,9 @@ def check_delivery(*, source: Source, headers: Mapping[str, str], body: bytes, n
     return Checked(event_id=event_id, body=parse_json(body))
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise ValueError(f"{text} is too large a number")
-    return value
-
-
 def parse_json(body: bytes) -> Any:
     try:
-        # NaN and Infinity are Python's extensions, not JSON, and PostgreSQL refuses to store them.
-        value = json.loads(body, parse_constant=_no_constant, parse_float=_finite)
+        value = json_loads_strict(body)
     except (ValueError, RecursionError):
         raise Rejection(400, "parse_error", "the body is not JSON (UTF-8)") from None
     if (problem := json_problem(value, max_depth=MAX_JSON_DEPTH)) is not None:

@@ -11,6 +11,7 @@ The walks here are iterative, so that checking a deep value cannot itself hit th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,3 +64,20 @@ def _walk(value: Any) -> Iterator[tuple[Any, int]]:
         elif isinstance(item, list | tuple):
             yield item, depth
             stack.extend((child, depth + 1) for child in item)
+
+
+def json_loads_strict(text: str | bytes) -> Any:
+    """``json.loads`` without Python's extensions: NaN, Infinity and numbers too large for a float
+    are not JSON, and PostgreSQL refuses to store them. ValueError for them as for any bad JSON."""
+    return json.loads(text, parse_constant=_not_json, parse_float=_finite)
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is too large a number")
+    return value

@@ -6,7 +6,6 @@ submission, as ``POST .../submissions`` makes one (``agents.submissions``)."""
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -20,6 +19,7 @@ from agents.registry import agent_kinds, get_agent_class
 from agents.services import TooManyQueuedTurns, chunks_purge
 from ledger.durations import describe, duration_argument
 from workflows.apis.common import IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_MAX
+from workflows.storable import json_loads_strict
 
 
 class Command(BaseCommand):
@@ -108,7 +108,7 @@ class Command(BaseCommand):
         if get_agent_class(options["kind"]) is None:
             raise CommandError(f"no agent kind {options['kind']!r} (see `manage.py agents list`)")
         try:
-            metadata = json.loads(options["metadata"], parse_constant=_not_json)
+            metadata = json_loads_strict(options["metadata"])
         except ValueError as exc:
             raise CommandError(f"--metadata is not JSON: {exc}") from None
         messages = [{"role": "user", "content": text} for text in options["text"]]
@@ -130,7 +130,3 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         verb = "Submitted" if result.accepted else "Already submitted (same key and text)"
         self.stdout.write(f"{verb}: {result.submission.pk} {result.submission.status}")
-
-
-def _not_json(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
