@@ -10,7 +10,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from agents.models import Agent, Chunk, Fiber, Message, Turn
+from agents.models import Agent, Chunk, Fiber, Message, Submission, Turn
 from workflows.admin import ReadOnlyInline, run_admin_link
 
 
@@ -127,3 +127,26 @@ class FiberAdmin(_ReadOnly):
     @admin.display(description="run")
     def run_link(self, obj: Fiber) -> str:
         return run_admin_link(obj.run_id)
+
+
+@admin.register(Submission)
+class SubmissionAdmin(_ReadOnly):
+    """Work other systems handed an agent (the API, a webhook, a schedule, the command): what was
+    submitted, under which key, and the turn that took it up."""
+
+    list_display = ("id", "agent", "status", "idempotency_key", "submitted_by", "created_at", "finished_at")
+    list_filter = ("status", "agent__kind")
+    list_select_related = ("agent__account", "submitted_by")
+    search_fields = ("=id", "=idempotency_key", "agent__name", "agent__account__slug")
+    fields = (
+        "agent",
+        "status",
+        "turn",
+        "idempotency_key",
+        "submitted_by",
+        "messages",
+        "metadata",
+        "created_at",
+        "finished_at",
+    )
+    readonly_fields = fields

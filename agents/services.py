@@ -21,6 +21,7 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from accounts.models import Account
 from agents import fibers, streams
 from agents.chunks import append_unfenced
 from agents.models import (
@@ -38,7 +39,15 @@ from agents.models import (
     Turn,
     TurnStatus,
 )
-from agents.selectors import message_data, turn_data, turn_partial_text, turn_stopped_messages
+from agents.registry import get_agent_class
+from agents.selectors import (
+    NAME_MAX,
+    message_data,
+    reachable_name,
+    turn_data,
+    turn_partial_text,
+    turn_stopped_messages,
+)
 from workflows.exceptions import InvalidPayload, TransitionNotAllowed
 from workflows.models import RunStatus, WorkflowRun
 from workflows.services import check_json_size, check_text, run_start, run_terminate
@@ -62,6 +71,27 @@ class TurnNotStoppable(TransitionNotAllowed):
 
 class TooManyQueuedTurns(Exception):
     """The agent has AGENTS_MAX_QUEUED_TURNS turns queued already: a 429 (an error frame on the socket)."""
+
+
+class AgentUnavailable(Exception):
+    """``agent_open`` cannot name an agent: no such account, an unregistered kind, a bad name."""
+
+
+def agent_open(*, account: str, kind: str, name: str) -> Agent:
+    """The agent ``(account, kind, name)`` for a caller that acts for the account rather than as a
+    member of it (``manage.py agents submit``, a webhook source's submission action, a schedule),
+    created on first use. AgentUnavailable, with nothing created, if the account does not exist,
+    the kind is not registered or no path could name the agent."""
+    if get_agent_class(kind) is None:
+        raise AgentUnavailable(f"no agent kind {kind!r} is registered (see `manage.py agents list`)")
+    if not reachable_name(name):
+        raise AgentUnavailable(f"an agent's name is 1 to {NAME_MAX} characters, without '/' or control characters")
+    found = Account.objects.filter(slug=account).first()
+    if found is None:
+        raise AgentUnavailable(f"no account {account!r}")
+    agent, _ = Agent.objects.get_or_create(account=found, kind=kind, name=name)
+    agent.account = found
+    return agent
 
 
 # --- pushes -------------------------------------------------------------------------------------------

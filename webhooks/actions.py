@@ -12,16 +12,28 @@ refuses an event it cannot act on with ``ActionRefused``, which rolls the accept
 - ``operation_outcome``: ``{"type": "operation_outcome", "system": "payments"}``; the body's
   ``data`` is the provider's record of one operation, ``{"key": <the ledger key>, "status":
   "succeeded" | "failed" | ..., ...}``, which settles it as reconcile would (``operation_report``).
-- ``submission``: a message submitted to an agent. Not available yet (see ``SubmissionAction``).
+- ``submission``: ``{"type": "submission", "account": "<slug>", "kind": "<agent kind>", "name":
+  "<agent name>", "text_from": "data.text"}`` submits the string at ``text_from`` as one user
+  message to the agent ``(account, kind, name)`` (created on first use), queued behind its other
+  turns, with ``<source>:<event id>`` as the submission's idempotency key and the source, event id
+  and the body's ``type`` as its metadata. An agent with AGENTS_MAX_PENDING_SUBMISSIONS pending is
+  a 429 the sender retries (``ActionDeferred``), and so is an account that does not exist (yet): a
+  503, since the fix is ours, and the sender's retry is then accepted.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypedDict
 from uuid import UUID
 
+from agents.models import Submission
+from agents.registry import get_agent_class
+from agents.selectors import NAME_MAX, reachable_name
+from agents.services import AgentUnavailable, TooManyQueuedTurns, agent_open
+from agents.submissions import check_submission, submission_create
 from ledger.adapters import Failed, Succeeded
 from ledger.http import FAILED_STATES, PENDING_STATES
 from ledger.services import operation_report
@@ -42,15 +54,7 @@ class OperationOutcomeAction(TypedDict):
 
 
 class SubmissionAction(TypedDict):
-    """The extension point for the agents app's submissions: a message submitted to the agent
-    ``(account, kind, name)``, its text at ``text_from`` in the body, ``<source>:<event id>`` as
-    its idempotency key. Once the agents' service is on this branch
-    (``agents.submissions.submission_create(*, agent, user=None, messages, metadata,
-    idempotency_key)``), ``_submission_perform`` finds the agent without a user (a webhook has
-    none), calls it inside the accepting transaction and returns the submission in its result;
-    ``_submission_problems`` checks the account and kind instead of refusing the type. A refusal
-    for too many pending submissions should then be an answer the sender retries (429 or 503),
-    not an ActionRefused (400). Nothing else here changes."""
+    """A message submitted to the agent ``(account, kind, name)``: the text at ``text_from``."""
 
     type: Literal["submission"]
     account: str
@@ -60,10 +64,12 @@ class SubmissionAction(TypedDict):
 
 
 class ActionResult(TypedDict, total=False):
-    """What the action did, stored on the delivery: a run it started, the operation it settled."""
+    """What the action did, stored on the delivery: a run it started, the operation it settled,
+    the submission it made."""
 
     run_id: UUID
     operation_key: str
+    submission_id: UUID
     result: dict[str, Any]
 
 
@@ -80,6 +86,15 @@ class ActionRefused(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code, self.message = code, message
+
+
+class ActionDeferred(Exception):
+    """The event cannot be acted on now, but may be later: nothing of it is kept, and the sender is
+    told to try again (``status``: 429 for a full queue, 503 for something this side must fix)."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
 
 
 def at_path(body: Any, path: str) -> Any:
@@ -149,13 +164,58 @@ def _operation_perform(action: dict[str, Any], event: Event) -> ActionResult:
     return {"operation_key": key, "result": result}
 
 
-# --- submission (not yet) -------------------------------------------------------------------------
+# --- submission -----------------------------------------------------------------------------------
 def _submission_problems(action: dict[str, Any]) -> list[str]:
-    return ["submission actions are not available yet (agents.services.submission_create is being built)"]
+    problems = [
+        f"a submission action names the agent's {key} (a non-empty string)"
+        for key in ("account", "kind", "name")
+        if not isinstance(action.get(key), str) or not action[key]
+    ]
+    if not isinstance(action.get("text_from"), str):
+        problems.append("text_from must be a dotted path into the body to the message's text, e.g. data.text")
+    if problems:
+        return problems
+    if get_agent_class(action["kind"]) is None:
+        problems.append(f"no agent kind {action['kind']!r} is registered in this process")
+    if not reachable_name(action["name"]):
+        problems.append(f"the agent's name must be 1 to {NAME_MAX} characters, without '/' or control characters")
+    return problems
+
+
+def submission_key(event: Event) -> str:
+    """The submission's idempotency key: ``<source>:<event id>``, hashed where it would not fit."""
+    key = f"{event.source}:{event.event_id}"
+    if len(key) <= (Submission._meta.get_field("idempotency_key").max_length or 0):
+        return key
+    return f"{event.source}:sha256:{hashlib.sha256(event.event_id.encode()).hexdigest()}"
 
 
 def _submission_perform(action: dict[str, Any], event: Event) -> ActionResult:
-    raise NotImplementedError("submission actions are not available yet")
+    text = at_path(event.body, action["text_from"])
+    if not isinstance(text, str):
+        raise ActionRefused("invalid_event", f"{action['text_from'] or 'the body'} must be the message's text")
+    metadata: dict[str, Any] = {"webhook": event.source, "event_id": event.event_id}
+    if isinstance(event.body, dict) and isinstance(event.body.get("type"), str):
+        metadata["type"] = event.body["type"][:200]
+    try:
+        check_submission([{"role": "user", "content": text}], metadata)  # before the agent is created
+        agent = agent_open(account=action["account"], kind=action["kind"], name=action["name"])
+        done = submission_create(
+            agent=agent,
+            user=None,
+            messages=[{"role": "user", "content": text}],
+            metadata=metadata,
+            idempotency_key=submission_key(event),
+        )
+    except AgentUnavailable as exc:
+        raise ActionDeferred(503, "agent_unavailable", str(exc)) from None
+    except TooManyQueuedTurns as exc:
+        raise ActionDeferred(429, "too_many_pending", str(exc)) from None
+    except (InvalidPayload, IdempotencyConflict) as exc:
+        raise ActionRefused(exc.code, str(exc)) from None
+    submission = done.submission
+    result = {"submission": str(submission.pk), "agent": str(agent), "created": done.accepted}
+    return {"submission_id": submission.pk, "result": result}
 
 
 @dataclass(frozen=True)

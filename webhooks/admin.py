@@ -8,6 +8,8 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
 
 from webhooks.models import WebhookDelivery
 from webhooks.selectors import source_summaries
@@ -34,6 +36,7 @@ class WebhookDeliveryAdmin(admin.ModelAdmin[WebhookDelivery]):
         "size",
         "run_link",
         "operation_key",
+        "submission_link",
         "result_pretty",
         "headers_pretty",
         "body_pretty",
@@ -42,6 +45,13 @@ class WebhookDeliveryAdmin(admin.ModelAdmin[WebhookDelivery]):
     @admin.display(description="run")
     def run_link(self, delivery: WebhookDelivery) -> str:
         return run_admin_link(delivery.run_id)
+
+    @admin.display(description="submission")
+    def submission_link(self, delivery: WebhookDelivery) -> str:
+        if delivery.submission_id is None:
+            return "-"
+        url = reverse("admin:agents_submission_change", args=[delivery.submission_id])
+        return format_html('<a href="{}">{}</a>', url, delivery.submission_id)
 
     @admin.display(description="what it did")
     def result_pretty(self, delivery: WebhookDelivery) -> str:

@@ -42,6 +42,9 @@ class WebhookDelivery(models.Model):
     # What it did.
     run = models.ForeignKey("workflows.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     operation_key = models.CharField(max_length=255, blank=True)
+    submission = models.ForeignKey(
+        "agents.Submission", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     result = models.JSONField(null=True, blank=True)
 
     class Meta:

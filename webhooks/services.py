@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from ledger.redaction import REDACTED, redact
 from ledger.services import PurgeResult
-from webhooks.actions import ActionRefused, Event, action_perform
+from webhooks.actions import ActionDeferred, ActionRefused, Event, action_perform
 from webhooks.conf import Source
 from webhooks.models import ACCEPTED_ONCE, Outcome, WebhookDelivery
 from webhooks.selectors import deliveries_received_before
@@ -126,6 +126,9 @@ def delivery_receive(
     except ActionRefused as exc:
         # Rolled back whole: only the rejection is recorded, after the rollback.
         rejection = Rejection(400, exc.code, exc.message)
+    except ActionDeferred as exc:
+        # The same, but the sender is told to try again: then it may be accepted.
+        rejection = Rejection(exc.status, exc.code, exc.message)
     except Exception as exc:
         # A bug or an outage in the action: rolled back whole, so nothing was accepted. Recorded,
         # and a 500 tells the sender to try again later, when it may be accepted.
@@ -176,8 +179,9 @@ def delivery_accept(*, source: Source, headers: Mapping[str, str], size: int, ch
             done = action_perform(source.action, event)
             delivery.run_id = done.get("run_id")
             delivery.operation_key = done.get("operation_key", "")
+            delivery.submission_id = done.get("submission_id")
             delivery.result = json.loads(json.dumps(done.get("result"), default=str))
-            delivery.save(update_fields=["run", "operation_key", "result"])
+            delivery.save(update_fields=["run", "operation_key", "submission", "result"])
     except IntegrityError as exc:
         if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != ACCEPTED_ONCE:
             raise

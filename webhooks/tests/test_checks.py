@@ -41,7 +41,22 @@ def test_a_good_source_passes_and_is_served(settings: Any) -> None:
         ({"action": {"type": "email"}}, "action must be an object whose type is one of"),
         ({"action": {"type": "workflow", "workflow": "no.such"}}, "no workflow 'no.such' is registered"),
         ({"action": {"type": "operation_outcome"}}, "names the ledger system"),
-        ({"action": {"type": "submission", "kind": "support"}}, "submission actions are not available yet"),
+        (
+            {"action": {"type": "submission", "kind": "test.chat", "name": "n", "text_from": "text"}},
+            "names the agent's account",
+        ),
+        (
+            {"action": {"type": "submission", "account": "a", "kind": "nope", "name": "n", "text_from": "text"}},
+            "no agent kind 'nope' is registered",
+        ),
+        (
+            {"action": {"type": "submission", "account": "a", "kind": "test.chat", "name": "n/m", "text_from": ""}},
+            "the agent's name must be 1 to",
+        ),
+        (
+            {"action": {"type": "submission", "account": "a", "kind": "test.chat", "name": "n", "text_from": 1}},
+            "text_from must be a dotted path",
+        ),
     ],
 )
 def test_a_bad_source_is_an_error_saying_what(settings: Any, change: dict[str, Any], says: str) -> None:

@@ -13,7 +13,6 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from accounts.models import Account
 from agents.models import Fiber, FiberStatus
 from agents.registry import agent_kinds, get_agent_class
 from agents.services import TooManyQueuedTurns, chunks_purge
@@ -95,37 +94,29 @@ class Command(BaseCommand):
             self.stdout.write("Dry run: nothing was deleted.")
 
     def submit(self, options: dict[str, Any]) -> None:
-        from agents.models import Agent
-        from agents.registry import get_agent_class
-        from agents.selectors import NAME_MAX, reachable_name
+        from agents.services import AgentUnavailable, agent_open
         from agents.submissions import check_submission, submission_create
         from workflows.exceptions import WorkflowError
 
-        try:
-            account = Account.objects.get(slug=options["account"])
-        except Account.DoesNotExist:
-            raise CommandError(f"no account {options['account']!r}") from None
-        if get_agent_class(options["kind"]) is None:
-            raise CommandError(f"no agent kind {options['kind']!r} (see `manage.py agents list`)")
         try:
             metadata = json_loads_strict(options["metadata"])
         except ValueError as exc:
             raise CommandError(f"--metadata is not JSON: {exc}") from None
         messages = [{"role": "user", "content": text} for text in options["text"]]
         key = options["key"] or None
-        # Everything checked before the agent is opened: opening one creates it.
-        if not reachable_name(options["name"]):
-            raise CommandError(f"--name must be 1 to {NAME_MAX} characters, without '/' or control characters")
         if key is not None and re.fullmatch(IDEMPOTENCY_KEY, key) is None:
             raise CommandError(
                 f"--key must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters, no space at either end"
             )
         try:
+            # Everything checked before the agent is opened: opening one creates it.
             check_submission(messages, metadata)
-            agent, _ = Agent.objects.get_or_create(account=account, kind=options["kind"], name=options["name"])
+            agent = agent_open(account=options["account"], kind=options["kind"], name=options["name"])
             result = submission_create(
                 agent=agent, user=None, messages=messages, metadata=metadata, idempotency_key=key
             )
+        except AgentUnavailable as exc:
+            raise CommandError(str(exc)) from None
         except (WorkflowError, TooManyQueuedTurns) as exc:
             raise CommandError(str(exc)) from None
         verb = "Submitted" if result.accepted else "Already submitted (same key and text)"
