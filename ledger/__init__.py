@@ -1,6 +1,7 @@
 """The ledger: external side effects done at most once, and what a colleague needs to answer for them.
 
     from ledger import perform, prepare, OutcomeUnknown, IdempotencyConflict, OperationFailed
+    from ledger import wait_for_outcome
     from ledger import register_adapter, HttpAdapter, record_create
 
 The services are imported lazily so that importing this package does not need Django's app
@@ -38,6 +39,7 @@ from ledger.redaction import redact
 if TYPE_CHECKING:  # what __getattr__ below returns, for the type checker ("as": exported)
     from ledger.services import operation_perform, operation_prepare
     from ledger.services import record_create as record_create
+    from ledger.waits import wait_for_outcome as wait_for_outcome
 
     perform = operation_perform
     prepare = operation_prepare
@@ -46,6 +48,7 @@ _LAZY = {
     "perform": ("ledger.services", "operation_perform"),
     "prepare": ("ledger.services", "operation_prepare"),
     "record_create": ("ledger.services", "record_create"),
+    "wait_for_outcome": ("ledger.waits", "wait_for_outcome"),
 }
 
 __all__ = [

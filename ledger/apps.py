@@ -17,6 +17,7 @@ class LedgerConfig(AppConfig):
         checks.register(check_timeouts)
         hooks.register_run_section(run_section)
         hooks.on_run_terminated(abandon_for_terminated_run)
+        hooks.reserve_event_prefix("ledger:", why="the ledger sends them when an operation settles")
 
 
 def abandon_for_terminated_run(run: Any) -> None:

@@ -31,6 +31,10 @@ def on_operation_settled(hook: SettledHook) -> SettledHook:
 
 
 def fire_operation_settled(op: ExternalOperation) -> None:
-    """Call the hooks for ``op``, which is now succeeded or failed (call inside atomic(), row locked)."""
+    """Wake the run waiting for ``op``'s outcome (``ledger.waits``), then call the hooks for ``op``,
+    which is now succeeded or failed (call inside atomic(), row locked)."""
+    from ledger.waits import wake_waiting_run  # the engine's services, imported once apps are ready
+
+    wake_waiting_run(op)
     for hook in _on_settled:
         hook(op)

@@ -529,7 +529,12 @@ def _execute(run: WorkflowRun, owner: str, *, first_claim: bool = False, hand_ba
     instance = cls()
     instance.run_id = run.id
     event = Event(
-        payload=run.payload, run_id=run.id, created_at=run.created_at, attempt=run.attempt, owner_id=run.owner_id
+        payload=run.payload,
+        run_id=run.id,
+        created_at=run.created_at,
+        attempt=run.attempt,
+        owner_id=run.owner_id,
+        version=run.workflow_version,
     )
     step = Step(run, owner, first_claim=first_claim, hand_back_at=hand_back_at)
     try:

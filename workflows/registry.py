@@ -21,14 +21,17 @@ W = TypeVar("W", bound="type[Workflow]")
 
 @dataclass(frozen=True)
 class Event:
-    """What ``run()`` receives: the run's payload and identity, and who started it (``owner_id``,
-    None for a run started by the system)."""
+    """What ``run()`` receives: the run's payload and identity, who started it (``owner_id``, None
+    for a run started by the system), and the workflow's ``version`` when the run started: a
+    workflow that changes its steps keeps the old ones for runs started at an older version (the
+    engine replays every run with today's code)."""
 
     payload: dict[str, Any]
     run_id: UUID
     created_at: datetime
     attempt: int
     owner_id: int | None = None
+    version: str = ""
 
 
 class Workflow:

@@ -48,7 +48,15 @@ from examples.refunds.selectors import (
     order_balance,
 )
 from examples.refunds.services import OPTIONS, RefundRefused, order_mark_refunded, refund_reserve
-from ledger import OperationFailed, OperationInProgress, OutcomeUnknown, ProviderUnavailable, perform, record_create
+from ledger import (
+    OperationFailed,
+    OperationInProgress,
+    OutcomeUnknown,
+    ProviderUnavailable,
+    perform,
+    record_create,
+    wait_for_outcome,
+)
 from ledger.models import ExternalOperation
 from workflows import NonRetryableError, Retries, StepError, StepTimeout, Workflow, current_step, workflow
 from workflows.exceptions import InvalidPayload, check_ids
@@ -60,6 +68,8 @@ if TYPE_CHECKING:
 APPROVERS = "refund-approvers"
 APPROVAL_TIMEOUT = timedelta(hours=48)
 CHECK_INTERVAL = timedelta(minutes=10)
+# Versions whose runs slept between checks (their recorded steps are sleeps; see Refund.version).
+SLEEPING_VERSIONS = frozenset({"1", "2", "3"})
 MAX_CHECKS = 144  # a day of checks at the default interval, then the run fails and staff take over
 # Step errors that leave the refund possibly done: never a new refund, only checks of this key.
 UNSETTLED = frozenset(e.__name__ for e in (OutcomeUnknown, OperationInProgress, ProviderUnavailable, StepTimeout))
@@ -74,7 +84,10 @@ class Refund(Workflow):
 
     # 3: runs that name an agent tell its chat their states (steps "tell the chat: <status>"). The
     # engine replays any version with today's code; runs in flight name no agent, so take no new step.
-    version = "3"
+    # 4: between checks of an unknown outcome the run waits to be woken by whoever settles it (a
+    # webhook, reconcile, a person) instead of sleeping the whole interval; runs started at 3 or
+    # before keep their sleeps (``await_outcome``).
+    version = "4"
 
     @classmethod
     def validate_payload(cls, payload: dict[str, Any]) -> dict[str, Any]:
@@ -171,7 +184,7 @@ class Refund(Workflow):
             self.report_progress({"stage": "outcome being checked"})
             self.tell(step, event, snapshot, BEING_CHECKED)
             interval = float(payload.get("check_interval_seconds") or CHECK_INTERVAL.total_seconds())
-            response = self.await_outcome(step, key, request, interval)
+            response = self.await_outcome(step, event, key, request, interval)
             if response is None:
                 return {"outcome": "failed", "request_id": request_id, "reason": "the provider rejected it"}
 
@@ -199,10 +212,14 @@ class Refund(Workflow):
             return {"outcome": "failed", "request_id": snapshot["request_id"], "reason": exc.message}
         return None
 
-    def await_outcome(self, step: Step, key: str, request: dict[str, Any], interval: float) -> Any:
-        """Check the key until its outcome is known: the response, None if rejected."""
+    def await_outcome(self, step: Step, event: Event, key: str, request: dict[str, Any], interval: float) -> Any:
+        """Check the key until its outcome is known: the response, None if rejected. Between checks
+        the run waits at most ``interval``, and is woken as soon as someone else settles the key."""
         for _ in range(MAX_CHECKS):
-            step.sleep("wait before checking", interval)
+            if event.version in SLEEPING_VERSIONS:
+                step.sleep("wait before checking", interval)
+            else:
+                wait_for_outcome(step, "wait for the outcome", key=key, timeout=interval)
             check: dict[str, Any] = step.do("check outcome", check_refund, key, request)
             if check["state"] == "succeeded":
                 return check["response"]

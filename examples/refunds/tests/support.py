@@ -126,9 +126,11 @@ def refunded_at_provider(sandbox: SandboxProcess, order_number: str) -> Decimal:
     return sum((Decimal(r["amount"]) for r in body["refunds"] if r["order"] == order_number), Decimal("0"))
 
 
-def unknown_refund(world: World, customer: User, number: str, order_amount: str, amount: str) -> RefundRequest:
+def unknown_refund(
+    world: World, customer: User, number: str, order_amount: str, amount: str, *, check_interval: float = 2
+) -> RefundRequest:
     """A refund for ``customer`` that the provider makes, but whose answer is lost; lookups fail until
-    drained."""
+    drained. Its run checks the outcome every ``check_interval`` seconds, and when woken."""
     sandbox = world.sandbox
     request = ask(
         new_order(customer, number, order_amount),
@@ -136,7 +138,7 @@ def unknown_refund(world: World, customer: User, number: str, order_amount: str,
         sandbox=sandbox,
         faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")),
         retry_delay_seconds=0.5,
-        check_interval_seconds=2,
+        check_interval_seconds=check_interval,
     )
     wait_for(
         lambda: ExternalOperation.objects.filter(key=request.operation_key, status=OperationStatus.UNKNOWN).exists(),

@@ -25,8 +25,10 @@ from examples.refunds.tests.support import (
 from examples.sandbox.process import SandboxProcess
 from ledger.models import ExternalOperation, OperationalRecord, OperationEvent, OperationStatus
 from tests.factories import Users
+from tests.support import wait_for
 from webhooks.models import WebhookDelivery
 from webhooks.tests.support import SOURCES, encode, outcome_event, standard_headers
+from workflows.models import StepResult, WorkflowRun
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -34,6 +36,11 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 @pytest.fixture(autouse=True)
 def sources(settings: Any) -> None:
     settings.WEBHOOK_SOURCES = SOURCES
+
+
+def waiting_for_outcome(request: RefundRequest) -> bool:
+    run = WorkflowRun.objects.get(pk=RefundRequest.objects.get(pk=request.pk).run_id)
+    return run.status == "waiting" and run.wait_event_type.startswith("ledger:settled:")
 
 
 def provider_record(sandbox: SandboxProcess, key: str) -> dict[str, Any]:
@@ -61,9 +68,11 @@ def settled_events(op: ExternalOperation) -> int:
     )
 
 
-def test_the_providers_webhook_settles_an_unknown_refund_and_the_run_goes_on(world: World, users: Users) -> None:
-    # given a refund the provider made, whose answer was lost and whose lookups fail
-    request = unknown_refund(world, users.alice, "2101", "50.00", "30.00")
+def test_the_providers_webhook_settles_an_unknown_refund_and_wakes_the_run(world: World, users: Users) -> None:
+    # given a refund the provider made, whose answer was lost and whose lookups fail, and whose run
+    # waits ten minutes between checks
+    request = unknown_refund(world, users.alice, "2101", "50.00", "30.00", check_interval=600)
+    wait_for(lambda: waiting_for_outcome(request), timeout=30, what="the run to wait for the refund's outcome")
     assert status_of(request) == "outcome being checked"
     record = provider_record(world.sandbox, request.operation_key)
 
@@ -85,8 +94,11 @@ def test_the_providers_webhook_settles_an_unknown_refund_and_the_run_goes_on(wor
         "unknown",
         "succeeded",
     )
-    # and the waiting run reads it at its next check: confirmed, one refund at the provider, one record
-    assert_confirmed(request, world.sandbox)
+    # and the waiting run is woken at once (not ten minutes later): confirmed, one refund at the
+    # provider, one record
+    assert_confirmed(request, world.sandbox, timeout=20)
+    woken = StepResult.objects.get(run_id=request.run_id, name="wait for the outcome")
+    assert woken.status == "completed"  # the event came; a timeout would have failed the wait
     assert OperationalRecord.objects.filter(request_id=f"refund-request:{request.pk}").count() == 1
 
     # and the provider sending its webhook again (another event id) is accepted and changes nothing
