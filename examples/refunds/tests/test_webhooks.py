@@ -18,6 +18,7 @@ from examples.refunds.tests.conftest import World
 from examples.refunds.tests.support import (
     assert_confirmed,
     drain_lookup_faults,
+    run_of,
     reconcile,
     status_of,
     unknown_refund,
@@ -39,7 +40,7 @@ def sources(settings: Any) -> None:
 
 
 def waiting_for_outcome(request: RefundRequest) -> bool:
-    run = WorkflowRun.objects.get(pk=RefundRequest.objects.get(pk=request.pk).run_id)
+    run = WorkflowRun.objects.get(pk=run_of(request))
     return run.status == "waiting" and run.wait_event_type.startswith("ledger:settled:")
 
 
