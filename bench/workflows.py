@@ -3,6 +3,9 @@
 - ``bench.noop``: ``payload["steps"]`` durable no-op steps, the throughput and overhead shape.
 - ``bench.wait``: waits for a ``bench.go`` event, then one step whose result is ``time.time()`` at the
   moment its body starts: the resume half of the event-to-resume latency.
+- ``bench.outcome`` (bench/inbound.py): waits for the ledger operation ``payload["key"]`` to be settled
+  by someone else (``ledger.wait_for_outcome``), then one step whose result is ``time.time()`` as its
+  body starts: the resume half of the webhook-to-resume latency.
 - ``bench.approval`` (bench/approvals.py): raises an approval request for the ``bench-approvers`` group
   (``wait_for_approval``), then one step whose result is ``time.time()`` as its body starts: the resume
   half of the decision-to-resume latency.
@@ -42,6 +45,17 @@ class NoopSteps(Workflow):
 class WaitThenStep(Workflow):
     def run(self, event: Event, step: Any) -> float:
         step.wait_for_event("wait", type=WAIT_EVENT)
+        resumed: float = step.do("resumed", time.time)
+        return resumed
+
+
+@workflow("bench.outcome")
+class OutcomeThenStep(Workflow):
+    def run(self, event: Event, step: Any) -> float:
+        from ledger import wait_for_outcome
+
+        if not wait_for_outcome(step, "wait for the outcome", key=str(event.payload["key"]), timeout=3600):
+            raise RuntimeError("the outcome did not come within the hour")
         resumed: float = step.do("resumed", time.time)
         return resumed
 

@@ -11,6 +11,12 @@ os.environ.setdefault("SECRET_KEY", secrets.token_urlsafe(50))
 os.environ["INSTALL_EXAMPLES"] = "1"
 os.environ.setdefault("WORKFLOWS_MODULES", "tests.workflows_fixtures,approvals.tests.workflows")
 os.environ.setdefault("AGENTS_MODULES", "tests.agents_fixtures")
+# Each test process has its own queue and channel-layer prefix: its workers and servers must never
+# take another's messages. Under pytest-xdist every worker is a test process with a database of its
+# own (pytest-django adds the worker's id to the name), so its names are its own, not inherited.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["WORKFLOWS_QUEUE"] = f"test-{os.getpid()}"
+    os.environ["CHANNELS_PREFIX"] = f"asgi-test-{os.getpid()}"
 os.environ.setdefault("WORKFLOWS_QUEUE", f"test-{os.getpid()}")
 os.environ.setdefault("WORKFLOWS_LEASE_SECONDS", "2")
 os.environ.setdefault("WORKFLOWS_ENQUEUE_GRACE_SECONDS", "2")

@@ -1,0 +1,420 @@
+#!/usr/bin/env python
+"""Benchmark of inbound work: signed webhooks, submissions, and a provider's outcome waking a run
+(not a test: it prints).
+
+    .venv/bin/python bench/inbound.py [--deliveries N] [--submissions N] [--outcomes N] [--clients C]
+
+Self-contained like bench/chat.py (through bench/harness.py): its own PostgreSQL database (dropped at
+the end), Redis db 13, a private queue with one ``celery worker -P prefork -c 2``, and one real daphne
+serving the project with three webhook sources of its own (WEBHOOK_SOURCES_JSON). The clients are
+``httpx`` connections of this process (C at once, keep-alive, one asyncio loop).
+
+1. webhooks: N signed deliveries (Standard Webhooks) to a source whose action starts a one-step
+   ``bench.noop`` run keyed by the event id; 10% of them are replays of an earlier event (the same id
+   and body, signed again), sent while the original may still be in flight. Deliveries per second
+   (answered, all of them, over the wall time) and each request's latency. Then, once the worker has
+   run everything: runs started per event (duplicate effects: more than one; lost: an accepted event
+   without a completed run).
+2. submissions: N ``POST /api/agents/bench.chat/<name>/submissions`` with an ``Idempotency-Key``
+   (token auth), spread over 20 agents, 10% replays of an earlier key and body. The same figures;
+   effects are submissions and turns per key, and every submission completed.
+3. outcome: K runs of ``bench.outcome`` one after another, each waiting (``ledger.wait_for_outcome``)
+   for an ``unknown`` ledger operation of its own; the provider's signed ``refund.succeeded`` webhook
+   for it settles the operation (``operation_report``), which wakes the run. Time from sending the
+   webhook to the run's next step body starting (its result is ``time.time()`` then).
+
+The figures, their targets and PASS/MISS are printed as a table. It exits 0 once printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path[0] = str(Path(__file__).resolve().parent.parent)  # as in bench/engine.py: bench/ would shadow workflows
+
+import httpx  # noqa: E402
+
+from bench.harness import (  # noqa: E402
+    Row,
+    add_session_arguments,
+    bench_session,
+    ms,
+    parse_phases,
+    percentile,
+    print_table,
+    probe_environment,
+    run_main,
+    say,
+)
+from tests.support import AsgiServer, Worker  # noqa: E402
+
+PHASES = {"webhooks", "submissions", "outcome"}
+SECRET = "whsec_" + "YmVuY2gtaW5ib3VuZC1zZWNyZXQ="  # base64 of "bench-inbound-secret"
+KIND = "bench.chat"  # bench.chat_agents.KIND (not imported before django.setup())
+AGENTS = 20
+SOURCES = {
+    "bench-runs": {
+        "scheme": "standard",
+        "secrets": [SECRET],
+        "action": {"type": "workflow", "workflow": "bench.noop", "payload_from": "data"},
+    },
+    "bench-payments": {
+        "scheme": "standard",
+        "secrets": [SECRET],
+        "action": {"type": "operation_outcome", "system": "bench-payments"},
+    },
+}
+
+
+# --- arguments -----------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--deliveries", type=int, default=3000, help="webhook deliveries, replays included (default 3000)")
+    p.add_argument("--submissions", type=int, default=1500, help="submission requests, replays included (default 1500)")
+    p.add_argument("--outcomes", type=int, default=50, help="outcome webhooks waking a waiting run (default 50)")
+    p.add_argument("--clients", "-C", type=int, default=16, help="requests in flight at once (default 16)")
+    p.add_argument("--replays", type=float, default=0.10, help="share of requests that replay an earlier one (0.10)")
+    p.add_argument(
+        "--phases",
+        default=",".join(sorted(PHASES)),
+        help="comma-separated subset of outcome,submissions,webhooks (default all)",
+    )
+    add_session_arguments(p, database="durable_bench_inbound", redis="redis://127.0.0.1:6379/13")
+    args = p.parse_args(argv)
+    args.phases = parse_phases(p, args.phases, PHASES)
+    if min(args.deliveries, args.submissions, args.outcomes, args.clients) < 1:
+        p.error("--deliveries, --submissions, --outcomes and --clients must be at least 1")
+    if not 0 <= args.replays < 1:
+        p.error("--replays is a share from 0 up to 1")
+    return args
+
+
+def configure_inbound_environment() -> None:
+    """Before Django reads its settings; the worker and daphne processes inherit it."""
+    os.environ.update(
+        {
+            "AGENTS_MODULES": "bench.chat_agents",
+            "WEBHOOK_SOURCES_JSON": json.dumps(SOURCES),
+            # The bench queues far more than a customer could: the caps would answer 429s.
+            "AGENTS_MAX_PENDING_SUBMISSIONS": "100000",
+            "AGENTS_MAX_OPEN_TURNS_PER_USER": "0",
+            "AGENTS_MAX_QUEUED_TURNS": "0",
+        }
+    )
+
+
+# --- the requests --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    """One request to send: ``prepare()`` gives its headers when it is sent (a signature's
+    timestamp is that moment's); ``original`` is the index of the request it replays, or None."""
+
+    path: str
+    body: bytes
+    prepare: Callable[[], dict[str, str]]
+    original: int | None = None
+
+
+@dataclass
+class Sent:
+    statuses: list[int] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return len(self.statuses) / self.seconds if self.seconds else 0.0
+
+    def count(self, *codes: int) -> int:
+        return sum(1 for s in self.statuses if s in codes)
+
+
+def with_replays(firsts: list[Request], share: float, rng: random.Random) -> list[Request]:
+    """The requests in order, each replay put after its original at a random distance (often
+    close enough to be in flight together)."""
+    order: list[Request] = list(firsts)
+    replays = round(len(firsts) * share / (1 - share))
+    for _ in range(replays):
+        i = rng.randrange(len(firsts))
+        original = firsts[i]
+        at = min(len(order), order.index(original) + 1 + rng.randrange(64))
+        order.insert(at, Request(original.path, original.body, original.prepare, original=i))
+    return order
+
+
+async def send_all(base_url: str, requests: list[Request], clients: int) -> Sent:
+    sent = Sent()
+    queue: asyncio.Queue[Request] = asyncio.Queue()
+    for r in requests:
+        queue.put_nowait(r)
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
+
+        async def one_client() -> None:
+            while not queue.empty():
+                r = queue.get_nowait()
+                t0 = time.perf_counter()
+                response = await client.post(r.path, content=r.body, headers=r.prepare())
+                sent.latencies.append(time.perf_counter() - t0)
+                sent.statuses.append(response.status_code)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+        sent.seconds = time.perf_counter() - t0
+    return sent
+
+
+def signed(event_id: str, body: bytes) -> Callable[[], dict[str, str]]:
+    from webhooks.verify import sign_standard
+
+    def headers() -> dict[str, str]:
+        return {
+            "Content-Type": "application/json",
+            **sign_standard(secret=SECRET, event_id=event_id, timestamp=int(time.time()), body=body),
+        }
+
+    return headers
+
+
+def wait_until(predicate: Callable[[], bool], *, timeout: float, what: str, check: Callable[[], None]) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        check()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.2)
+
+
+# --- 1. webhooks -----------------------------------------------------------------------------------
+@dataclass
+class Burst:
+    sent: Sent
+    unique: int
+    accepted: int  # 202 answers
+    duplicates: int  # 200 answers
+    refused: int  # anything else
+    effects_twice: int  # events with more than one effect
+    lost: int  # accepted events without a completed effect
+    drain_seconds: float
+
+
+def webhooks(args: argparse.Namespace, server: AsgiServer, check: Callable[[], None]) -> Burst:
+    from workflows.models import WorkflowRun
+
+    rng = random.Random(1)
+    firsts = [
+        Request("/webhooks/bench-runs/", body, signed(f"evt_{i}", body))
+        for i in range(round(args.deliveries * (1 - args.replays)))
+        for body in [json.dumps({"type": "order.paid", "data": {"steps": 1, "n": i}}).encode()]
+    ]
+    requests = with_replays(firsts, args.replays, rng)
+    say(f"webhooks: {len(requests):,} deliveries ({len(requests) - len(firsts):,} replays), {args.clients} at once")
+    sent = asyncio.run(send_all(server.url, requests, args.clients))
+    t0 = time.monotonic()
+    runs = WorkflowRun.objects.filter(workflow="bench.noop", idempotency_key__startswith="bench-runs:")
+    wait_until(
+        lambda: not runs.exclude(status__in=("completed", "failed", "terminated")).exists(),
+        timeout=600,
+        what="the started runs to finish",
+        check=check,
+    )
+    drained = time.monotonic() - t0
+    keys = list(runs.filter(status="completed").values_list("idempotency_key", flat=True))
+    return Burst(
+        sent=sent,
+        unique=len(firsts),
+        accepted=sent.count(202),
+        duplicates=sent.count(200),
+        refused=len(sent.statuses) - sent.count(200, 202),
+        effects_twice=len(keys) - len(set(keys)),
+        lost=len(firsts) - len(set(keys)),
+        drain_seconds=drained,
+    )
+
+
+# --- 2. submissions --------------------------------------------------------------------------------
+def submissions(args: argparse.Namespace, server: AsgiServer, token: str, check: Callable[[], None]) -> Burst:
+    from agents.models import Submission, SubmissionStatus, Turn
+
+    rng = random.Random(2)
+
+    def headers(key: str) -> Callable[[], dict[str, str]]:
+        fixed = {"Content-Type": "application/json", "Authorization": f"Token {token}", "Idempotency-Key": key}
+        return lambda: fixed
+
+    firsts = [
+        Request(
+            f"/api/agents/{KIND}/inbox-{i % AGENTS}/submissions",
+            json.dumps({"messages": [{"role": "user", "content": "instant"}], "metadata": {"n": i}}).encode(),
+            headers(f"sub-{i}"),
+        )
+        for i in range(round(args.submissions * (1 - args.replays)))
+    ]
+    requests = with_replays(firsts, args.replays, rng)
+    say(f"submissions: {len(requests):,} requests ({len(requests) - len(firsts):,} replays) to {AGENTS} agents")
+    sent = asyncio.run(send_all(server.url, requests, args.clients))
+    t0 = time.monotonic()
+    open_statuses = (SubmissionStatus.PENDING, SubmissionStatus.RUNNING)
+    wait_until(
+        lambda: not Submission.objects.filter(status__in=open_statuses).exists(),
+        timeout=900,
+        what="the submissions to run",
+        check=check,
+    )
+    drained = time.monotonic() - t0
+    keys = list(Submission.objects.filter(status=SubmissionStatus.COMPLETED).values_list("idempotency_key", flat=True))
+    turns = Turn.objects.filter(source="submission").count()
+    return Burst(
+        sent=sent,
+        unique=len(firsts),
+        accepted=sent.count(202),
+        duplicates=sent.count(200),
+        refused=len(sent.statuses) - sent.count(200, 202),
+        effects_twice=(len(keys) - len(set(keys))) + max(0, turns - len(firsts)),
+        lost=len(firsts) - len(set(keys)),
+        drain_seconds=drained,
+    )
+
+
+# --- 3. outcome ------------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    to_resume: list[float] = field(default_factory=list)  # webhook sent -> next step body starts
+    answer: list[float] = field(default_factory=list)  # the webhook's own round trip
+
+
+def outcome(args: argparse.Namespace, server: AsgiServer, check: Callable[[], None]) -> Outcome:
+    from ledger.models import ExternalOperation, OperationStatus
+    from ledger.services import request_fingerprint
+    from workflows.models import StepResult, WorkflowRun
+    from workflows.services import run_start
+
+    res = Outcome()
+    say(f"outcome: {args.outcomes} runs woken one at a time by the provider's webhook")
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        for i in range(args.outcomes):
+            key = f"refund:bench:{i}"
+            run, _ = run_start(workflow="bench.outcome", payload={"key": key})
+            waiting = WorkflowRun.objects.filter(pk=run.pk, status="waiting")
+            wait_until(
+                waiting.exists,
+                timeout=60,
+                what="the run to wait for its outcome",
+                check=check,
+            )
+            request = {"order": str(i), "amount": "10.00"}
+            ExternalOperation.objects.create(
+                key=key,
+                system="bench-payments",
+                action="refund",
+                request=request,
+                request_hash=request_fingerprint(system="bench-payments", action="refund", request=request),
+                status=OperationStatus.UNKNOWN,
+                submit_count=1,
+                run=run,
+            )
+            body = json.dumps({"type": "refund.succeeded", "data": {"key": key, "status": "succeeded"}}).encode()
+            sent_at = time.time()
+            response = client.post("/webhooks/bench-payments/", content=body, headers=signed(f"out_{i}", body)())
+            res.answer.append(time.time() - sent_at)
+            if response.status_code != 202:
+                raise RuntimeError(f"the outcome webhook was answered {response.status_code}: {response.text}")
+            step = StepResult.objects.filter(run=run, name="resumed", status="completed")
+            wait_until(step.exists, timeout=60, what="the run to resume", check=check)
+            resumed = step.get().result  # the time.time() its body returned
+            assert isinstance(resumed, float), resumed
+            res.to_resume.append(resumed - sent_at)
+    return res
+
+
+# --- report ------------------------------------------------------------------------------------------
+def burst_rows(name: str, b: Burst) -> list[Row]:
+    p50, p99 = percentile(b.sent.latencies, 0.5), percentile(b.sent.latencies, 0.99)
+    answered = f"{name}: answered/s ({len(b.sent.statuses):,}, 10% replays)"
+    answers = f"{b.accepted:,} / {b.duplicates:,} / {b.refused:,}"
+    return [
+        Row(answered, f"{b.sent.rate:,.0f}", ">= 500", b.sent.rate >= 500),
+        Row("  accepted/s (202, new work)", f"{b.accepted / b.sent.seconds:,.0f}"),
+        Row("  latency p50 / p99", f"{ms(p50)} / {ms(p99)}", "p99 <= 50 ms", p99 <= 0.050),
+        Row("  202 / 200 duplicate / other", answers, "other 0", b.refused == 0),
+        Row("  duplicate effects", str(b.effects_twice), "0", b.effects_twice == 0),
+        Row("  lost (accepted, never done)", str(b.lost), "0", b.lost == 0),
+        Row("  then the worker drained in", f"{b.drain_seconds:.1f} s"),
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_inbound_environment()
+    rows: list[Row] = []
+    probes: list[str] = []
+    with bench_session(args) as session:
+        from django.contrib.auth.models import User
+        from rest_framework.authtoken.models import Token
+
+        from accounts.services import account_ensure
+
+        user = User.objects.create_user("bench-system", password="x")
+        account_ensure(slug="bench", name="Bench", members=[user])
+        token = Token.objects.create(user=user).key
+        server = AsgiServer()
+        ok = False
+        try:
+            worker: Worker = session.start_worker()
+
+            def check() -> None:
+                if server.process.poll() is not None:
+                    raise RuntimeError(f"daphne exited:\n{Path(server.log.name).read_text()[-3000:]}")
+                if worker.process.poll() is not None:
+                    raise RuntimeError(f"the worker exited:\n{worker.output()[-3000:]}")
+
+            probes.append(probe_environment("before"))
+            if "webhooks" in args.phases:
+                burst = webhooks(args, server, check)
+                rows += burst_rows("webhooks", burst)
+            if "submissions" in args.phases:
+                burst = submissions(args, server, token, check)
+                rows += burst_rows("submissions", burst)
+            if "outcome" in args.phases:
+                o = outcome(args, server, check)
+                p50, p99 = percentile(o.to_resume, 0.5), percentile(o.to_resume, 0.99)
+                rows += [
+                    Row(f"outcome webhook -> run resumed p50 ({len(o.to_resume)})", ms(p50), "<= 50 ms", p50 <= 0.050),
+                    Row("  p99", ms(p99), "<= 250 ms", p99 <= 0.250),
+                    Row("  the webhook's own answer p50", ms(percentile(o.answer, 0.5))),
+                ]
+            probes.append(probe_environment("after "))
+            ok = True
+        finally:
+            server.stop()
+            server.log.close()
+            if ok:
+                Path(server.log.name).unlink(missing_ok=True)
+            else:
+                say(f"daphne log kept: {server.log.name}")
+    for probe in probes:
+        print(probe)
+    print_table(rows)
+    print(f"""
+How: one real daphne and one celery worker (-c {args.concurrency}); {args.clients} httpx clients of this
+process on one asyncio loop, keep-alive. A webhook is verified, deduplicated (the accepted row's
+unique index) and its work started (run_start, enqueued on commit) before its 202. A submission is
+authenticated by token and committed with its turn before its 202. Duplicate effects and lost work
+are counted from the database once the worker has run everything. Outcome: an unknown ledger
+operation of a waiting bench.outcome run, settled by the provider's signed webhook
+(operation_report), which wakes the run (ledger.wait_for_outcome); the run's next step body records
+time.time().""")
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
