@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         faults = ",".join(webhooks.faults) or "none"
         print(f"sandbox provider posts outcome webhooks to {webhooks.url} (faults {faults})", flush=True)
     print(f"sandbox provider listening on http://{host}:{port} (data {store.path})", flush=True)
-    dispatcher.start()
+    if webhooks.enabled or config.settle_after is not None:  # otherwise it has nothing to do
+        dispatcher.start()
     try:
         server.serve_forever(poll_interval=0.5)
     except (KeyboardInterrupt, SystemExit):
@@ -156,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         dispatcher.stop()
         server.server_close()
-        dispatcher.join(timeout=5)
+        if dispatcher.is_alive():
+            dispatcher.join(timeout=5)
         print("sandbox provider stopped", flush=True)
     return 0
 
