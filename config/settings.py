@@ -395,6 +395,7 @@ AGENTS_OPENAI_CONTINUE_FINAL_MESSAGE = envbool("AGENTS_OPENAI_CONTINUE_FINAL_MES
 # and no source otherwise. Its secret has a public development default only with DEBUG:
 # without DEBUG and without SANDBOX_WEBHOOK_SECRET it has no secret, and every delivery is refused
 # (system check webhooks.W001 says so) rather than verified against a key anyone can read here.
+# The sandbox provider signs its webhooks with the same variable (scripts/run.sh exports one value).
 SANDBOX_WEBHOOK_SECRET = envstr("SANDBOX_WEBHOOK_SECRET", "") or ("whsec_ZGV2ZWxvcG1lbnQtb25seQ==" if DEBUG else "")
 WEBHOOK_SOURCES: dict[str, Any] = envjson(
     "WEBHOOK_SOURCES_JSON",

@@ -17,6 +17,28 @@ export DEBUG="${DEBUG:-1}"
 export INSTALL_EXAMPLES="${INSTALL_EXAMPLES:-1}"  # every process below inherits it
 examples_on() { [[ "${INSTALL_EXAMPLES,,}" =~ ^(1|true|yes|on)$ ]]; }
 
+# The sandbox provider posts its refunds' outcomes, signed, to this system's webhook source
+# "sandbox-payments": both read the secret from SANDBOX_WEBHOOK_SECRET, exported here once. Unless
+# it is set, it is the settings' own default (their public development secret, with DEBUG on) or,
+# with DEBUG off (no default then), one made once for this machine in var/ (gitignored).
+ensure_sandbox_webhook_secret() {
+    if [ -z "${SANDBOX_WEBHOOK_SECRET:-}" ]; then
+        SANDBOX_WEBHOOK_SECRET="$(.venv/bin/python -c 'from config import settings; print(settings.SANDBOX_WEBHOOK_SECRET)')"
+    fi
+    if [ -z "$SANDBOX_WEBHOOK_SECRET" ]; then
+        local file=var/sandbox_webhook_secret
+        if [ ! -s "$file" ]; then
+            (umask 077 && .venv/bin/python -c 'import base64, secrets; print("whsec_" + base64.b64encode(secrets.token_bytes(32)).decode())' >"$file.tmp" && mv "$file.tmp" "$file")
+        fi
+        SANDBOX_WEBHOOK_SECRET="$(cat "$file")"
+    fi
+    export SANDBOX_WEBHOOK_SECRET
+}
+if examples_on; then
+    ensure_sandbox_webhook_secret
+fi
+WEBHOOK_URL="http://127.0.0.1:$PORT/webhooks/sandbox-payments/"
+
 .venv/bin/python manage.py migrate --noinput
 if examples_on; then
     .venv/bin/python manage.py seed_demo
@@ -36,7 +58,9 @@ pids+=($!)
 setsid .venv/bin/celery -A config beat -l INFO -s var/celerybeat-schedule >var/beat.log 2>&1 &
 pids+=($!)
 if examples_on; then
-    setsid .venv/bin/python -m examples.sandbox --port 8765 --data var/sandbox.sqlite3 >var/sandbox.log 2>&1 &
+    # Its webhook secret comes from the environment (SANDBOX_WEBHOOK_SECRET), not the command line.
+    setsid .venv/bin/python -m examples.sandbox --port 8765 --data var/sandbox.sqlite3 \
+        --webhook-url "$WEBHOOK_URL" >var/sandbox.log 2>&1 &
     pids+=($!)
 fi
 setsid .venv/bin/daphne -b 127.0.0.1 -p "$PORT" config.asgi:application >var/web.log 2>&1 &
@@ -54,6 +78,8 @@ if examples_on; then
   Demo run page    http://127.0.0.1:$PORT/runs/<id>/ with the id seed_demo printed above (alice / alice)
 
   Payments sandbox http://127.0.0.1:8765/v1/stats        (refund provider; SANDBOX_PAYMENTS_URL)
+  Its webhooks     $WEBHOOK_URL  (refund outcomes, signed with SANDBOX_WEBHOOK_SECRET;
+                   the outbox: http://127.0.0.1:8765/v1/webhooks; Admin → Webhook deliveries)
   Refunds (API)    POST http://127.0.0.1:$PORT/api/orders/1042/refunds as alice; GET /api/refunds/<id>
 
   Ctrl-C stops everything.

@@ -7,6 +7,11 @@ and any other app's, e.g. the ledger's adapter or the refund workflow end to end
         sandbox.arm("k2", "timeout=3")           # the next POST on k2 stores, then hangs 3 s
         assert sandbox.stats()["refunds"] == 1
 
+    # Outcome webhooks to a receiver, signed with the secret (given to the process in its
+    # environment, off the command line), every event sent twice:
+    SandboxProcess(data, webhook_url="http://127.0.0.1:8000/webhooks/sandbox-payments/",
+                   webhook_secret="whsec_...", webhook_faults="duplicate")
+
 Standard library only, like the provider.
 """
 
@@ -36,12 +41,20 @@ class SandboxProcess:
         port: int = 0,
         log: str | Path | None = None,
         args: tuple[str, ...] = (),
+        webhook_url: str | None = None,
+        webhook_secret: str | None = None,
+        webhook_faults: str = "",
     ) -> None:
         self.data = Path(data)
         self.host = host
         self.requested_port = port
         self.log = Path(log) if log is not None else self.data.with_suffix(".log")
         self.args = args
+        if webhook_url is not None:
+            self.args += ("--webhook-url", webhook_url)
+        if webhook_faults:
+            self.args += ("--webhook-faults", webhook_faults)
+        self.webhook_secret = webhook_secret
         self.port: int | None = None
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -60,6 +73,8 @@ class SandboxProcess:
             "PYTHONUNBUFFERED": "1",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
+        if self.webhook_secret is not None:
+            env["SANDBOX_WEBHOOK_SECRET"] = self.webhook_secret
         command = [
             sys.executable,
             "-m",
@@ -151,6 +166,13 @@ class SandboxProcess:
         status, body = self.request("GET", "/v1/stats")
         assert status == 200, body
         return dict(body)
+
+    def webhooks(self) -> list[dict[str, Any]]:
+        """The outbox: every outcome event in the order it was queued, with its status
+        (held, queued, delivered, failed, dropped), attempts, sends and last answer."""
+        status, body = self.request("GET", "/v1/webhooks")
+        assert status == 200, body
+        return list(body["events"])
 
     def reset(self) -> None:
         status, body = self.request("POST", "/v1/reset")

@@ -5,8 +5,9 @@ service, so it imports nothing from this project's Django code).
     GET  /v1/refunds?key=<key>  the refund made under that key, or 404
     POST /v1/refunds/lookup     {"keys": [...]}: {"found": {key: refund}, "missing": [key]}
     GET  /v1/refunds            every refund (inspection)
+    GET  /v1/webhooks           the outbox: every outcome event, its status and attempts
     GET  /v1/stats              {"refunds": n, "requests": {outcome: n}, "faults": {...}, ...}
-    POST /v1/faults             arm a fault for the next request(s) on a key (sandbox only)
+    POST /v1/faults             arm a fault for the next request(s) on a key, or its webhook
     GET  /v1/faults             the faults still armed
     POST /v1/reset              forget everything (sandbox only)
 
@@ -31,7 +32,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from examples.sandbox.faults import LOOKUP_KINDS, Fault, FaultError, parse_fault
+from examples.sandbox.faults import LOOKUP_KINDS, Fault, FaultError, WebhookFault, parse_fault, parse_webhook_fault
 from examples.sandbox.store import Store, Target
 
 MAX_BODY_BYTES = 64 * 1024
@@ -42,13 +43,15 @@ AMOUNT_RE = re.compile(r"(?:0|[1-9][0-9]{0,11})(?:\.[0-9]{1,2})?")
 CURRENCY_RE = re.compile(r"[A-Z]{3}")
 KEY_RE = re.compile(rf"[\x21-\x7e]{{1,{MAX_KEY_LENGTH}}}")  # printable ASCII, no spaces
 
-_log_lock = threading.Lock()
+log_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
 class Config:
     timeout_seconds: float = 30.0  # how long the ``timeout`` fault sleeps unless told
     decline_above: Decimal = Decimal("10000")  # larger amounts are declined (402)
+    settle_after: float | None = None  # refunds are "pending" this long, then settle (None: at once)
+    webhook_faults: tuple[str, ...] | None = None  # None: no webhooks; else the faults every event suffers
 
 
 @dataclass
@@ -162,7 +165,7 @@ class Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         started = time.monotonic()
         self._key: str | None = None
-        self._fault: Fault | None = None
+        self._fault: Fault | WebhookFault | None = None
         url = urlsplit(self.path)
         try:
             body = self._read_body()
@@ -219,7 +222,7 @@ class Handler(BaseHTTPRequestHandler):
             f"{now} {method} {path} key={self._key or '-'} fault={self._fault or '-'} "
             f"status={reply.status} outcome={reply.outcome} {elapsed_ms:.0f}ms\n"
         )
-        with _log_lock:
+        with log_lock:
             sys.stdout.write(line)
             sys.stdout.flush()
 
@@ -254,6 +257,7 @@ class Handler(BaseHTTPRequestHandler):
         routes: dict[str, dict[str, Callable[[], Reply]]] = {
             "/v1/refunds": {"POST": lambda: self._create(body), "GET": lambda: self._refunds(query)},
             "/v1/refunds/lookup": {"POST": lambda: self._lookup_many(body)},
+            "/v1/webhooks": {"GET": self._webhooks},
             "/v1/stats": {"GET": lambda: Reply(200, self.server.store.stats(), "stats")},
             "/v1/faults": {"POST": lambda: self._arm(body), "GET": self._list_faults},
             "/v1/reset": {"POST": self._reset},
@@ -289,7 +293,9 @@ class Handler(BaseHTTPRequestHandler):
             return reply
 
         allowed = Decimal(request["amount"]) <= config.decline_above
-        outcome, refund = store.create_refund(key, request, allowed=allowed)
+        outcome, refund = store.create_refund(
+            key, request, allowed=allowed, settle_after=config.settle_after, webhook_faults=config.webhook_faults
+        )
         if outcome == "created":
             reply = Reply(201, refund, outcome)
         elif outcome == "replayed":
@@ -370,8 +376,11 @@ class Handler(BaseHTTPRequestHandler):
             raise invalid(f"key must be 1 to {MAX_KEY_LENGTH} printable ASCII characters without spaces")
         self._key = key
         target = data.get("on", "create")
-        if target not in ("create", "lookup"):
-            raise invalid('on must be "create" (POST /v1/refunds, the default) or "lookup" (GET ?key=)')
+        if target not in ("create", "lookup", "webhook"):
+            raise invalid(
+                'on must be "create" (POST /v1/refunds, the default), "lookup" (GET ?key=) '
+                'or "webhook" (the outcome event)'
+            )
         times = data.get("times", 1)
         if not isinstance(times, int) or isinstance(times, bool) or not 1 <= times <= MAX_TIMES:
             raise invalid(f"times must be an integer from 1 to {MAX_TIMES}")
@@ -379,7 +388,9 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(fault_text, str):
             raise invalid('fault must be a string such as "timeout=5"')
         try:
-            fault = parse_fault(fault_text)
+            fault: Fault | WebhookFault = (
+                parse_webhook_fault(fault_text) if target == "webhook" else parse_fault(fault_text)
+            )
         except FaultError as exc:
             raise invalid(str(exc)) from None
         if target == "lookup" and fault.kind not in LOOKUP_KINDS:
@@ -387,6 +398,10 @@ class Handler(BaseHTTPRequestHandler):
         self._fault = fault
         self.server.store.arm(key, target, str(fault), times)
         return Reply(201, {"key": key, "on": target, "fault": str(fault), "times": times}, "armed")
+
+    def _webhooks(self) -> Reply:
+        events = self.server.store.webhook_events()
+        return Reply(200, {"count": len(events), "events": events}, "list")
 
     def _list_faults(self) -> Reply:
         return Reply(200, {"faults": [f.as_json() for f in self.server.store.armed()]}, "list")

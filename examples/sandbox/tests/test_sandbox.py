@@ -406,7 +406,15 @@ def test_reset_forgets_everything(sandbox: SandboxProcess) -> None:
     sandbox.reset()
 
     # then
-    assert sandbox.stats() == {"refunds": 0, "requests": {}, "faults": {}, "armed_faults": 0}
+    assert sandbox.stats() == {
+        "refunds": 0,
+        "pending": 0,
+        "requests": {},
+        "faults": {},
+        "armed_faults": 0,
+        "webhooks": {"held": 0, "queued": 0, "delivered": 0, "failed": 0, "dropped": 0},
+        "webhook_sends": 0,
+    }
     assert create(sandbox, "k-reset")[0] == 201
 
 
