@@ -8,7 +8,7 @@ from typing import Any
 from schedules.models import Action, Schedule
 
 
-def workflow_schedule(name: str = "echo", *, due: datetime | None, every: int = 60, **fields: Any) -> Schedule:
+def workflow_schedule(name: str = "echo", *, due: datetime | None, every: int | None = 60, **fields: Any) -> Schedule:
     """Starts test.echo (a public workflow of tests/workflows_fixtures.py) every ``every`` seconds."""
     values: dict[str, Any] = {
         "interval_seconds": every,

@@ -39,11 +39,12 @@ def test_add_list_disable_enable_fire_remove() -> None:
     fired = run("fire", "nightly-echo")
     firing = ScheduleFiring.objects.get(schedule__name="nightly-echo")
     assert f"nightly-echo fired: started, run {firing.run_id}" in fired
-    assert firing.trigger == Trigger.MANUAL and WorkflowRun.objects.filter(pk=firing.run_id).exists()
+    run_id = firing.run_id
+    assert firing.trigger == Trigger.MANUAL and run_id is not None and WorkflowRun.objects.filter(pk=run_id).exists()
 
     assert run("remove", "nightly-echo") == "Removed nightly-echo and its 1 firing(s).\n"
     assert not Schedule.objects.filter(name="nightly-echo").exists()
-    assert WorkflowRun.objects.filter(pk=firing.run_id).exists()  # the run stays
+    assert WorkflowRun.objects.filter(pk=run_id).exists()  # the run stays
 
 
 def test_tick_fires_what_is_due() -> None:

@@ -39,7 +39,8 @@ def test_a_tick_fires_a_due_schedule_once_and_moves_it_on() -> None:
     [firing] = firings(schedule)
     assert [f.pk for f in report.fired] == [firing.pk] and again.fired == []
     assert (firing.due_at, firing.outcome, firing.trigger) == (due, Outcome.STARTED, Trigger.SCHEDULE)
-    run = WorkflowRun.objects.get(pk=firing.run_id)
+    run = firing.run
+    assert run is not None
     assert run.idempotency_key == f"schedule:echo:{due.isoformat()}" == firing.idempotency_key
     assert (run.workflow, run.payload, run.owner_id) == ("test.echo", {"from": "echo"}, None)
     schedule.refresh_from_db()

@@ -13,8 +13,8 @@ import pytest
 from schedules.spec import Cron, Interval, SpecError, spec_of
 
 
-def at(*args: int) -> datetime:
-    return datetime(*args, tzinfo=UTC)
+def at(year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
 
 
 def following(cron: Cron, start: datetime, n: int) -> list[datetime]:

@@ -153,7 +153,6 @@ def test_seed_demo_leaves_a_changed_password_alone() -> None:
 
 @pytest.mark.django_db
 def test_seed_demo_schedules_the_weekly_supplier_reminder_to_acme_and_a_reseed_leaves_it_alone() -> None:
-    from agents.models import Submission
     from schedules.models import Schedule
     from schedules.services import schedule_fire, schedules_enable
 
@@ -174,7 +173,8 @@ def test_seed_demo_schedules_the_weekly_supplier_reminder_to_acme_and_a_reseed_l
 
     firing = schedule_fire(schedule=schedule)
     assert firing is not None and firing.outcome == "started", firing and firing.error
-    submission = Submission.objects.get(pk=firing.submission_id)
+    submission = firing.submission
+    assert submission is not None
     assert (submission.agent.account.slug, submission.agent.kind, submission.agent.name) == (
         "acme",
         "support",
