@@ -75,6 +75,7 @@ INSTALLED_APPS = [
     "accounts",
     "agents",
     "webhooks",  # signed inbound events; above agents, below the examples
+    "schedules",  # recurring runs and submissions fired by beat; beside webhooks, below the examples
     *(EXAMPLE_APPS if INSTALL_EXAMPLES else []),
     "portal",  # the pages a signed-in person sees; may read every app listed above
 ]
@@ -189,6 +190,8 @@ WORKFLOWS_QUEUE = envstr("WORKFLOWS_QUEUE", "celery")
 CELERY_TASK_DEFAULT_QUEUE = WORKFLOWS_QUEUE
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Seconds between two ticks of the schedules (README "Schedules"): a schedule fires up to this late.
+SCHEDULES_TICK_INTERVAL = envfloat("SCHEDULES_TICK_INTERVAL", 5.0)
 CELERY_BEAT_SCHEDULE = {
     "workflows-sweep": {
         "task": "workflows.sweep",
@@ -197,6 +200,14 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Backstop for approvals left pending by runs that failed or restarted.
     "approvals-sweep": {"task": "approvals.sweep", "schedule": 60.0, "options": {"expires": 120}},
+    # Every schedule (schedules app: rows managed in the admin and `manage.py schedules`) fires from
+    # this one entry. Ticks from two beats, or a beat restarted, fire each due time once; a tick
+    # message that waited past `expires` is dropped, the next one does its work.
+    "schedules-tick": {
+        "task": "schedules.tick",
+        "schedule": SCHEDULES_TICK_INTERVAL,
+        "options": {"expires": 30},
+    },
 }
 
 # --- Channels ---------------------------------------------------------------------------------

@@ -186,7 +186,8 @@ class HttpAdapter:
         """A 2xx answer (to a submit or a lookup) by its ``status`` field, if it has one."""
         state = str(body.get("status", "")).lower() if isinstance(body, dict) else ""
         if state in FAILED_STATES:
-            reason = body.get("reason") or body.get("failure_reason") or _error_code(body) or state
+            # failure_reason first: a record's plain "reason" may be the request's own (why it was asked for).
+            reason = body.get("failure_reason") or body.get("reason") or _error_code(body) or state
             return Failed(reason=str(reason), detail=body)
         if state in PENDING_STATES:
             return Unknown(f"the provider says the operation is {state}")

@@ -149,7 +149,9 @@ def _operation_perform(action: dict[str, Any], event: Event) -> ActionResult:
     if state == "succeeded":
         outcome = Succeeded(response=record)
     elif state in FAILED_STATES:
-        reason = record.get("reason") or record.get("failure_reason") or state
+        # A provider's failure_reason says why it failed; a bare "reason" may be the request's own
+        # (the customer's reason for the refund), so it comes second.
+        reason = record.get("failure_reason") or record.get("reason") or state
         outcome = Failed(reason=str(reason), detail=record)
     elif state in PENDING_STATES:
         return {"operation_key": key, "result": {"changed": False, "note": f"not final yet: {state}"}}

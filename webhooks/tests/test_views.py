@@ -11,12 +11,14 @@ import pytest
 from django.test import Client
 
 from ledger.models import ExternalOperation, OperationEvent
+from ledger.tests.support import make_operation
 from webhooks.models import WebhookDelivery
 from webhooks.tests.support import (
     ROTATED,
     SOURCES,
     encode,
     github_headers,
+    outcome_event,
     standard_headers,
     stripe_headers,
 )
@@ -214,3 +216,15 @@ def test_an_action_that_fails_is_a_500_that_keeps_nothing_but_the_rejection(monk
     assert "partner" not in delivery.message  # the exception's text stays in the log
     monkeypatch.undo()
     assert post("runs", body, standard_headers(body, "msg_1")).status_code == 202  # sent again: accepted
+
+
+def test_a_failed_outcome_records_the_providers_failure_reason_not_the_requests_reason() -> None:
+    make_operation("refund:9:1")  # unknown, sent an hour ago
+    body = encode(outcome_event("refund:9:1", "failed", reason="arrived damaged", failure_reason="declined"))
+
+    response = post("sandbox", body, standard_headers(body, "evt_failed"))
+
+    assert response.status_code == 202, response.content
+    op = ExternalOperation.objects.get(key="refund:9:1")
+    assert op.status == "failed"
+    assert op.error is not None and op.error["reason"] == "declined"

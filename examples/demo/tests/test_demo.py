@@ -149,3 +149,35 @@ def test_seed_demo_leaves_a_changed_password_alone() -> None:
     call_command("seed_demo", stdout=StringIO())
 
     assert authenticate(username="alice", password="a better one") == alice
+
+
+@pytest.mark.django_db
+def test_seed_demo_schedules_the_weekly_supplier_reminder_to_acme_and_a_reseed_leaves_it_alone() -> None:
+    from schedules.models import Schedule
+    from schedules.services import schedule_fire, schedules_enable
+
+    out = StringIO()
+    call_command("seed_demo", stdout=out)
+    schedule = Schedule.objects.get(name="supplier-reassessment-weekly")
+    assert (schedule.cron, schedule.enabled, schedule.describe_action()) == (
+        "0 9 * * mon",
+        True,
+        "submit to acme/support/supplier-reviews",
+    )
+    assert schedule.next_due_at is not None and schedule.next_due_at.isoweekday() == 1
+    assert "Schedule supplier-reassessment-weekly (cron 0 9 * * mon (UTC)" in out.getvalue()
+
+    schedules_enable(schedules=[schedule], enabled=False)  # an operator turns it off
+    call_command("seed_demo", stdout=StringIO())
+    assert not Schedule.objects.get(pk=schedule.pk).enabled
+
+    firing = schedule_fire(schedule=schedule)
+    assert firing is not None and firing.outcome == "started", firing and firing.error
+    submission = firing.submission
+    assert submission is not None
+    assert (submission.agent.account.slug, submission.agent.kind, submission.agent.name) == (
+        "acme",
+        "support",
+        "supplier-reviews",
+    )
+    assert "re-assess our suppliers" in submission.messages[0]["content"]

@@ -18,8 +18,8 @@ from examples.refunds.tests.conftest import World
 from examples.refunds.tests.support import (
     assert_confirmed,
     drain_lookup_faults,
-    run_of,
     reconcile,
+    run_of,
     status_of,
     unknown_refund,
 )

@@ -54,6 +54,20 @@ ACCOUNTS = [("acme", "Acme Household", ["alice", "bob"]), ("globex", "Globex", [
 SUPPORT_AGENT = ("support", "help")
 CHAT_ASK = "I'd like a refund for order 1042 because it arrived damaged"
 DEMO_ORDERS = [("1041", "25.00", [{"sku": "MUG", "qty": 1}]), ("1042", "150.00", [{"sku": "KETTLE", "qty": 1}])]
+# The weekly reminder to re-assess suppliers (schedules app): Mondays at 09:00, to acme's support agent.
+SUPPLIER_REMINDER: tuple[str, dict[str, object]] = (
+    "supplier-reassessment-weekly",
+    {
+        "description": "Reminds acme's team each week to re-assess their suppliers.",
+        "cron": "0 9 * * mon",
+        "timezone": "UTC",
+        "action": "submission",
+        "account": "acme",
+        "agent_kind": "support",
+        "agent_name": "supplier-reviews",
+        "message": "Weekly reminder: time to re-assess our suppliers. How is the assessment of Acme Metals going?",
+    },
+)
 # Fixed, because the key is: the same key with another payload is an IdempotencyConflict.
 RUN_PAYLOAD = {"customer": "alice", "plan": "team", "settle_seconds": 3, "approval_timeout_seconds": 3600}
 
@@ -91,6 +105,7 @@ class Command(BaseCommand):
         seed_suppliers(self.stdout)
         self.seed_accounts()
         self.seed_agent(alice)
+        self.seed_schedule()
 
     def seed_accounts(self) -> None:
         """The tenants: alice and bob share the account acme, mallory has globex of her own."""
@@ -119,6 +134,23 @@ class Command(BaseCommand):
             f"Support chat of {agent.account.slug} (signed in as alice, or bob): /chat/{kind}/{name}/\n"
             f'  Type: "{CHAT_ASK}" -- order 1042 is above the approval limit, so carol approves it in\n'
             "  Admin -> Approval requests, and the chat says when the refund is confirmed."
+        )
+
+    def seed_schedule(self) -> None:
+        """The weekly supplier re-assessment reminder: a submission to acme's support agent (the
+        agent that speaks about supplier assessments) in a conversation of its own. It needs the
+        demo's account and agent kind, so the demo creates it; a reseed leaves it as an operator
+        left it (disabled, say)."""
+        from schedules.services import schedule_ensure
+
+        name, defaults = SUPPLIER_REMINDER
+        schedule, created = schedule_ensure(name=name, defaults=defaults)
+        state = "created" if created else "already exists"
+        where = f"/chat/{defaults['agent_kind']}/{defaults['agent_name']}/"
+        self.stdout.write(
+            f"Schedule {schedule.name} ({schedule.describe_spec()}, {schedule.describe_action()}): {state}, "
+            f"{'enabled' if schedule.enabled else 'disabled'}.\n"
+            f"  Its messages arrive in acme's chat {where}; `manage.py schedules fire {name}` sends one now."
         )
 
     def seed_refunds(self, alice: User) -> None:

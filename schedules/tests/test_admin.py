@@ -1,0 +1,101 @@
+"""The admin: schedules listed with what, when, next due and last fired; added and edited through
+the checks; enabled, disabled and fired now by staff who may change them; firings read-only."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.utils import timezone
+
+from schedules.models import Outcome, Schedule, ScheduleFiring, Trigger
+from schedules.services import schedules_tick
+from schedules.tests.support import workflow_schedule
+from tests.factories import Users, login
+
+pytestmark = pytest.mark.django_db
+URL = "/admin/schedules/schedule/"
+FIRINGS = "/admin/schedules/schedulefiring/"
+
+
+def staff(user: User, *codenames: str) -> User:
+    user.is_staff = True
+    user.save()
+    user.user_permissions.add(*Permission.objects.filter(codename__in=codenames))
+    return User.objects.get(pk=user.pk)
+
+
+@pytest.fixture
+def carol(users: Users) -> User:
+    """May view and change schedules, and view their firings."""
+    return staff(users.carol, "view_schedule", "change_schedule", "add_schedule", "view_schedulefiring")
+
+
+@pytest.fixture
+def dave(users: Users) -> User:
+    """The auditor: may view, not change."""
+    return staff(users.dave, "view_schedule", "view_schedulefiring")
+
+
+def test_the_list_and_a_schedule_page_show_when_what_and_the_latest_firings(carol: User) -> None:
+    schedule = workflow_schedule(due=timezone.now() - timedelta(seconds=1), every=3600)
+    schedules_tick()
+    client = login(carol)
+
+    listed = client.get(URL).content.decode()
+    page = client.get(f"{URL}{schedule.pk}/change/").content.decode()
+    firings = client.get(FIRINGS, {"schedule__id__exact": schedule.pk}).content.decode()
+
+    assert "echo" in listed and "every 1h" in listed and "start test.echo" in listed
+    firing = ScheduleFiring.objects.get(schedule=schedule)
+    assert 'class="schedule-firings"' in page and str(firing.run_id) in page
+    assert firing.idempotency_key not in firings and str(firing.run_id) in firings  # the run's link
+
+
+def test_add_checks_the_schedule_and_works_out_its_next_due_time(carol: User) -> None:
+    form = {"name": "hourly", "cron": "0 * * * *", "timezone": "UTC", "action": "workflow", "workflow": "test.echo"}
+    client = login(carol)
+
+    refused = client.post(f"{URL}add/", {**form, "cron": "0 25 * * *", "payload": "{}", "enabled": "on"})
+    added = client.post(f"{URL}add/", {**form, "payload": "{}", "enabled": "on"})
+
+    assert refused.status_code == 200 and "hour: 25 is out of range 0-23" in refused.content.decode()
+    assert added.status_code == 302
+    schedule = Schedule.objects.get(name="hourly")
+    assert schedule.next_due_at is not None and schedule.next_due_at.minute == 0
+    assert schedule.next_due_at - timezone.now() <= timedelta(hours=1)
+
+
+def test_actions_enable_disable_and_fire_now(carol: User) -> None:
+    schedule = workflow_schedule(due=None, enabled=False)
+    client = login(carol)
+
+    def act(action: str) -> str:
+        response = client.post(URL, {"action": action, "_selected_action": [schedule.pk]}, follow=True)
+        return response.content.decode()
+
+    assert "1 schedule(s) enabled." in act("enable")
+    schedule.refresh_from_db()
+    assert schedule.enabled and schedule.next_due_at is not None
+    assert "echo: started." in act("fire_now").lower()  # the message list capitalises it
+    assert ScheduleFiring.objects.get(schedule=schedule).trigger == Trigger.MANUAL
+    assert "1 schedule(s) disabled." in act("disable")
+    schedule.refresh_from_db()
+    assert not schedule.enabled
+
+
+def test_an_auditor_sees_and_changes_nothing_and_firings_are_read_only(dave: User) -> None:
+    schedule = workflow_schedule(due=None, enabled=False)
+    client = login(dave)
+
+    assert client.get(URL).status_code == 200
+    response = client.post(URL, {"action": "fire_now", "_selected_action": [schedule.pk]})
+    assert response.status_code == 200 and not ScheduleFiring.objects.exists()  # no such action for him
+    assert client.post(f"{URL}{schedule.pk}/change/", {"name": "renamed"}).status_code == 403
+    firing = ScheduleFiring.objects.create(
+        schedule=schedule, due_at=timezone.now(), outcome=Outcome.FAILED, idempotency_key="k", error="boom"
+    )
+    assert "boom" in client.get(f"{FIRINGS}{firing.pk}/change/").content.decode()
+    assert client.get(f"{FIRINGS}add/").status_code == 403
+    assert Schedule.objects.get(pk=schedule.pk).name == "echo"
