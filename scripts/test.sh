@@ -24,7 +24,11 @@ mypy_log="$(mktemp)"
 mypy_pid=$!
 echo "==> pytest"
 status=0
-.venv/bin/pytest "$@" || status=$?
+# Two test processes (pytest-xdist), each with its own test database, queues and servers: most of
+# the suite waits on workers, servers and sleeps, so two share the two cores well. Whole files go to
+# one process (--dist loadfile): a module's workers and servers start once. PYTEST_WORKERS=0 runs
+# everything in this process.
+.venv/bin/pytest -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@" || status=$?
 echo "==> mypy"
 if wait "$mypy_pid"; then
     tail -n 1 "$mypy_log"

@@ -191,7 +191,10 @@ def test_a_worker_process_stuck_in_c_code_is_replaced_at_the_hard_time_limit(
     # About 15 s on a quiet machine (the 6 s hard limit, a new process, the lease, the sweeper); the
     # bounds only need to stay far below the hour the first try holds: under a loaded machine's
     # slower process start 40 s was once not enough.
-    run = wait_for_terminal(run.id, timeout=120)
+    try:
+        run = wait_for_terminal(run.id, timeout=120)
+    except AssertionError as exc:  # what the worker did says why
+        raise AssertionError(f"{exc}\n--- the worker's log ---\n{workers[0].output()[-6000:]}") from None
     assert run.status == RunStatus.COMPLETED, run.error
     assert (run.result, run.recovery_count) == ("second try", 1)
     assert time.monotonic() - started < 120
