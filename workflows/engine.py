@@ -36,6 +36,7 @@ from workflows.exceptions import (
 )
 from workflows.lease import heartbeat, lease_duration, new_owner
 from workflows.logs import log_run
+from workflows.logs import logger as state_logger
 from workflows.metrics import RECOVERIES, RUNS_FINISHED, step_observed
 from workflows.models import (
     FailureReason,
@@ -421,7 +422,7 @@ class Step:
         A completed step's result is stored with the next checkpoint (or the run's end)."""
         seconds = (finished - started).total_seconds()
         step_observed(self._run.workflow, outcome, seconds, tries)
-        logger.info(
+        state_logger.info(
             "run %s step %r try %d %s in %.3fs",
             self._run.id,
             key,
