@@ -83,8 +83,8 @@ INSTALLED_APPS = [
     "webhooks",  # signed inbound events; above agents, below the examples
     "schedules",  # recurring runs and submissions fired by beat; beside webhooks, below the examples
     *(EXAMPLE_APPS if INSTALL_EXAMPLES else []),
+    "ops",  # /healthz, /readyz, /metrics and the JSON log format; beside portal, reads the core apps
     "portal",  # the pages a signed-in person sees; may read every app listed above
-    "ops",  # /healthz, /readyz, /metrics and the JSON log format; reads every app but the examples
 ]
 
 MIDDLEWARE = [
