@@ -71,7 +71,11 @@ class Turn(FSMModelMixin, models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["agent", "number"], name="agents_turn_number")]
-        indexes = [models.Index(fields=["agent", "status", "number"], name="agents_turn_queue")]
+        indexes = [
+            models.Index(fields=["agent", "status", "number"], name="agents_turn_queue"),
+            # /metrics counts the open turns at each scrape: only these rows, however many ended.
+            models.Index(fields=["status"], name="agents_turn_open", condition=models.Q(status__in=TURN_OPEN)),
+        ]
         ordering = ["agent", "number"]
 
     def __str__(self) -> str:

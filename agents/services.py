@@ -11,6 +11,7 @@ the run before its hooks run, and the turn's last step share-locks the run befor
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -50,8 +51,11 @@ from agents.selectors import (
 )
 from workflows.exceptions import InvalidPayload, TransitionNotAllowed
 from workflows.models import RunStatus, WorkflowRun
+from workflows.outbox import on_commit
 from workflows.services import check_json_size, check_text, run_start, run_terminate
 from workflows.storable import text_problem
+
+logger = logging.getLogger("agents")
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -96,7 +100,17 @@ def agent_open(*, account: str, kind: str, name: str) -> Agent:
 
 # --- pushes -------------------------------------------------------------------------------------------
 def push_turn(turn: Turn) -> None:
+    """Push the turn to its agent's sockets once the transaction commits, and log its new state
+    (every change of a turn's status is pushed through here); never its text."""
     streams.push_later(turn.agent_id, {"type": "agent.turn", "turn": turn_data(turn)})
+    extra = {
+        "event": f"turn.{turn.status}",
+        "turn_id": str(turn.pk),
+        "agent_id": turn.agent_id,
+        "run_id": str(turn.run_id) if turn.run_id else None,
+        "status": turn.status,
+    }
+    on_commit(lambda: logger.info("turn %s of agent %s: %s", extra["turn_id"], turn.agent_id, turn.status, extra=extra))
 
 
 def push_message(message: Message) -> None:

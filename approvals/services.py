@@ -14,6 +14,7 @@ wakes the run, is deferred to commit by ``run_send_event`` (workflows.outbox.on_
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypedDict
@@ -45,7 +46,10 @@ from approvals.types import Proposal
 from ledger.redaction import redact
 from workflows.exceptions import InvalidPayload, NonRetryableError
 from workflows.models import TERMINAL, WorkflowRun
+from workflows.outbox import on_commit
 from workflows.services import check_json_size, run_send_event
+
+logger = logging.getLogger("approvals")
 
 Subject = models.Model | tuple[str, str | int]
 
@@ -311,6 +315,14 @@ def _log(
     channel: str = DecisionChannel.SYSTEM,
 ) -> None:
     known = actor is not None and actor.is_authenticated
+    # One log line per entry, after the commit (a refusal's entry is written after its rollback):
+    # what was done to which request, never by whom (a person) or with which note.
+    extra = {"event": f"approval.{action}", "approval_id": request_id, "result": result, "reason": code or None}
+    on_commit(
+        lambda: logger.info(
+            "approval request %s: %s %s%s", request_id, action, result, f" ({code})" if code else "", extra=extra
+        )
+    )
     DecisionLog.objects.create(
         request_id=request_id,
         actor_id=actor.pk if known and actor is not None else None,

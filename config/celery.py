@@ -21,3 +21,13 @@ def close_old_connections(task: Task | None = None, **kwargs: Any) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+@signals.worker_process_shutdown.connect  # type: ignore[untyped-decorator]  # celery has no types
+def mark_metrics_process_dead(pid: int | None = None, **kwargs: Any) -> None:
+    """A prefork child ends: prometheus-client's multiprocess mode drops its live gauges' files
+    (its counters and histograms stay, so totals never go down). Nothing to do without the folder."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid or os.getpid())  # type: ignore[no-untyped-call]  # not annotated

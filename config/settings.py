@@ -44,6 +44,12 @@ if HTTPS:
     SECURE_SSL_REDIRECT = True
     SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 3600)
+    # Off unless asked: both reach beyond this site (every subdomain; browsers' preload lists, which
+    # take months to leave). `check --deploy` warns until they are on (security.W005, W021).
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+    SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", False)
+    # Probes and Prometheus call the process itself over http (no proxy, no X-Forwarded-Proto).
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
 
@@ -77,6 +83,7 @@ INSTALLED_APPS = [
     "webhooks",  # signed inbound events; above agents, below the examples
     "schedules",  # recurring runs and submissions fired by beat; beside webhooks, below the examples
     *(EXAMPLE_APPS if INSTALL_EXAMPLES else []),
+    "ops",  # /healthz, /readyz, /metrics and the JSON log format; beside portal, reads the core apps
     "portal",  # the pages a signed-in person sees; may read every app listed above
 ]
 
@@ -432,10 +439,30 @@ REFUND_APPROVAL_LIMIT = envstr("REFUND_APPROVAL_LIMIT", "100.00")
 # 429: a customer asking for a penny at a time must not fill the workers and the provider. 0: none.
 REFUND_MAX_OPEN_REQUESTS = envint("REFUND_MAX_OPEN_REQUESTS", 10)
 
+# --- Operating it (ops: README "Operating it") -----------------------------------------------------
+# `Authorization: Bearer <METRICS_TOKEN>` reads /metrics. Unset, /metrics answers 401 unless DEBUG is
+# on (a development machine); `check --deploy` warns (ops.W001).
+METRICS_TOKEN = envstr("METRICS_TOKEN", "")
+# prometheus-client's multiprocess mode: every process (web, workers and their prefork children,
+# beat) writes its counters and histograms to files in this folder, and /metrics adds them up. Set
+# it, to the same empty folder, for every process before it starts, and empty it when the whole
+# system restarts (scripts/run.sh does both). Unset: /metrics shows the answering process's own.
+PROMETHEUS_MULTIPROC_DIR = envstr("PROMETHEUS_MULTIPROC_DIR", "")
+# Seconds /readyz waits for Redis and for the broker, each.
+READYZ_TIMEOUT = envfloat("READYZ_TIMEOUT", 2.0)
+
+# LOG_FORMAT=json: one JSON object per line (ops/logformat.py), with the context of each state
+# change (event, run_id, attempt, step, turn_id, operation_key) as keys of its own; plain: text.
+LOG_FORMAT = envstr("LOG_FORMAT", "plain")
+if LOG_FORMAT not in ("plain", "json"):
+    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: use plain or json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "ops.logformat.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
 }

@@ -26,6 +26,7 @@ urlpatterns = [
     *example_apis,
     re_path(r"^api/", ApiNotFound.as_view(), name="api-not-found"),  # after every api/ route: JSON 404
     path("webhooks/", include("webhooks.urls")),  # signed inbound events: no session, no CSRF
+    path("", include("ops.urls")),  # /healthz, /readyz, /metrics (Bearer METRICS_TOKEN)
     path("", include("workflows.urls")),
     path("chat/<name:kind>/<name:name>/", chat, name="agent-chat"),
     path("", include("portal.urls")),  # /accounts/login/, /accounts/logout/ and the home page /

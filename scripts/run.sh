@@ -39,6 +39,13 @@ if examples_on; then
 fi
 WEBHOOK_URL="http://127.0.0.1:$PORT/webhooks/sandbox-payments/"
 
+# prometheus-client's multiprocess mode: every process below writes its metrics to files in this
+# folder and daphne's /metrics adds them up; emptied at each start (the values of processes that
+# are gone would otherwise count again). With DEBUG on, /metrics needs no token.
+export PROMETHEUS_MULTIPROC_DIR="$PWD/var/prometheus"
+rm -rf "$PROMETHEUS_MULTIPROC_DIR"
+mkdir -p "$PROMETHEUS_MULTIPROC_DIR"
+
 .venv/bin/python manage.py migrate --noinput
 if examples_on; then
     .venv/bin/python manage.py seed_demo
@@ -75,6 +82,7 @@ if examples_on; then
   Admin            http://127.0.0.1:$PORT/admin/           (admin / admin)
   API docs         http://127.0.0.1:$PORT/api/docs/
   Runs (API)       http://127.0.0.1:$PORT/api/runs
+  Health           http://127.0.0.1:$PORT/healthz, /readyz, /metrics (Prometheus)
   Demo run page    http://127.0.0.1:$PORT/runs/<id>/ with the id seed_demo printed above (alice / alice)
 
   Payments sandbox http://127.0.0.1:8765/v1/stats        (refund provider; SANDBOX_PAYMENTS_URL)
@@ -95,6 +103,7 @@ else
   Admin            http://127.0.0.1:$PORT/admin/
   API docs         http://127.0.0.1:$PORT/api/docs/
   Runs (API)       http://127.0.0.1:$PORT/api/runs
+  Health           http://127.0.0.1:$PORT/healthz, /readyz, /metrics (Prometheus)
 
   Ctrl-C stops everything.
 INFO

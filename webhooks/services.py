@@ -29,6 +29,7 @@ from ledger.redaction import REDACTED, redact
 from ledger.services import PurgeResult
 from webhooks.actions import ActionDeferred, ActionRefused, Event, action_perform
 from webhooks.conf import Source
+from webhooks.metrics import DELIVERIES
 from webhooks.models import ACCEPTED_ONCE, Outcome, WebhookDelivery
 from webhooks.selectors import deliveries_received_before
 from webhooks.verify import SCHEMES, MalformedEvent, SignatureRejected
@@ -144,8 +145,7 @@ def delivery_reject(
     *, source: Source, headers: Mapping[str, str], size: int, rejection: Rejection, event_id: str = ""
 ) -> WebhookDelivery:
     """Record a refused delivery, and nothing else. Its body is not kept (see the model)."""
-    logger.warning("webhook %s rejected (%s): %s", source.name, rejection.reason, rejection.message)
-    return WebhookDelivery.objects.create(
+    delivery = WebhookDelivery.objects.create(
         source=source.name,
         event_id=event_id,
         outcome=Outcome.REJECTED,
@@ -153,6 +153,29 @@ def delivery_reject(
         message=rejection.message,
         headers=redact_headers(headers),
         size=size,
+    )
+    _delivered(delivery, logging.WARNING, "webhook %s rejected (%s): %s", rejection.reason, rejection.message)
+    return delivery
+
+
+def _delivered(delivery: WebhookDelivery, level: int, message: str, *args: Any) -> None:
+    """The delivery's log line and count (by source and outcome); never its body or headers."""
+    DELIVERIES.labels(delivery.source, delivery.outcome).inc()
+    logger.log(
+        level,
+        message,
+        delivery.source,
+        *args,
+        extra={
+            "event": f"delivery.{delivery.outcome}",
+            "source": delivery.source,
+            "event_id": delivery.event_id or None,
+            "delivery_id": delivery.pk,
+            "outcome": delivery.outcome,
+            "reason": delivery.reason or None,
+            "run_id": str(delivery.run_id) if delivery.run_id else None,
+            "operation_key": delivery.operation_key or None,
+        },
     )
 
 
@@ -185,9 +208,10 @@ def delivery_accept(*, source: Source, headers: Mapping[str, str], size: int, ch
     except IntegrityError as exc:
         if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != ACCEPTED_ONCE:
             raise
-        logger.info("webhook %s %s: a duplicate", source.name, checked.event_id)
-        return WebhookDelivery.objects.create(outcome=Outcome.DUPLICATE, **row)
-    logger.info("webhook %s %s accepted (delivery %s)", source.name, checked.event_id, delivery.pk)
+        duplicate = WebhookDelivery.objects.create(outcome=Outcome.DUPLICATE, **row)
+        _delivered(duplicate, logging.INFO, "webhook %s %s: a duplicate", checked.event_id)
+        return duplicate
+    _delivered(delivery, logging.INFO, "webhook %s %s accepted (delivery %s)", checked.event_id, delivery.pk)
     return delivery
 
 

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from workflows import step_store
 from workflows.context import in_step
+from workflows.metrics import step_observed
 from workflows.models import RunStatus, StepResult, StepStatus, WorkflowRun
 from workflows.services import wake_locked_run
 
@@ -62,9 +63,13 @@ def run_dispatched_step(*, run_id: UUID | str, attempt: int, position: int, trie
     fields["finished_at"] = timezone.now()
     with transaction.atomic():
         run = WorkflowRun.objects.select_for_update().get(pk=run_id)
+        # The run decides whether a failed try is retried or the step's end (its Retries): "retried".
+        outcome = "completed" if fields["status"] == StepStatus.COMPLETED else "retried"
+        seconds = (fields["finished_at"] - row.started_at).total_seconds() if row.started_at else 0.0
+        step_observed(run.workflow, outcome, seconds, row.tries)
         written = StepResult.objects.filter(pk=row.pk, status=StepStatus.RUNNING, tries=row.tries).update(**fields)
         if written and run.attempt == attempt and run.status == RunStatus.WAITING and run.wait_step == row.name:
-            wake_locked_run(run)
+            wake_locked_run(run, reason="step_reported")
     return str(fields["status"]) if written else "superseded"
 
 

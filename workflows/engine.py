@@ -35,6 +35,9 @@ from workflows.exceptions import (
     WaitTimeout,
 )
 from workflows.lease import heartbeat, lease_duration, new_owner
+from workflows.logs import log_run
+from workflows.logs import logger as state_logger
+from workflows.metrics import RECOVERIES, RUNS_FINISHED, step_observed
 from workflows.models import (
     FailureReason,
     RunEvent,
@@ -232,6 +235,7 @@ class Step:
                 raise _LeaseLost
             run.pause()
             self._save_released(run)
+            log_run(run, "paused", step=key, later=True)
         raise _Suspended
 
     def _hand_back(self) -> None:
@@ -245,6 +249,7 @@ class Step:
             run.hand_back(now=timezone.now())
             self._save_released(run)
             enqueue_run(run.id, queue=run.queue)
+            log_run(run, "handed_back", later=True)
         raise _HandedBack
 
     @contextmanager
@@ -289,6 +294,7 @@ class Step:
         else:
             run.retry_later(until=wake_at, step=wait_step)
         self._save_released(run)
+        log_run(run, status, step=wait_step, later=True)
         seconds = (wake_at - timezone.now()).total_seconds()
         if status != RunStatus.WAITING and seconds <= COUNTDOWN_MAX_SECONDS:
             enqueue_run(run.id, queue=run.queue, countdown=max(seconds, 0.0))
@@ -360,6 +366,7 @@ class Step:
                         with step_store.time_limit(limit, message), in_step(run_id, self._run.attempt, key, owner):
                             value = fn(*args)
                         value, text = step_store.encode(value, what=f"the result of step {key!r}")
+                        finished = timezone.now()
                         if not self._store(
                             key,
                             position,
@@ -368,9 +375,10 @@ class Step:
                             result_json=text,
                             tries=tries,
                             started_at=started,
-                            finished_at=timezone.now(),
+                            finished_at=finished,
                         ):
                             raise _LostRace
+                    self._step_ended(key, "completed", started, finished, tries)
                     return value
                 with step_store.time_limit(limit, message), in_step(run_id, self._run.attempt, key, owner):
                     value = fn(*args)
@@ -381,10 +389,13 @@ class Step:
             return self._adopt(key, position)
         except Exception as exc:
             error, cause = step_store.error_record(exc), exc  # (a name the closure keeps after the block)
+            ends = error.get("non_retryable") or tries > retries.limit
+            self._step_ended(key, "failed" if ends else "retried", started, timezone.now(), tries, error)
             # The connection may have died while the body ran (it is the worker's, not the step's):
             # reconnect and record the try.
             _reconnecting(lambda: self._after_failure(key, position, tries, retries, error, cause))
         # Held back until the next boundary (or the run's end), which writes it in its statement.
+        finished = timezone.now()
         self._pending = self._write(
             key,
             position,
@@ -393,9 +404,42 @@ class Step:
             result_json=text,
             tries=tries,
             started_at=started,
-            finished_at=timezone.now(),
+            finished_at=finished,
         )
+        self._step_ended(key, "completed", started, finished, tries)
         return value
+
+    def _step_ended(
+        self,
+        key: str,
+        outcome: str,
+        started: datetime,
+        finished: datetime,
+        tries: int,
+        error: dict[str, Any] | None = None,
+    ) -> None:
+        """A try of a step's body ended (completed, retried or failed): its metrics and log line.
+        A completed step's result is stored with the next checkpoint (or the run's end)."""
+        seconds = (finished - started).total_seconds()
+        step_observed(self._run.workflow, outcome, seconds, tries)
+        state_logger.info(
+            "run %s step %r try %d %s in %.3fs",
+            self._run.id,
+            key,
+            tries,
+            outcome,
+            seconds,
+            extra={
+                "event": f"step.{outcome}",
+                "run_id": str(self._run.id),
+                "attempt": self._run.attempt,
+                "step": key,
+                "workflow": self._run.workflow,
+                "tries": tries,
+                "duration_ms": round(seconds * 1000, 3),
+                **({"error_type": error.get("type")} if error else {}),
+            },
+        )
 
     def _adopt(self, key: str, position: int) -> Any:
         """Another worker stored this step first: its result is the step's result."""
@@ -502,14 +546,23 @@ def advance(run_id: UUID | str) -> str:
     hand_back_at = time.monotonic() + conf()["TASK_BUDGET_SECONDS"]
     owner = new_owner()
     now = timezone.now()
-    run = statements.claim(run_id, owner, now, now + lease_duration())
-    if run is None:
+    claimed = statements.claim_run(run_id, owner, now, now + lease_duration())
+    if claimed is None:
         return "not_claimed"
+    run, recovered = claimed
+    first_claim = run.started_at == now and run.attempt == 1
+    if recovered:
+        RECOVERIES.labels("lease_expired").inc()
+    log_run(
+        run,
+        "recovered" if recovered else "started" if first_claim else "claimed",
+        recoveries=run.recovery_count,
+    )
     emit_status(run)
     heartbeat.register(run.id, owner)
     try:
         # claim sets started_at only if it was empty: equal to now means no worker ran it before.
-        return _execute(run, owner, first_claim=run.started_at == now and run.attempt == 1, hand_back_at=hand_back_at)
+        return _execute(run, owner, first_claim=first_claim, hand_back_at=hand_back_at)
     finally:
         heartbeat.unregister(run.id)
 
@@ -553,7 +606,13 @@ def _execute(run: WorkflowRun, owner: str, *, first_claim: bool = False, hand_ba
         # The database, not the workflow: the engine's statement failed even after reconnecting.
         # The run is left to recovery (its lease expires, the sweeper enqueues it again); failing
         # it here would fail a healthy workflow for good over a failover.
-        logger.warning("run %s: database unavailable; left to recovery", run.id, exc_info=True)
+        RECOVERIES.labels("database_error").inc()
+        logger.warning(
+            "run %s: database unavailable; left to recovery",
+            run.id,
+            exc_info=True,
+            extra={"event": "run.left_to_recovery", "run_id": str(run.id), "attempt": run.attempt},
+        )
         _store_held_back(step)
         return "database_error"
     except Exception as exc:
@@ -607,8 +666,10 @@ def _finish(
         )
     if ended is None:
         return "lease_lost"
+    RUNS_FINISHED.labels(ended.workflow, ended.status, ended.failure_reason).inc()
+    # The error's type only: its message may quote what the step was given.
+    log_run(ended, str(ended.status), reason=ended.failure_reason, error_type=str((ended.error or {}).get("type", "")))
     if ended.status == RunStatus.FAILED:
-        logger.info("run %s failed (%s): %s", run.id, ended.failure_reason, (ended.error or {}).get("message"))
         _fire_failed(run.id)
     return str(ended.status)
 

@@ -25,6 +25,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from workflows.conf import conf
+from workflows.metrics import RECOVERIES
 from workflows.models import WorkflowRun
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,7 @@ class Heartbeat:
         # time.monotonic() at which the step body a run is in should have ended. Written by the
         # engine around every body without the lock: one dict store, atomic under the GIL.
         self._deadlines: dict[UUID, float] = {}
+        self._overran: set[UUID] = set()  # runs whose overrun was reported (by the heartbeat thread only)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._pid = 0
@@ -66,6 +68,7 @@ class Heartbeat:
         with self._lock:
             self._leases.pop(run_id, None)
             self._deadlines.pop(run_id, None)
+            self._overran.discard(run_id)
 
     def step_started(self, run_id: UUID, timeout: float) -> None:
         self._deadlines[run_id] = time.monotonic() + timeout
@@ -88,11 +91,15 @@ class Heartbeat:
                 continue
             for run_id, owner in leases.items():
                 if self.overdue(run_id):
-                    logger.warning(
-                        "run %s: its step is past its timeout and grace; its lease is left to expire so "
-                        "another worker recovers the run",
-                        run_id,
-                    )
+                    if run_id not in self._overran:  # counted and logged once, not at every beat
+                        self._overran.add(run_id)
+                        RECOVERIES.labels("step_overran").inc()
+                        logger.warning(
+                            "run %s: its step is past its timeout and grace; its lease is left to expire so "
+                            "another worker recovers the run",
+                            run_id,
+                            extra={"event": "run.step_overran", "run_id": str(run_id)},
+                        )
                     continue
                 try:
                     close_old_connections()

@@ -21,6 +21,8 @@ from workflows.exceptions import (
     TooManyRuns,
     TransitionNotAllowed,
 )
+from workflows.logs import log_run
+from workflows.metrics import RUNS_FINISHED
 from workflows.models import PAUSABLE, TERMINAL, RunAttempt, RunEvent, RunStatus, WorkflowRun
 from workflows.outbox import emit_status, enqueue_run
 from workflows.registry import get_workflow, workflow_names
@@ -140,6 +142,7 @@ def run_start(
             )
             RunAttempt.objects.create(run=run, number=1)
             enqueue_run(run.id, queue=run.queue)
+            log_run(run, "created", later=True)
     except IntegrityError:
         # A concurrent start with the same key won the insert.
         existing = WorkflowRun.objects.get(dedupe_key=dedupe_key)
@@ -197,12 +200,14 @@ def run_send_event(
     return event, True
 
 
-def wake_locked_run(run: WorkflowRun) -> None:
-    """Call inside atomic() with the run row locked."""
+def wake_locked_run(run: WorkflowRun, *, reason: str = "event") -> None:
+    """Call inside atomic() with the run row locked. ``reason``: what woke it, for the log."""
+    step = run.wait_step  # (wake clears it)
     run.wake(now=timezone.now())
     run.save()
     enqueue_run(run.id, queue=run.queue)
     emit_status(run)
+    log_run(run, "woken", step=step, reason=reason, later=True)
 
 
 def _locked(run_id: UUID) -> WorkflowRun:
@@ -223,6 +228,7 @@ def run_pause(*, run_id: UUID) -> WorkflowRun:
             run.pause_requested = True
         elif run.status in PAUSABLE:
             run.pause()
+            log_run(run, "paused", later=True)
         else:
             raise _refuse(run, "pause")
         run.save()
@@ -238,6 +244,7 @@ def run_resume(*, run_id: UUID) -> WorkflowRun:
         elif run.status == RunStatus.PAUSED:
             run.resume(now=timezone.now())
             enqueue_run(run.id, queue=run.queue)
+            log_run(run, "resumed", later=True)
         else:
             raise _refuse(run, "resume")
         run.save()
@@ -258,6 +265,9 @@ def run_terminate(*, run_id: UUID) -> WorkflowRun:
         RunAttempt.objects.filter(run=run, number=run.attempt).update(status=run.status, finished_at=now)
         hooks.fire_run_terminated(run)  # e.g. approvals cancels the run's pending requests
         emit_status(run)
+        log_run(run, "terminated", later=True)
+        workflow = run.workflow
+        transaction.on_commit(lambda: RUNS_FINISHED.labels(workflow, RunStatus.TERMINATED, "").inc())
     return run
 
 
@@ -276,4 +286,5 @@ def run_restart(*, run_id: UUID) -> WorkflowRun:
         hooks.fire_run_restarted(run)
         enqueue_run(run.id, queue=run.queue)
         emit_status(run)
+        log_run(run, "restarted", later=True)
     return run

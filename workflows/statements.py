@@ -140,7 +140,12 @@ def _sql(vendor: str) -> dict[str, str]:
               AND (lease_expires_at IS NULL OR lease_expires_at < %s)
               AND (status IN ({_in(CLAIMABLE)}) OR (status IN ({_in(TIMED)}) AND wake_at <= %s))
             RETURNING {", ".join(RUN_COLUMNS)}
-        """,
+        """
+        # The subquery reads the row as the statement's snapshot had it, before this UPDATE (the
+        # new version is invisible to the statement that wrote it): did a lease still name an
+        # owner, that is, is this claim a recovery? Only metrics and logs read it; SQLite (the demo)
+        # would see the new row, so it asks with a SELECT of its own first (claim_run).
+        + (f", (SELECT lease_owner <> '' FROM {RUNS} WHERE id = %s)" if vendor == "postgresql" else ""),
         "extend": extend,
         "upsert": upsert_sql(vendor),
         "store_and_extend": f"""
@@ -175,14 +180,35 @@ def claim(run_id: UUID | str, owner: str, now: datetime, lease_until: datetime) 
     A lease that expired while still naming an owner means that worker died mid-run: the claim
     counts one recovery.
     """
+    claimed = claim_run(run_id, owner, now, lease_until)
+    return claimed[0] if claimed is not None else None
+
+
+def claim_run(run_id: UUID | str, owner: str, now: datetime, lease_until: datetime) -> tuple[WorkflowRun, bool] | None:
+    """``claim``, and whether the claim was a recovery (it took over a dead worker's lease)."""
     db = _db()
     run_id = run_id if isinstance(run_id, UUID) else UUID(run_id)
-    n, u = adapt(db, now), adapt(db, lease_until)
+    n, u, key = adapt(db, now), adapt(db, lease_until), adapt(db, run_id)
+    params = [owner, u, n, n, key, n, n]
     with _cursor(db) as cursor:
-        cursor.execute(_sql(db.vendor)["claim"], [owner, u, n, n, adapt(db, run_id), n, n])
-        row = cursor.fetchone()
-    if row is None:
-        return None
+        if db.vendor == "postgresql":
+            cursor.execute(_sql(db.vendor)["claim"], [*params, key])
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            *row, recovered = row
+        else:
+            cursor.execute(f"SELECT lease_owner FROM {RUNS} WHERE id = %s", [key])
+            before = cursor.fetchone()
+            recovered = before is not None and before[0] != ""
+            cursor.execute(_sql(db.vendor)["claim"], params)
+            row = cursor.fetchone()
+            if row is None:
+                return None
+    return _run_from_row(db, row), bool(recovered)
+
+
+def _run_from_row(db: BaseDatabaseWrapper, row: Any) -> WorkflowRun:
     # Through the fields' converters, as a queryset would (SQLite returns text for some types).
     values = list(row)
     for i, field in enumerate(WorkflowRun._meta.concrete_fields):

@@ -13,6 +13,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from workflows.conf import conf
+from workflows.logs import log_state
+from workflows.metrics import RECOVERIES
 from workflows.models import CLAIMABLE, NO_WAIT, TIMED, RunStatus, WorkflowRun
 from workflows.outbox import emit_stored_status, enqueue_run
 
@@ -36,18 +38,19 @@ def _fire_due_timers(now: datetime, batch: int) -> int:
     due = list(
         WorkflowRun.objects.filter(status__in=TIMED, wake_at__lte=now)
         .order_by("wake_at")
-        .values_list("id", "queue")[:batch]
+        .values_list("id", "queue", "attempt", "workflow", "wait_step")[:batch]
     )
     if not due:
         return 0
     # The conditions are repeated in the UPDATE: a run that changed since the SELECT is left alone.
     # WorkflowRun.wake in one UPDATE for the batch.
-    WorkflowRun.objects.filter(id__in=[run_id for run_id, _ in due], status__in=TIMED, wake_at__lte=now).update(
+    WorkflowRun.objects.filter(id__in=[row[0] for row in due], status__in=TIMED, wake_at__lte=now).update(
         status=RunStatus.QUEUED, enqueued_at=now, **NO_WAIT
     )
-    for run_id, queue in due:
+    for run_id, queue, attempt, workflow, step in due:
         enqueue_run(run_id, queue=queue)
         emit_stored_status(run_id)
+        log_state(run_id, attempt, workflow, "woken", step=step, reason="timer")
     return len(due)
 
 
@@ -59,10 +62,16 @@ def _requeue_lost(now: datetime, batch: int) -> int:
         & (Q(enqueued_at__lt=stale) | Q(enqueued_at__isnull=True))
         & (Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now))
     )
-    runs = list(WorkflowRun.objects.filter(lost).values_list("id", "queue")[:batch])
+    runs = list(WorkflowRun.objects.filter(lost).values_list("id", "queue", "status", "attempt", "workflow")[:batch])
     if not runs:
         return 0
-    WorkflowRun.objects.filter(lost, id__in=[run_id for run_id, _ in runs]).update(enqueued_at=now)
-    for run_id, queue in runs:
+    WorkflowRun.objects.filter(lost, id__in=[row[0] for row in runs]).update(enqueued_at=now)
+    for run_id, queue, status, attempt, workflow in runs:
         enqueue_run(run_id, queue=queue)
+        # A queued run's message was lost; a running one's worker died (its claim counts that
+        # recovery, as lease_expired, when a worker takes it).
+        reason = "lost_enqueue" if status == RunStatus.QUEUED else "lease_expired"
+        if status == RunStatus.QUEUED:
+            RECOVERIES.labels(reason).inc()
+        log_state(run_id, attempt, workflow, "requeued", reason=reason)
     return len(runs)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from datetime import datetime
 from typing import Any
@@ -12,6 +11,7 @@ from django.utils import timezone
 from ledger import hooks
 from ledger.adapters import Adapter, Failed, LookupOutcome, NoEffect, NotFound, SubmitOutcome, Succeeded, Unknown
 from ledger.conf import in_flight_window
+from ledger.metrics import OPERATION_EVENTS
 from ledger.models import FINAL, EventKind, EventOutcome, ExternalOperation, OperationEvent, OperationStatus
 from ledger.redaction import redact
 
@@ -109,9 +109,10 @@ def build_event(
         note=note,
     )
     level = logging.WARNING if op.status == OperationStatus.UNKNOWN or outcome == EventOutcome.UNKNOWN else logging.INFO
+    # The line says what happened, never what was sent or answered (the event keeps that, redacted).
     logger.log(
         level,
-        "%s %s %s: %s answered %s; %s → %s%s%s",
+        "%s %s %s: %s answered %s; %s → %s%s",
         op.system,
         op.action,
         op.key,
@@ -120,8 +121,20 @@ def build_event(
         before,
         op.status,
         f" ({note})" if note and log_note else "",
-        f" {json.dumps(detail, default=str)}" if detail is not None else "",
+        extra={
+            "event": f"operation.{op.status}" if op.status != before else f"operation.{kind}",
+            "operation_key": op.key,
+            "system": op.system,
+            "action": op.action,
+            "kind": kind,
+            "outcome": outcome,
+            "status": op.status,
+            "status_before": before,
+            "run_id": str(op.run_id) if op.run_id else None,
+            "step": op.step or None,
+        },
     )
+    OPERATION_EVENTS.labels(op.system, kind, op.status).inc()
     return event
 
 

@@ -1,0 +1,59 @@
+"""``LOG_FORMAT=json``: one JSON object per line, for a log shipper.
+
+Keys: ``ts`` (UTC, ISO 8601), ``level``, ``logger``, ``message``, then the context fields a call
+gave with ``extra=`` among ``FIELDS`` (``event``, ``run_id``, ``attempt``, ``step``, ``turn_id``,
+``operation_key``, ...), and ``exc`` for a traceback. Only those: an ``extra=`` that a library adds
+(Celery's carries a task's arguments) is not copied, so a payload cannot slip in that way. What
+the project logs never holds a payload, a request body or a person's data (README "Logs").
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+FIELDS = (
+    "event",
+    "run_id",
+    "attempt",
+    "step",
+    "workflow",
+    "turn_id",
+    "agent_id",
+    "operation_key",
+    "system",
+    "action",
+    "kind",
+    "status",
+    "status_before",
+    "outcome",
+    "reason",
+    "tries",
+    "duration_ms",
+    "error_type",
+    "recoveries",
+    "approval_id",
+    "result",
+    "source",
+    "delivery_id",
+    "event_id",
+)
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in FIELDS:
+            value = record.__dict__.get(name)
+            if value is not None:
+                line[name] = value
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str, ensure_ascii=False)

@@ -1,0 +1,94 @@
+"""One structured line per state change: its context as JSON keys, never the payload."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from ops.logformat import JsonFormatter
+from tests.factories import make_run
+from tests.support import ROOT, service_env
+from workflows import engine
+from workflows.models import RunStatus
+from workflows.services import run_start
+
+pytestmark = pytest.mark.django_db
+SECRET = "alice@example.com"
+
+
+def json_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    formatter = JsonFormatter()
+    return [json.loads(formatter.format(record)) for record in caplog.records]
+
+
+def test_a_runs_state_changes_log_json_lines_with_their_context_and_no_payload(
+    caplog: pytest.LogCaptureFixture,
+    django_capture_on_commit_callbacks: Callable[..., Any],
+    no_enqueue: Any,
+) -> None:
+    caplog.set_level(logging.INFO)
+    # given a run started with a customer's email in its payload, then advanced here
+    with django_capture_on_commit_callbacks(execute=True):
+        run, _ = run_start(workflow="test.echo", payload={"email": SECRET})
+    assert engine.advance(run.id) == "completed"
+
+    lines = json_lines(caplog)
+    by_event = {line["event"]: line for line in lines if "event" in line}
+    # then each change of state has its line, with its context as keys of its own
+    assert {"run.created", "run.started", "step.completed", "run.completed"} <= set(by_event)
+    step = by_event["step.completed"]
+    assert (step["run_id"], step["attempt"], step["step"], step["workflow"]) == (str(run.id), 1, "echo", "test.echo")
+    assert step["level"] == "INFO" and step["logger"] == "workflows.runs" and step["tries"] == 1
+    assert by_event["run.completed"]["run_id"] == str(run.id)
+    # and the payload (echoed as the step's and the run's result) is in none of them
+    assert not [line for line in lines if SECRET in json.dumps(line)]
+
+
+def test_a_failed_step_logs_its_error_type_never_its_message(caplog: pytest.LogCaptureFixture, no_enqueue: Any) -> None:
+    caplog.set_level(logging.INFO)
+    run = make_run(
+        workflow="test.flaky",
+        status=RunStatus.QUEUED,
+        payload={"path": f"/nonexistent/{SECRET}/lines", "fail_times": 0, "limit": 0},
+        enqueued_at=timezone.now() - timedelta(seconds=1),
+    )
+    engine.advance(run.id)  # the step cannot write its file: FileNotFoundError naming the path
+
+    failed = [line for line in json_lines(caplog) if line.get("event") == "step.failed"]
+    assert len(failed) == 1 and failed[0]["error_type"] == "FileNotFoundError", failed
+    assert not [line for line in json_lines(caplog) if SECRET in json.dumps(line)]
+
+
+def test_log_format_json_makes_every_line_a_json_object() -> None:
+    code = (
+        "import django, logging; django.setup(); "
+        "logging.getLogger('workflows.runs').info('run r started', "
+        "extra={'event': 'run.started', 'run_id': 'r', 'attempt': 1, 'data': {'args': ['a payload']}})"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=service_env(LOG_FORMAT="json", DJANGO_SETTINGS_MODULE="config.settings"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    line = json.loads(done.stderr.strip().splitlines()[-1])
+    assert {k: line[k] for k in ("level", "logger", "message", "event", "run_id", "attempt")} == {
+        "level": "INFO",
+        "logger": "workflows.runs",
+        "message": "run r started",
+        "event": "run.started",
+        "run_id": "r",
+        "attempt": 1,
+    }
+    assert "data" not in line and "a payload" not in done.stderr  # an extra not listed is not copied
