@@ -138,20 +138,24 @@ class Worker:
                 self.kill()
         if is_amqp(self.broker_url):
             # RabbitMQ keeps a durable queue for ever: each test's own queues would pile up. The
-            # last of a queue's workers to stop deletes it (``if_unused``: not under another's feet).
-            delete_amqp_queues(self.broker_url, self.queue, f"{self.queue}-io", if_unused=True)
+            # last of a queue's workers to stop deletes it (one another worker still consumes from
+            # is left to that one).
+            delete_amqp_queues(self.broker_url, self.queue, f"{self.queue}-io", unless_consumed=True)
 
 
-def delete_amqp_queues(url: str, *names: str, if_unused: bool = False) -> None:
-    """Delete the queues ``names`` from the RabbitMQ broker at ``url``; one still consumed from is
-    left with ``if_unused``, one that does not exist is no error."""
+def delete_amqp_queues(url: str, *names: str, unless_consumed: bool = False) -> None:
+    """Delete the queues ``names`` from the RabbitMQ broker at ``url``, with what they hold; with
+    ``unless_consumed``, not one a consumer still reads (quorum queues refuse ``if_unused``, so the
+    consumers are counted first). A queue that does not exist is no error."""
     from kombu.connection import Connection
 
     for name in names:
         with Connection(url, connect_timeout=5) as conn:  # type: ignore[no-untyped-call]  # kombu: no annotations
             try:
-                conn.default_channel.queue_delete(name, if_unused=if_unused)
-            except conn.channel_errors:  # still consumed from (PRECONDITION_FAILED): its last worker deletes it
+                _, _, consumers = conn.default_channel.queue_declare(name, passive=True)
+                if not (unless_consumed and consumers):
+                    conn.default_channel.queue_delete(name)
+            except conn.channel_errors:  # NOT_FOUND: nothing to delete
                 pass
 
 
@@ -175,9 +179,9 @@ def use_broker(url: str) -> Iterator[None]:
     try:
         yield
     finally:
+        # Its connections stay open in kombu's pools, which are shared by URL: the next test on
+        # the same broker takes them again.
         previous.set_current()
-        app.pool.force_close_all()
-        app.close()
 
 
 class RedisServer:

@@ -61,8 +61,8 @@ def enqueue_run(run_id: UUID, *, queue: str, countdown: float | None = None) -> 
     options: dict[str, Any] = {"queue": queue}
     if countdown:
         # On RabbitMQ a countdown waits in its native delayed-delivery queues, which count whole
-        # seconds, rounding down, and refuse less than one: rounded up, the message never comes
-        # before the run's timer is due (the claim would refuse it, and the run wait for a sweep).
+        # seconds: Celery refuses to send one of less than a second (ValueError), and the message
+        # would be lost until a sweep. Rounded up, it is never due before the run's timer.
         options["countdown"] = math.ceil(countdown) if _on_rabbitmq() else countdown
     send_on_commit(ADVANCE_TASK, (str(run_id),), **options)
 
