@@ -124,7 +124,7 @@ def test_on_rabbitmq_a_short_sleep_wakes_by_its_countdown_without_a_sweep(
     # then it wakes and completes, not before its timer was due
     run = wait_for_terminal(run.id, timeout=30)
     assert run.status == RunStatus.COMPLETED, run.error
-    assert run.result["slept"] >= 0.5
+    assert run.result is not None and run.result["slept"] >= 0.5
     assert time.monotonic() - started < 20
     # and the worker saw its quorum queues (per-consumer QoS) and bound them for delayed delivery
     output = workers[0].output()
