@@ -9,6 +9,7 @@ import dj_database_url
 import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
+from config.broker import RABBITMQ_DEFAULT_CONSUMER_TIMEOUT, broker_config
 from config.env import envbool, envfloat, envint, envjson, envlist, envstr
 
 # Django's classes that the type stubs make generic (ModelAdmin, ModelForm, ...) accept their type
@@ -163,15 +164,38 @@ LOGIN_REDIRECT_URL = "/"
 REDIS_URL = envstr("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 # --- Celery: at-least-once delivery (docs/architecture.md#execution) ----------------------------
-CELERY_BROKER_URL = REDIS_URL
+# The broker: Redis (REDIS_URL) unless CELERY_BROKER_URL names another, e.g. RabbitMQ with
+# amqp://user:password@host:5672/vhost (quorum queues, publisher confirms; config/broker.py and
+# docs/decisions/0020). The channel layer and the progress streams stay on Redis either way.
+CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", "") or REDIS_URL
+BROKER = broker_config(
+    CELERY_BROKER_URL,
+    # Redis: longer than the longest a task may run (CELERY_TASK_TIME_LIMIT, below), or Redis would
+    # hand an unacknowledged message to a second worker while the first is still running it.
+    visibility_timeout=envint("CELERY_VISIBILITY_TIMEOUT", 3 * 3600),
+    # RabbitMQ: the consumer_timeout its rabbitmq.conf sets (seconds; RabbitMQ's default is 30 min).
+    # It must exceed CELERY_TASK_TIME_LIMIT too (workflows.E006), which this process cannot see.
+    consumer_timeout=envint("RABBITMQ_CONSUMER_TIMEOUT", RABBITMQ_DEFAULT_CONSUMER_TIMEOUT),
+)
+# Seconds a worker may hold a message unacknowledged before the broker takes it back (the system
+# checks compare the engine's time limits with it).
+BROKER_ACK_TIMEOUT = BROKER.ack_timeout
+CELERY_BROKER_TRANSPORT_OPTIONS = BROKER.transport_options
+CELERY_TASK_DEFAULT_QUEUE_TYPE = BROKER.queue_type
+CELERY_TASK_CREATE_MISSING_QUEUE_TYPE = BROKER.queue_type
+CELERY_TASK_DEFAULT_EXCHANGE_TYPE = BROKER.exchange_type
+CELERY_TASK_CREATE_MISSING_QUEUE_EXCHANGE_TYPE = BROKER.exchange_type
 CELERY_TASK_ACKS_LATE = True  # a message is acknowledged after the task ran, not before
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1  # a worker holds no more messages than it runs
 CELERY_TASK_REJECT_ON_WORKER_LOST = True  # a killed child's message goes back; the recovery cap stops poison
+# A worker outlives its broker: it retries connecting at start-up and after losing the connection,
+# for as long as the broker is away (Celery's default gives up after 100 tries, and the worker
+# exits). A task still running when the connection drops is cancelled, since its message goes back
+# to the queue (or is lost with a Redis restart: the sweeper sends its run again).
+CELERY_BROKER_CONNECTION_RETRY = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_CONNECTION_MAX_RETRIES = None
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
-# Longer than the longest a task may run (CELERY_TASK_TIME_LIMIT, below), or Redis would hand an
-# unacknowledged message to a second worker while the first is still running it.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": envint("CELERY_VISIBILITY_TIMEOUT", 3 * 3600)}
 CELERY_TASK_IGNORE_RESULT = True
 # A step body runs at most WORKFLOWS_MAX_STEP_TIMEOUT (SIGALRM raises StepTimeout in it); one that
 # outlives its timeout by WORKFLOWS_STEP_TIMEOUT_GRACE (it swallowed StepTimeout, or is stuck in C

@@ -51,6 +51,30 @@ ensure_redis() {
     exit 1
 }
 
+ensure_rabbitmq() {
+    # The tests run their most important crash tests on RabbitMQ too (workflows/tests/test_broker_rabbitmq.py);
+    # RABBITMQ_TEST_URL names another broker. Started here if it is down, as the machine starts it.
+    local url="${RABBITMQ_TEST_URL:-amqp://guest:guest@127.0.0.1:5672//}"
+    local hostport="${url#*://}"; hostport="${hostport#*@}"; hostport="${hostport%%/*}"
+    local host="${hostport%%:*}" port="${hostport##*:}"
+    [ "$port" = "$hostport" ] && port=5672
+    if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null; then
+        return
+    fi
+    command -v rabbitmq-server >/dev/null || { echo "RabbitMQ is not running at $host:$port and rabbitmq-server is not installed" >&2; exit 1; }
+    echo "==> starting RabbitMQ"
+    rabbitmq-server -detached
+    # It boots in a few seconds; rabbitmqctl wait needs a pid file, so poll its port and status.
+    for _ in $(seq 120); do
+        if (exec 3<>"/dev/tcp/$host/$port") 2>/dev/null && rabbitmqctl -q status >/dev/null 2>&1; then
+            return
+        fi
+        sleep 0.5
+    done
+    echo "RabbitMQ did not start" >&2
+    exit 1
+}
+
 ensure_postgres() {
     if pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
         return

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The run command: the whole system on the embedded default (an SQLite file in var/, Redis on
-# localhost): migrations, demo data, the ASGI server, a Celery worker and beat. Ctrl-C stops it.
+# localhost): migrations, demo data, the ASGI server, a Celery worker and beat, each restarted if it
+# exits (scripts/supervise.sh). Ctrl-C stops it.
 # DATABASE_URL=postgres://... runs it on PostgreSQL instead; PORT changes the HTTP port.
 # The examples (the demo, refunds, supplier assessments, and the sandbox payment provider the
 # refunds call) are on here; INSTALL_EXAMPLES=0 runs the engine alone, without demo data.
@@ -51,27 +52,33 @@ if examples_on; then
     .venv/bin/python manage.py seed_demo
 fi
 
+# Each process runs under scripts/supervise.sh, which starts it again if it exits (a line in its
+# log says so): a worker that lost its broker for good, beat, daphne or the sandbox come back.
 pids=()
 stop() {
     trap - INT TERM EXIT
     echo "==> stopping"
-    for pid in "${pids[@]}"; do kill -TERM "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
     wait || true
 }
 trap stop INT TERM EXIT
+supervise() {
+    # supervise NAME LOGFILE COMMAND...: a session of its own, so a Ctrl-C reaches only this script
+    local name=$1 log=$2
+    : >"$log"
+    setsid scripts/supervise.sh "$@" &
+    pids+=($!)
+    echo "==> $name (log: $log, restarted if it exits)"
+}
 
-setsid .venv/bin/celery -A config worker -c 2 -l INFO --without-gossip --without-mingle >var/worker.log 2>&1 &
-pids+=($!)
-setsid .venv/bin/celery -A config beat -l INFO -s var/celerybeat-schedule >var/beat.log 2>&1 &
-pids+=($!)
+supervise worker var/worker.log .venv/bin/celery -A config worker -c 2 -l INFO --without-gossip --without-mingle
+supervise beat var/beat.log .venv/bin/celery -A config beat -l INFO -s var/celerybeat-schedule
 if examples_on; then
     # Its webhook secret comes from the environment (SANDBOX_WEBHOOK_SECRET), not the command line.
-    setsid .venv/bin/python -m examples.sandbox --port 8765 --data var/sandbox.sqlite3 \
-        --webhook-url "$WEBHOOK_URL" >var/sandbox.log 2>&1 &
-    pids+=($!)
+    supervise sandbox var/sandbox.log .venv/bin/python -m examples.sandbox --port 8765 --data var/sandbox.sqlite3 \
+        --webhook-url "$WEBHOOK_URL"
 fi
-setsid .venv/bin/daphne -b 127.0.0.1 -p "$PORT" config.asgi:application >var/web.log 2>&1 &
-pids+=($!)
+supervise web var/web.log .venv/bin/daphne -b 127.0.0.1 -p "$PORT" config.asgi:application
 
 if examples_on; then
     cat <<INFO
@@ -108,5 +115,4 @@ else
   Ctrl-C stops everything.
 INFO
 fi
-wait -n "${pids[@]}"
-echo "a process exited; see var/*.log" >&2
+wait

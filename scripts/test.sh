@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: installs what it needs, makes sure PostgreSQL and Redis are up, lints, then runs
+# The test command: installs what it needs, makes sure PostgreSQL, Redis and RabbitMQ are up, lints, then runs
 # the type check and the whole suite side by side on PostgreSQL with real Celery workers and a real ASGI server.
 # Extra arguments go to pytest (e.g. scripts/test.sh -k recovery).
 # The suite runs with the examples installed (tests/testenv.py sets INSTALL_EXAMPLES=1).
@@ -11,6 +11,7 @@ ensure_venv "[test]"
 ensure_chromium
 ensure_postgres
 ensure_redis
+ensure_rabbitmq  # the crash tests on RabbitMQ (workflows/tests/test_broker_rabbitmq.py)
 
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/durable}"
 echo "==> ruff"

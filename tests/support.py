@@ -10,13 +10,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from uuid import UUID
 
 from django.db import connection
+
+from config.broker import is_amqp
 
 if TYPE_CHECKING:
     from workflows.models import WorkflowRun
@@ -69,6 +72,9 @@ class Worker:
         self.log = tempfile.NamedTemporaryFile(prefix="worker-", suffix=".log", delete=False)
         queue = queue or os.environ["WORKFLOWS_QUEUE"]
         env["WORKFLOWS_QUEUE"] = queue
+        self.queue = queue
+        # The broker: CELERY_BROKER_URL in ``env`` (amqp://... for RabbitMQ), else the test process's.
+        self.broker_url = env.get("CELERY_BROKER_URL") or os.environ.get("CELERY_BROKER_URL") or ""
         cmd = [
             sys.executable,
             "-m",
@@ -120,6 +126,9 @@ class Worker:
             pass
         self.process.wait(timeout=10)
 
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
     def stop(self) -> None:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGTERM)
@@ -127,6 +136,101 @@ class Worker:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
+        if is_amqp(self.broker_url):
+            # RabbitMQ keeps a durable queue for ever: each test's own queues would pile up. The
+            # last of a queue's workers to stop deletes it (one another worker still consumes from
+            # is left to that one).
+            delete_amqp_queues(self.broker_url, self.queue, f"{self.queue}-io", unless_consumed=True)
+
+
+def delete_amqp_queues(url: str, *names: str, unless_consumed: bool = False) -> None:
+    """Delete the queues ``names`` from the RabbitMQ broker at ``url``, with what they hold; with
+    ``unless_consumed``, not one a consumer still reads (quorum queues refuse ``if_unused``, so the
+    consumers are counted first). A queue that does not exist is no error."""
+    from kombu.connection import Connection
+
+    for name in names:
+        with Connection(url, connect_timeout=5) as conn:  # type: ignore[no-untyped-call]  # kombu: no annotations
+            try:
+                _, _, consumers = conn.default_channel.queue_declare(name, passive=True)
+                if not (unless_consumed and consumers):
+                    conn.default_channel.queue_delete(name)
+            except conn.channel_errors:  # NOT_FOUND: nothing to delete
+                pass
+
+
+@contextmanager
+def use_broker(url: str) -> Iterator[None]:
+    """This test process sends its Celery messages (``wf.start``, the sweeper it calls) to the broker
+    at ``url``, configured as config/settings.py configures a process started with
+    ``CELERY_BROKER_URL=url``: a Celery app of its own is current in this thread meanwhile."""
+    from celery import Celery, current_app
+    from django.conf import settings
+
+    from config.broker import broker_config
+
+    previous = current_app._get_current_object()
+    app = Celery("config", set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    timeout = settings.BROKER_ACK_TIMEOUT
+    broker = broker_config(url, visibility_timeout=timeout, consumer_timeout=timeout)
+    app.conf.update(**broker.celery_settings())
+    app.set_current()
+    try:
+        yield
+    finally:
+        # Its connections stay open in kombu's pools, which are shared by URL: the next test on
+        # the same broker takes them again.
+        previous.set_current()
+
+
+class RedisServer:
+    """A private ``redis-server`` on a free port, keeping nothing on disk: a broker a test may
+    restart (``restart``) without disturbing the machine's shared Redis."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="redis-", suffix=".log", delete=False)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--save", "", "--appendonly", "no"],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        wait_for(self._answers, timeout=10, what=f"redis-server on port {self.port}")
+
+    def _answers(self) -> bool:
+        import redis
+
+        try:
+            return bool(redis.Redis(port=self.port, socket_connect_timeout=1).ping())
+        except redis.ConnectionError:
+            return False
+
+    def shutdown(self) -> None:
+        """``SHUTDOWN NOSAVE``: Redis exits and what it held (queues, unacknowledged messages) is gone."""
+        import redis
+
+        if self.process is None:
+            return
+        try:
+            redis.Redis(port=self.port, socket_connect_timeout=1).shutdown(nosave=True)
+        except redis.ConnectionError:
+            pass  # it answers the shutdown by closing the connection
+        self.process.wait(timeout=10)
+        self.process = None
+
+    def restart(self) -> None:
+        self.shutdown()
+        self.start()
 
 
 def free_port() -> int:

@@ -17,12 +17,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
         errors.append(
             Error(f"WORKFLOWS_STEP_COMMIT is {conf()['STEP_COMMIT']!r}; use sync or async", id="workflows.E001")
         )
-    visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout", 3600)
+    # Redis's visibility timeout, or the consumer_timeout RabbitMQ is said to have (config/broker.py).
+    visibility = settings.BROKER_ACK_TIMEOUT
     if conf()["MAX_STEP_TIMEOUT_SECONDS"] >= visibility:
         errors.append(
             Error(
                 f"WORKFLOWS_MAX_STEP_TIMEOUT ({conf()['MAX_STEP_TIMEOUT_SECONDS']} s) must be below the broker's "
-                f"visibility timeout ({visibility} s), or Redis hands a running task to a second worker",
+                f"{_ack_timeout_name()} ({visibility:g} s), {_ack_timeout_cost()}",
                 id="workflows.E002",
             )
         )
@@ -62,9 +63,22 @@ def _check_time_limit(visibility: float) -> list[Error]:
     elif limit >= visibility:
         errors.append(
             Error(
-                f"CELERY_TASK_TIME_LIMIT ({limit} s) must be below the broker's visibility timeout ({visibility} s), "
-                f"or Redis hands a running task to a second worker",
+                f"CELERY_TASK_TIME_LIMIT ({limit} s) must be below the broker's {_ack_timeout_name()} "
+                f"({visibility:g} s), {_ack_timeout_cost()}",
                 id="workflows.E006",
             )
         )
     return errors
+
+
+def _ack_timeout_name() -> str:
+    return "consumer timeout (RABBITMQ_CONSUMER_TIMEOUT)" if settings.BROKER.amqp else "visibility timeout"
+
+
+def _ack_timeout_cost() -> str:
+    if settings.BROKER.amqp:
+        return (
+            "or RabbitMQ closes the worker's channel under a running task and requeues its message "
+            "(raise consumer_timeout in rabbitmq.conf and RABBITMQ_CONSUMER_TIMEOUT, or lower the limits)"
+        )
+    return "or Redis hands a running task to a second worker"

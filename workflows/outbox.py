@@ -11,6 +11,7 @@ engine never imports ``workflows.tasks``: the tasks import the engine, not the o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 from uuid import UUID
@@ -59,8 +60,16 @@ def enqueue_run(run_id: UUID, *, queue: str, countdown: float | None = None) -> 
     """Ask a worker on ``queue`` (the run's) to advance the run once the current transaction commits."""
     options: dict[str, Any] = {"queue": queue}
     if countdown:
-        options["countdown"] = countdown
+        # On RabbitMQ a countdown waits in its native delayed-delivery queues, which count whole
+        # seconds: Celery refuses to send one of less than a second (ValueError), and the message
+        # would be lost until a sweep. Rounded up, it is never due before the run's timer.
+        options["countdown"] = math.ceil(countdown) if _on_rabbitmq() else countdown
     send_on_commit(ADVANCE_TASK, (str(run_id),), **options)
+
+
+def _on_rabbitmq() -> bool:
+    """Whether this process's Celery app sends to RabbitMQ (config/broker.py)."""
+    return str(current_app.conf.broker_url or "").lower().startswith(("amqp://", "amqps://", "pyamqp://"))
 
 
 def enqueue_step(run_id: UUID, attempt: int, position: int, tries: int, *, queue: str) -> None:

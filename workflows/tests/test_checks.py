@@ -1,5 +1,6 @@
 from typing import Any
 
+from config.broker import RABBITMQ_DEFAULT_CONSUMER_TIMEOUT, broker_config
 from workflows.checks import check_settings
 
 
@@ -36,6 +37,26 @@ def test_no_hard_time_limit_is_an_error(settings: Any) -> None:
 def test_a_hard_time_limit_above_the_visibility_timeout_is_an_error(settings: Any) -> None:
     settings.CELERY_TASK_TIME_LIMIT = settings.CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"]
     assert [e.id for e in check_settings()] == ["workflows.E006"]
+
+
+def rabbitmq(settings: Any, consumer_timeout: int) -> None:
+    broker = broker_config("amqp://127.0.0.1:5672//", visibility_timeout=0, consumer_timeout=consumer_timeout)
+    settings.BROKER, settings.BROKER_ACK_TIMEOUT = broker, broker.ack_timeout
+
+
+def test_on_rabbitmq_its_default_consumer_timeout_is_below_the_default_limits(settings: Any) -> None:
+    # given RabbitMQ with its default consumer_timeout of 30 minutes
+    rabbitmq(settings, RABBITMQ_DEFAULT_CONSUMER_TIMEOUT)
+
+    # then the hour a step may take, and the hard time limit above it, are errors that say so
+    errors = check_settings()
+    assert [e.id for e in errors] == ["workflows.E002", "workflows.E006"]
+    assert "consumer timeout (RABBITMQ_CONSUMER_TIMEOUT) (1800 s)" in errors[1].msg
+
+
+def test_on_rabbitmq_a_consumer_timeout_above_the_hard_time_limit_passes(settings: Any) -> None:
+    rabbitmq(settings, settings.CELERY_TASK_TIME_LIMIT + 1)
+    assert check_settings() == []
 
 
 def test_a_budget_or_grace_of_zero_is_an_error(settings: Any) -> None:
