@@ -5,9 +5,10 @@
     .venv/bin/python bench/inbound.py [--deliveries N] [--submissions N] [--outcomes N] [--clients C]
 
 Self-contained like bench/chat.py (through bench/harness.py): its own PostgreSQL database (dropped at
-the end), Redis db 13, a private queue with one ``celery worker -P prefork -c 2``, and one real daphne
-serving the project with three webhook sources of its own (WEBHOOK_SOURCES_JSON). The clients are
-``httpx`` connections of this process (C at once, keep-alive, one asyncio loop).
+the end), Redis db 13, a private queue with one ``celery worker -P prefork -c 2``, and --web real
+daphne processes (default 2, one per core, as a deployment would run them) serving the project with
+two webhook sources of its own (WEBHOOK_SOURCES_JSON). The clients are ``httpx`` connections of this
+process (C at once, keep-alive, one asyncio loop), spread evenly over the daphnes.
 
 1. webhooks: N signed deliveries (Standard Webhooks) to a source whose action starts a one-step
    ``bench.noop`` run keyed by the event id; 10% of them are replays of an earlier event (the same id
@@ -82,6 +83,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--submissions", type=int, default=1500, help="submission requests, replays included (default 1500)")
     p.add_argument("--outcomes", type=int, default=50, help="outcome webhooks waking a waiting run (default 50)")
     p.add_argument("--clients", "-C", type=int, default=16, help="requests in flight at once (default 16)")
+    p.add_argument("--web", type=int, default=2, help="daphne processes, the clients spread over them (default 2)")
     p.add_argument("--replays", type=float, default=0.10, help="share of requests that replay an earlier one (0.10)")
     p.add_argument(
         "--phases",
@@ -91,8 +93,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_session_arguments(p, database="durable_bench_inbound", redis="redis://127.0.0.1:6379/13")
     args = p.parse_args(argv)
     args.phases = parse_phases(p, args.phases, PHASES)
-    if min(args.deliveries, args.submissions, args.outcomes, args.clients) < 1:
-        p.error("--deliveries, --submissions, --outcomes and --clients must be at least 1")
+    if min(args.deliveries, args.submissions, args.outcomes, args.clients, args.web) < 1:
+        p.error("--deliveries, --submissions, --outcomes, --clients and --web must be at least 1")
     if not 0 <= args.replays < 1:
         p.error("--replays is a share from 0 up to 1")
     return args
@@ -127,6 +129,7 @@ class Request:
 @dataclass
 class Sent:
     statuses: list[int] = field(default_factory=list)
+    refusals: dict[int, str] = field(default_factory=dict)  # a status other than 200/202 -> one body
     latencies: list[float] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -151,25 +154,32 @@ def with_replays(firsts: list[Request], share: float, rng: random.Random) -> lis
     return order
 
 
-async def send_all(base_url: str, requests: list[Request], clients: int) -> Sent:
+async def send_all(servers: list[AsgiServer], requests: list[Request], clients: int) -> Sent:
+    """Send ``requests`` from ``clients`` connections at once, spread evenly over the servers."""
     sent = Sent()
     queue: asyncio.Queue[Request] = asyncio.Queue()
     for r in requests:
         queue.put_nowait(r)
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=60) as client:
+    pool = [httpx.AsyncClient(base_url=server.url, limits=limits, timeout=60) for server in servers]
 
-        async def one_client() -> None:
-            while not queue.empty():
-                r = queue.get_nowait()
-                t0 = time.perf_counter()
-                response = await client.post(r.path, content=r.body, headers=r.prepare())
-                sent.latencies.append(time.perf_counter() - t0)
-                sent.statuses.append(response.status_code)
+    async def one_client(client: httpx.AsyncClient) -> None:
+        while not queue.empty():
+            r = queue.get_nowait()
+            t0 = time.perf_counter()
+            response = await client.post(r.path, content=r.body, headers=r.prepare())
+            sent.latencies.append(time.perf_counter() - t0)
+            sent.statuses.append(response.status_code)
+            if response.status_code not in (200, 202):
+                sent.refusals.setdefault(response.status_code, response.text[:300])
 
+    try:
         t0 = time.perf_counter()
-        await asyncio.gather(*(one_client() for _ in range(clients)))
+        await asyncio.gather(*(one_client(pool[i % len(pool)]) for i in range(clients)))
         sent.seconds = time.perf_counter() - t0
+    finally:
+        for client in pool:
+            await client.aclose()
     return sent
 
 
@@ -207,7 +217,7 @@ class Burst:
     drain_seconds: float
 
 
-def webhooks(args: argparse.Namespace, server: AsgiServer, check: Callable[[], None]) -> Burst:
+def webhooks(args: argparse.Namespace, servers: list[AsgiServer], check: Callable[[], None]) -> Burst:
     from workflows.models import WorkflowRun
 
     rng = random.Random(1)
@@ -218,7 +228,7 @@ def webhooks(args: argparse.Namespace, server: AsgiServer, check: Callable[[], N
     ]
     requests = with_replays(firsts, args.replays, rng)
     say(f"webhooks: {len(requests):,} deliveries ({len(requests) - len(firsts):,} replays), {args.clients} at once")
-    sent = asyncio.run(send_all(server.url, requests, args.clients))
+    sent = asyncio.run(send_all(servers, requests, args.clients))
     t0 = time.monotonic()
     runs = WorkflowRun.objects.filter(workflow="bench.noop", idempotency_key__startswith="bench-runs:")
     wait_until(
@@ -242,7 +252,7 @@ def webhooks(args: argparse.Namespace, server: AsgiServer, check: Callable[[], N
 
 
 # --- 2. submissions --------------------------------------------------------------------------------
-def submissions(args: argparse.Namespace, server: AsgiServer, token: str, check: Callable[[], None]) -> Burst:
+def submissions(args: argparse.Namespace, servers: list[AsgiServer], token: str, check: Callable[[], None]) -> Burst:
     from agents.models import Submission, SubmissionStatus, Turn
 
     rng = random.Random(2)
@@ -261,7 +271,7 @@ def submissions(args: argparse.Namespace, server: AsgiServer, token: str, check:
     ]
     requests = with_replays(firsts, args.replays, rng)
     say(f"submissions: {len(requests):,} requests ({len(requests) - len(firsts):,} replays) to {AGENTS} agents")
-    sent = asyncio.run(send_all(server.url, requests, args.clients))
+    sent = asyncio.run(send_all(servers, requests, args.clients))
     t0 = time.monotonic()
     open_statuses = (SubmissionStatus.PENDING, SubmissionStatus.RUNNING)
     wait_until(
@@ -346,6 +356,7 @@ def burst_rows(name: str, b: Burst) -> list[Row]:
         Row("  accepted/s (202, new work)", f"{b.accepted / b.sent.seconds:,.0f}"),
         Row("  latency p50 / p99", f"{ms(p50)} / {ms(p99)}", "p99 <= 50 ms", p99 <= 0.050),
         Row("  202 / 200 duplicate / other", answers, "other 0", b.refused == 0),
+        *(Row(f"    {status}", body[:60]) for status, body in sorted(b.sent.refusals.items())),
         Row("  duplicate effects", str(b.effects_twice), "0", b.effects_twice == 0),
         Row("  lost (accepted, never done)", str(b.lost), "0", b.lost == 0),
         Row("  then the worker drained in", f"{b.drain_seconds:.1f} s"),
@@ -366,26 +377,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         user = User.objects.create_user("bench-system", password="x")
         account_ensure(slug="bench", name="Bench", members=[user])
         token = Token.objects.create(user=user).key
-        server = AsgiServer()
+        servers = [AsgiServer() for _ in range(args.web)]
         ok = False
         try:
             worker: Worker = session.start_worker()
 
             def check() -> None:
-                if server.process.poll() is not None:
-                    raise RuntimeError(f"daphne exited:\n{Path(server.log.name).read_text()[-3000:]}")
+                for server in servers:
+                    if server.process.poll() is not None:
+                        raise RuntimeError(f"daphne exited:\n{Path(server.log.name).read_text()[-3000:]}")
                 if worker.process.poll() is not None:
                     raise RuntimeError(f"the worker exited:\n{worker.output()[-3000:]}")
 
             probes.append(probe_environment("before"))
             if "webhooks" in args.phases:
-                burst = webhooks(args, server, check)
+                burst = webhooks(args, servers, check)
                 rows += burst_rows("webhooks", burst)
             if "submissions" in args.phases:
-                burst = submissions(args, server, token, check)
+                burst = submissions(args, servers, token, check)
                 rows += burst_rows("submissions", burst)
             if "outcome" in args.phases:
-                o = outcome(args, server, check)
+                o = outcome(args, servers[0], check)
                 p50, p99 = percentile(o.to_resume, 0.5), percentile(o.to_resume, 0.99)
                 rows += [
                     Row(f"outcome webhook -> run resumed p50 ({len(o.to_resume)})", ms(p50), "<= 50 ms", p50 <= 0.050),
@@ -395,18 +407,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             probes.append(probe_environment("after "))
             ok = True
         finally:
-            server.stop()
-            server.log.close()
-            if ok:
-                Path(server.log.name).unlink(missing_ok=True)
-            else:
-                say(f"daphne log kept: {server.log.name}")
+            for server in servers:
+                server.stop()
+                server.log.close()
+                if ok:
+                    Path(server.log.name).unlink(missing_ok=True)
+                else:
+                    say(f"daphne log kept: {server.log.name}")
     for probe in probes:
         print(probe)
     print_table(rows)
     print(f"""
-How: one real daphne and one celery worker (-c {args.concurrency}); {args.clients} httpx clients of this
-process on one asyncio loop, keep-alive. A webhook is verified, deduplicated (the accepted row's
+How: {args.web} real daphne processes (as a deployment runs one per core) and one celery worker
+(-c {args.concurrency}); {args.clients} httpx clients of this process on one asyncio loop, keep-alive,
+spread evenly over the daphnes. A webhook is verified, deduplicated (the accepted row's
 unique index) and its work started (run_start, enqueued on commit) before its 202. A submission is
 authenticated by token and committed with its turn before its 202. Duplicate effects and lost work
 are counted from the database once the worker has run everything. Outcome: an unknown ledger
