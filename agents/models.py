@@ -13,9 +13,10 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from django_fsm import RETURN_VALUE, FSMField, FSMModelMixin, transition
+from django_fsm import RETURN_VALUE, FSMField, transition
 
 from accounts.models import Account
+from workflows.fsm import FSMModelMixin
 
 
 class Agent(models.Model):

@@ -14,8 +14,9 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
-from django_fsm import FSMField, FSMModelMixin, transition
+from django_fsm import FSMField, transition
 
+from workflows.fsm import FSMModelMixin
 from workflows.models import WorkflowRun
 
 

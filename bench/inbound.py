@@ -378,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         account_ensure(slug="bench", name="Bench", members=[user])
         token = Token.objects.create(user=user).key
         servers = [AsgiServer() for _ in range(args.web)]
-        ok = False
+        ok, server_errors = False, False
         try:
             worker: Worker = session.start_worker()
 
@@ -393,9 +393,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "webhooks" in args.phases:
                 burst = webhooks(args, servers, check)
                 rows += burst_rows("webhooks", burst)
+                server_errors |= 500 in burst.sent.refusals
             if "submissions" in args.phases:
                 burst = submissions(args, servers, token, check)
                 rows += burst_rows("submissions", burst)
+                server_errors |= 500 in burst.sent.refusals
             if "outcome" in args.phases:
                 o = outcome(args, servers[0], check)
                 p50, p99 = percentile(o.to_resume, 0.5), percentile(o.to_resume, 0.99)
@@ -405,7 +407,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     Row("  the webhook's own answer p50", ms(percentile(o.answer, 0.5))),
                 ]
             probes.append(probe_environment("after "))
-            ok = True
+            ok = not server_errors
+            if server_errors:
+                say("some requests were answered 500: the daphne logs are kept")
         finally:
             for server in servers:
                 server.stop()

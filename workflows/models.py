@@ -14,7 +14,9 @@ from typing import Any
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
-from django_fsm import FSMField, FSMModelMixin, transition
+from django_fsm import FSMField, transition
+
+from workflows.fsm import FSMModelMixin
 
 
 class RunStatus(models.TextChoices):

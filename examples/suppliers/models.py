@@ -13,8 +13,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django_fsm import FSMField, FSMModelMixin, transition
+from django_fsm import FSMField, transition
 
+from workflows.fsm import FSMModelMixin
 from workflows.models import WorkflowRun
 
 REVIEWERS = "supplier-reviewers"
