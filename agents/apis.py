@@ -137,13 +137,23 @@ class AgentQuerySerializer(StrictSerializer):
     )
 
 
+class MessageIdField(serializers.IntegerField):
+    """A message id in the query string, read as the socket reads it (``selectors.message_id``)."""
+
+    def to_internal_value(self, data: Any) -> int:
+        found = selectors.message_id(data) if isinstance(data, str) else None
+        if found is None:
+            self.fail("invalid")
+        return found
+
+
 @extend_schema_serializer(component_name="AgentSnapshotQuery")
 class SnapshotQuerySerializer(AgentQuerySerializer):
-    since = serializers.IntegerField(
+    since = MessageIdField(
         required=False,
         min_value=0,
-        max_value=2**63 - 1,
-        help_text="A message id: only the messages after it (a client that has the rest).",
+        max_value=10**18 - 1,
+        help_text="A message id (1 to 18 digits): only the messages after it (a client that has the rest).",
     )
 
 

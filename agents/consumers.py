@@ -43,12 +43,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any
 from uuid import UUID
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http import QueryDict
+from django.urls.converters import UUIDConverter
 
 from agents import selectors, services, streams
 from agents.models import TURN_OPEN, Agent, Turn
@@ -329,21 +331,20 @@ class AgentConsumer(StreamConsumer):
 
 
 def _check_turn_id(value: Any) -> UUID:
-    if not isinstance(value, str):
+    """A turn's id as the API's paths write it (lower-case, hyphenated): UUID() alone would also take
+    braces, "urn:uuid:" or no hyphens, which no URL of the API accepts."""
+    if not isinstance(value, str) or re.fullmatch(UUIDConverter.regex, value) is None:
         raise ClientError("'turn' must be a turn's id")
-    try:
-        return UUID(value)
-    except ValueError:
-        raise ClientError("'turn' must be a turn's id") from None
+    return UUID(value)
 
 
 def _check_since(value: str | None) -> int | None:
     """The ``since`` of the socket's query string: a message id (digits), or absent."""
     if value is None:
         return None
-    if not (value.isascii() and value.isdigit() and len(value) <= 18):
+    if (since := selectors.message_id(value)) is None:
         raise ClientError("'since' must be a message id")
-    return int(value)
+    return since
 
 
 def _check_text(value: Any) -> str:

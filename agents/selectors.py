@@ -72,6 +72,14 @@ class AgentSnapshot(TypedDict):
     queued: list[TurnData]
 
 
+def message_id(value: str) -> int | None:
+    """A message id written in a query string (``since``): 1 to 18 ASCII digits, else None. The socket
+    and the API read it alike (int() would also take "١", " 1" or "1_0", and DRF "1.0")."""
+    if 0 < len(value) <= 18 and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
 def kind_registered(kind: str) -> bool:
     """Whether ``kind`` names a registered ChatAgent class."""
     return get_agent_class(kind) is not None

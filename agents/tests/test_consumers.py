@@ -450,6 +450,11 @@ def test_bad_client_messages_get_an_error_the_socket_stays_open_and_nothing_is_s
         json.dumps({"type": "resume", "turn": str(uuid4()), "after": 0}),
         json.dumps({"type": "resume", "turn": "nope", "after": 0}),
         json.dumps({"type": "resume", "turn": 7, "after": 0}),
+        # forms UUID() takes and no URL of the API does
+        json.dumps({"type": "resume", "turn": ended.pk.hex, "after": 0}),
+        json.dumps({"type": "resume", "turn": str(ended.pk).upper(), "after": 0}),
+        json.dumps({"type": "resume", "turn": f"{{{ended.pk}}}", "after": 0}),
+        json.dumps({"type": "resume", "turn": f"urn:uuid:{ended.pk}", "after": 0}),
         json.dumps({"type": "resume", "turn": str(ended.pk)}),
         json.dumps({"type": "resume", "turn": str(ended.pk), "after": -1}),
         json.dumps({"type": "resume", "turn": str(ended.pk), "after": "3"}),
