@@ -2,6 +2,7 @@
 """Benchmark of the durable workflow engine against a plain Celery chain (not a test: it prints).
 
     .venv/bin/python bench/engine.py [--runs M] [--steps N] [--rounds R] [--waiters K] ...
+    .venv/bin/python bench/engine.py --workers 1,2,4        # throughput by worker process count only
 
 It creates its own PostgreSQL database (dropped at the end), migrates it, starts one Celery worker
 with two prefork processes on a queue of its own, and measures, in one run:
@@ -91,8 +92,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "async: one more durable and plain round with WORKFLOWS_STEP_COMMIT=async workers",
     )
     p.add_argument("--profile", action="store_true", help="also print a cProfile of the in-process breakdown")
+    p.add_argument(
+        "--workers",
+        default="",
+        help="scaling only: comma-separated worker process counts, e.g. 1,2,4: for each, one celery worker "
+        "-P prefork -c <count> and --rounds durable and plain rounds; prints steps/s by count",
+    )
     add_session_arguments(p, database="durable_bench", redis="redis://127.0.0.1:6379/6")
     args = p.parse_args(argv)
+    try:
+        args.workers = [int(x) for x in args.workers.split(",") if x.strip()]
+    except ValueError:
+        p.error("--workers is a comma-separated list of process counts, e.g. 1,2,4")
+    if any(count < 1 for count in args.workers):
+        p.error("--workers: each count must be at least 1")
     if args.steps < 1 or args.runs < 1 or args.rounds < 1:
         p.error("--runs, --steps and --rounds must be at least 1")
     args.phases = parse_phases(p, args.phases, PHASES)
@@ -742,11 +755,55 @@ def print_method(args: argparse.Namespace, res: Results) -> None:
             print(f"    {plan}")
 
 
+@dataclass
+class Scaling:
+    count: int
+    durable: list[float] = field(default_factory=list)  # steps/s per round
+    plain: list[float] = field(default_factory=list)  # tasks/s per round
+
+
+def scaling(args: argparse.Namespace, session: Session) -> None:
+    """Throughput by worker process count: one worker of ``-c <count>`` at a time, the same shape."""
+    M, N = args.runs, args.steps
+    probes = [probe_environment("before")]
+    results: list[Scaling] = []
+    for count in args.workers:
+        session.concurrency = count
+        worker = session.start_worker()
+        say(f"{count} worker process(es): warming up")
+        wait_for_runs(start_runs("bench.noop", {"steps": N}, 2 * count), worker, timeout=120)
+        found = Scaling(count)
+        for r in range(args.rounds):
+            seconds, _ = durable_round(M, N, worker)
+            found.durable.append(M * N / seconds)
+            found.plain.append(M * N / plain_round(M, N, worker, scratch_key("done")))
+            say(f"{count} process(es), round {r + 1}: durable {found.durable[-1]:,.0f} steps/s")
+        session.stop_worker()
+        results.append(found)
+    probes.append(probe_environment("after "))
+    print("\n" + server_line())
+    print(f"shape: {M} runs x {N} no-op steps per round, {args.rounds} rounds per count; medians")
+    for probe in probes:
+        print(f"machine {probe}")
+    first = median(results[0].durable)
+    print(f"\n{'worker processes':>16}  {'durable steps/s':>16}  {'vs the first':>12}  {'plain tasks/s':>14}")
+    for found in results:
+        d = median(found.durable)
+        print(f"{found.count:>16}  {d:>16,.0f}  {d / first:>11.2f}x  {median(found.plain):>14,.0f}")
+    print(
+        f"\nEvery count shares this machine's {os.cpu_count()} cores with PostgreSQL, Redis and this "
+        "process (which starts the runs): past the cores, more processes add waiting, not work."
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Always 0 once the figures are printed, whether they meet their targets or not."""
     args = parse_args(argv)
     with bench_session(args) as session:
-        run(args, session)
+        if args.workers:
+            scaling(args, session)
+        else:
+            run(args, session)
     return 0
 
 
