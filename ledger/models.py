@@ -143,8 +143,9 @@ class ExternalOperation(ConcurrentTransitionMixin, models.Model):
 
     @transition(field=status, source=OperationStatus.FAILED, target=OperationStatus.SUCCEEDED)
     def contradict(self) -> None:
-        """Marked failed by hand, then found at the provider as succeeded: the provider is the
-        truth about the money. Only reconcile's recheck of hand-failed operations calls it."""
+        """Recorded as failed (by hand, or on a provider's report), then found or reported by the
+        provider as succeeded: the provider is the truth about the money. Only reconcile's recheck
+        of hand-failed operations and a provider's report (``operation_report``) call it."""
 
     @transition(field=status, source=OperationStatus.PENDING, target=OperationStatus.FAILED)
     def abandon(self) -> None:

@@ -126,18 +126,26 @@ def _recheck_failed_by_hand(op: ExternalOperation, *, dry_run: bool) -> Reconcil
         current = lock(op.pk)
         if current.status != OperationStatus.FAILED:
             return None
-        current.contradict()
-        current.response, current.finished_at, current.note = outcome.response, timezone.now(), note
-        current.save()
-        record_event(
-            current,
-            kind=EventKind.LOOKUP,
-            outcome=EventOutcome.SUCCEEDED,
-            before=OperationStatus.FAILED,
-            detail=outcome_detail(outcome),
-            note=note,
-        )
-        hooks.fire_operation_settled(current)
+        return _correct_failed(current, outcome, note)
+
+
+def _correct_failed(current: ExternalOperation, outcome: Succeeded, note: str) -> ReconcileResult:
+    """The provider has as succeeded what we recorded as failed: it is the truth about the money.
+    Succeeded, with ``note`` for people, an event, the settled hooks (a refund's order is marked, so
+    its amount counts again) and an error logged; the result is flagged. Call inside atomic() with
+    the row locked and the operation failed."""
+    current.contradict()
+    current.response, current.finished_at, current.note = outcome.response, timezone.now(), note
+    current.save()
+    record_event(
+        current,
+        kind=EventKind.LOOKUP,
+        outcome=EventOutcome.SUCCEEDED,
+        before=OperationStatus.FAILED,
+        detail=outcome_detail(outcome),
+        note=note,
+    )
+    hooks.fire_operation_settled(current)
     logger.error("%s %s %s: %s", current.system, current.action, current.key, note)
     return _result(current, current.status, "flagged", note, before=OperationStatus.FAILED)
 
@@ -333,13 +341,25 @@ def operation_report(*, key: str, system: str, outcome: Succeeded | Failed, repo
     moved, and changes nothing. Settles an unknown or submitted operation at once (a submit still
     in flight then finds it settled and keeps its own answer beside it, see ``_record_submit``), and
     a pending one that was sent before. Leaves a settled one as it is (a provider resends its
-    webhooks) and a pending one never sent (nothing can have happened to it). None: no operation
-    has this key at this system.
+    webhooks) and a pending one never sent (nothing can have happened to it), except a failed one
+    that was sent and is now reported succeeded: the provider acted after all, so it is corrected to
+    succeeded and flagged (``_correct_failed``), as reconcile's recheck of a hand-failed one is. None:
+    no operation has this key at this system.
     """
     op = ExternalOperation.objects.select_for_update().filter(key=key, system=system).first()
     if op is None:
         return None
     before = op.status
+    if op.status == OperationStatus.FAILED and isinstance(outcome, Succeeded) and op.submit_count:
+        # A failure we recorded (an earlier report, a lookup, a person) that the provider now
+        # contradicts: it did take effect. Believed, and flagged: something may have been done on
+        # the strength of the failure (a second refund asked for and paid).
+        note = (
+            f"recorded as failed ({op.note or 'no note'}), but the provider now reports it succeeded "
+            f"(reported by {reported_by}): corrected; check what was done on the strength of the failure "
+            "(a second request paid?)"
+        )
+        return _correct_failed(op, outcome, note)
     if op.status in FINAL:
         return _result(op, op.status, "skipped", f"already {op.status}: the report changes nothing")
     if op.status == OperationStatus.PENDING and op.submit_count == 0:

@@ -77,3 +77,36 @@ def test_a_key_of_another_system_or_nobodys_is_none(settled: list[str]) -> None:
     assert report("k1", Succeeded({}), system="crm") is None
     assert report("nobody", Succeeded({})) is None
     assert ExternalOperation.objects.get(key="k1").status == OperationStatus.UNKNOWN
+
+
+def test_a_success_reported_after_a_failure_corrects_it_and_flags_it(
+    settled: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # given a sent operation a first report failed (a provider's mistake, or events out of order)
+    make_operation("k1")
+    report("k1", Failed(reason="declined"))
+
+    # when the provider then reports it succeeded
+    result = report("k1", Succeeded({"id": "re_1"}))
+
+    # then the provider is believed: succeeded, flagged for a person, the hooks run again (a refund's
+    # order counts the money as refunded), and an error is logged
+    op = ExternalOperation.objects.get(key="k1")
+    assert (op.status, op.response) == (OperationStatus.SUCCEEDED, {"id": "re_1"})
+    assert (result.before, result.after, result.verdict) == ("failed", "succeeded", "flagged")
+    assert "now reports it succeeded (reported by webhook sandbox): corrected" in op.note
+    assert settled == ["k1", "k1"]
+    assert [(e.status_before, e.status_after) for e in OperationEvent.objects.order_by("pk")] == [
+        ("unknown", "failed"),
+        ("failed", "succeeded"),
+    ]
+    assert any(r.levelname == "ERROR" and "corrected" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failure_never_sent_is_not_corrected(settled: list[str]) -> None:
+    make_operation("k1", OperationStatus.FAILED, sent_ago=None, submit_count=0)  # abandoned: never sent
+
+    result = report("k1", Succeeded({}))
+
+    assert ExternalOperation.objects.get(key="k1").status == OperationStatus.FAILED
+    assert result.verdict == "skipped" and settled == []
