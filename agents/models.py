@@ -279,8 +279,15 @@ class Submission(FSMModelMixin, models.Model):
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="submissions")
     turn = models.OneToOneField(Turn, on_delete=models.PROTECT, related_name="submission")
     status = FSMField(default=SubmissionStatus.PENDING, choices=SubmissionStatus.choices, protected=True)
-    # "" when the caller gave none: then every call is a new submission.
+    # "" when the caller gave none: then every call is a new submission. A key is the caller's own:
+    # another caller's same key is another submission (a member cannot take a webhook's or a
+    # schedule's key first, nor two members each other's).
     idempotency_key = models.CharField(max_length=255, blank=True)
+    caller = models.CharField(
+        max_length=300,
+        blank=True,
+        help_text="Whose idempotency key it is: user:<id>, webhook:<source>, schedule:<name>, command or system.",
+    )
     fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the messages and metadata as JSON.")
     messages = models.JSONField(help_text='[{"role": "user", "content": "..."}, ...]')
     metadata = models.JSONField(default=dict, blank=True)
@@ -293,9 +300,9 @@ class Submission(FSMModelMixin, models.Model):
     class Meta:
         constraints = [
             models.UniqueConstraint(
-                fields=["agent", "idempotency_key"],
+                fields=["agent", "caller", "idempotency_key"],
                 condition=~models.Q(idempotency_key=""),
-                name="agents_submission_key",
+                name="agents_submission_caller_key",
             )
         ]
         indexes = [models.Index(fields=["agent", "status", "created_at"], name="agents_submission_list")]

@@ -85,12 +85,18 @@ def submission_create(
     messages: Any,
     metadata: Any = None,
     idempotency_key: str | None = None,
+    caller: str | None = None,
 ) -> SubmissionResult:
     """Store a submission and queue its turn (start it now if the agent is idle). InvalidPayload
     for bad messages or metadata; IdempotencyConflict for a key used with another payload;
-    TooManyQueuedTurns past AGENTS_MAX_PENDING_SUBMISSIONS pending ones. Nothing is stored then."""
+    TooManyQueuedTurns past AGENTS_MAX_PENDING_SUBMISSIONS pending ones. Nothing is stored then.
+
+    ``caller`` names whose ``idempotency_key`` it is (default: ``user:<id>`` of ``user``, else
+    ``system``): a key is looked up among that caller's submissions only, so nobody can take
+    another caller's key first (a member a webhook's ``<source>:<event id>``)."""
     checked, metadata = check_submission(messages, metadata)
     key = idempotency_key or ""
+    caller = caller or (f"user:{user.pk}" if user is not None else "system")
     print_ = fingerprint(checked, metadata)
     with transaction.atomic():
         if user is not None:
@@ -98,7 +104,7 @@ def submission_create(
         # The agent's row: submissions with one key, and the queue's numbers, one at a time.
         agent = lock_agent(agent)
         if key:
-            earlier = Submission.objects.filter(agent=agent, idempotency_key=key).first()
+            earlier = Submission.objects.filter(agent=agent, caller=caller, idempotency_key=key).first()
             if earlier is not None:
                 if earlier.fingerprint != print_:
                     raise IdempotencyConflict(
@@ -113,6 +119,7 @@ def submission_create(
             agent=agent,
             turn=turn,
             idempotency_key=key,
+            caller=caller,
             fingerprint=print_,
             messages=checked,
             metadata=metadata,

@@ -185,6 +185,7 @@ def _perform(schedule: Schedule, firing: ScheduleFiring, due_at: datetime) -> bo
         messages=[{"role": "user", "content": schedule.message}],
         metadata={"schedule": schedule.name, "due_at": due_at.isoformat()},
         idempotency_key=firing.idempotency_key,
+        caller=f"schedule:{schedule.name}",
     )
     firing.submission = result.submission
     return result.accepted

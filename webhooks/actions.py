@@ -208,6 +208,7 @@ def _submission_perform(action: dict[str, Any], event: Event) -> ActionResult:
             messages=[{"role": "user", "content": text}],
             metadata=metadata,
             idempotency_key=submission_key(event),
+            caller=f"webhook:{event.source}",
         )
     except AgentUnavailable as exc:
         raise ActionDeferred(503, "agent_unavailable", str(exc)) from None

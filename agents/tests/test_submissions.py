@@ -59,6 +59,52 @@ def test_a_key_gives_one_submission_and_another_body_with_it_is_a_409(users: Use
 
 
 @pytest.mark.django_db
+def test_a_key_is_its_callers_own_so_nobody_takes_another_callers_key_first(
+    users: Users, no_enqueue: NoEnqueue
+) -> None:
+    # given bob, who shares alice's account, using keys a webhook source and a schedule will use
+    agent = chat_agent(users.alice)
+    chat_agent(users.bob)  # a member of the same account
+    bob = api_login(users.bob)
+    assert post(bob, said("not from the crm"), key="crm:evt_1").status_code == 202
+    assert post(bob, said("not from the schedule"), key="schedule:daily:2026-12-01T09:00:00+00:00").status_code == 202
+
+    # when the webhook source, the schedule and alice use them
+    webhook = submission_create(
+        agent=agent,
+        user=None,
+        messages=[{"content": "from the crm"}],
+        idempotency_key="crm:evt_1",
+        caller="webhook:crm",
+    )
+    scheduled = submission_create(
+        agent=agent,
+        user=None,
+        messages=[{"content": "the daily review"}],
+        idempotency_key="schedule:daily:2026-12-01T09:00:00+00:00",
+        caller="schedule:daily",
+    )
+    alices = post(api_login(users.alice), said("mine"), key="crm:evt_1")
+
+    # then each is its caller's own submission, with what that caller sent
+    assert webhook.accepted and scheduled.accepted and alices.status_code == 202
+    assert webhook.submission.messages == [{"role": "user", "content": "from the crm"}]
+    assert scheduled.submission.messages == [{"role": "user", "content": "the daily review"}]
+    assert sorted(Submission.objects.values_list("caller", flat=True)) == sorted(
+        [f"user:{users.bob.pk}", f"user:{users.bob.pk}", "webhook:crm", "schedule:daily", f"user:{users.alice.pk}"]
+    )
+    # and the same caller's key again is still that caller's first submission
+    again = submission_create(
+        agent=agent,
+        user=None,
+        messages=[{"content": "from the crm"}],
+        idempotency_key="crm:evt_1",
+        caller="webhook:crm",
+    )
+    assert (again.accepted, again.submission.pk) == (False, webhook.submission.pk)
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize(
     "body",
     [

@@ -113,7 +113,7 @@ class Command(BaseCommand):
             check_submission(messages, metadata)
             agent = agent_open(account=options["account"], kind=options["kind"], name=options["name"])
             result = submission_create(
-                agent=agent, user=None, messages=messages, metadata=metadata, idempotency_key=key
+                agent=agent, user=None, messages=messages, metadata=metadata, idempotency_key=key, caller="command"
             )
         except AgentUnavailable as exc:
             raise CommandError(str(exc)) from None
