@@ -45,7 +45,7 @@ from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Chunk, Message, Message
 from agents.registry import RECOVERY_CHOICES, RecoveryContext, Tool, ToolContext, agent_of, get_agent_class
 from agents.services import end_locked, push_message, push_turn
 from approvals import ApprovalExpired, ApprovalRejected, wait_for_approval
-from workflows import Retries, StepError, Workflow, current_step, workflow
+from workflows import NonRetryableError, Retries, StepError, Workflow, current_step, workflow
 from workflows.exceptions import InvalidPayload
 from workflows.registry import Event
 
@@ -86,6 +86,8 @@ class TurnWorkflow(Workflow):
         try:
             return self.converse(step, turn_id)
         except StepError as exc:
+            if exc.error_type == ForeignTurn.__name__:
+                raise  # not this run's turn: the run fails and the turn is left as it is
             # A step that failed for good (the model kept failing, a tool's effect stayed unsettled):
             # the customer sees that the answer could not be finished.
             step.do("fail", turn_fail, turn_id, f"{exc.error_type}: {exc.message}", atomic=True)
@@ -232,10 +234,18 @@ def _turn(turn_id: str) -> Turn:
     return Turn.objects.select_related("agent").get(pk=turn_id)
 
 
+class ForeignTurn(NonRetryableError):
+    """A run was started for a turn that is not its own (only ``agents.services`` starts a turn's
+    run; a schedule or a webhook source naming ``agents.turn`` must not answer someone's turn)."""
+
+
 def load_turn(turn_id: str) -> dict[str, Any]:
     """The conversation as the model sees it in this turn: every message of the turns before it and
     this turn's user message (later turns' messages are queued behind it)."""
     turn = _turn(turn_id)
+    context = current_step()
+    if context is not None and turn.run_id != context.run_id:
+        raise ForeignTurn(f"turn {turn_id} is answered by another run")
     if turn.status not in TURN_OPEN:
         return {"ended": turn.status}
     newest = (

@@ -32,6 +32,10 @@ def _what(firing: ScheduleFiring) -> str:
 
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin[Schedule]):
+    """Schedules are configuration with the system's own reach: one may start any workflow, private
+    ones with any payload, and submit to any account's agent. So only superusers add, change, fire
+    or delete them; staff with the view permission see them and their firings."""
+
     list_display = ("name", "what", "when", "enabled", "next_due_at", "last_fired_at", "firings_link")
     list_filter = ("enabled", "action")
     search_fields = ("name", "workflow", "account", "agent_kind", "agent_name")
@@ -44,6 +48,15 @@ class ScheduleAdmin(admin.ModelAdmin[Schedule]):
         ("What: a submission to an agent", {"fields": ("account", "agent_kind", "agent_name", "message")}),
         ("Firings", {"fields": ("recent_firings", "created_at", "updated_at")}),
     )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_superuser) and super().has_add_permission(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser) and super().has_change_permission(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_superuser) and super().has_delete_permission(request, obj)
 
     @admin.display(description="what")
     def what(self, schedule: Schedule) -> str:

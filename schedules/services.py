@@ -202,9 +202,10 @@ def _agent_of(schedule: Schedule) -> Agent:
 
 # --- by hand --------------------------------------------------------------------------------------
 def schedule_fire(*, schedule: Schedule, now: datetime | None = None) -> ScheduleFiring | None:
-    """Fire now, enabled or not ("fire now"): a firing whose due time is ``now``, idempotent on that
-    instant (None if a firing has it already). The next due time stays as it was."""
-    now = now or timezone.now()
+    """Fire now, enabled or not ("fire now"): a firing whose due time is ``now`` to the second,
+    idempotent on that second (None if a firing has it already: a double click, two people at
+    once). The next due time stays as it was."""
+    now = (now or timezone.now()).replace(microsecond=0)
     with transaction.atomic():
         locked = Schedule.objects.select_for_update().get(pk=schedule.pk)
         firing = fire_locked(locked, due_at=now, trigger=Trigger.MANUAL, now=now)

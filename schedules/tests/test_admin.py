@@ -28,8 +28,11 @@ def staff(user: User, *codenames: str) -> User:
 
 @pytest.fixture
 def carol(users: Users) -> User:
-    """May view and change schedules, and view their firings."""
-    return staff(users.carol, "view_schedule", "change_schedule", "add_schedule", "view_schedulefiring")
+    """A superuser: schedules reach every workflow and every account, so only superusers change them."""
+    user = staff(users.carol)
+    user.is_superuser = True
+    user.save()
+    return user
 
 
 @pytest.fixture
@@ -98,4 +101,19 @@ def test_an_auditor_sees_and_changes_nothing_and_firings_are_read_only(dave: Use
     )
     assert "boom" in client.get(f"{FIRINGS}{firing.pk}/change/").content.decode()
     assert client.get(f"{FIRINGS}add/").status_code == 403
+    assert Schedule.objects.get(pk=schedule.pk).name == "echo"
+
+
+def test_staff_with_the_schedule_permissions_but_not_superuser_change_nothing(users: Users) -> None:
+    # a schedule may start a private workflow with any payload, or post into any account's chat
+    bob = staff(users.bob, "view_schedule", "change_schedule", "add_schedule", "delete_schedule")
+    schedule = workflow_schedule(due=None, enabled=False)
+    client = login(bob)
+
+    assert client.get(URL).status_code == 200
+    assert client.get(f"{URL}add/").status_code == 403
+    assert client.post(f"{URL}{schedule.pk}/change/", {"name": "renamed"}).status_code == 403
+    assert client.post(f"{URL}{schedule.pk}/delete/", {"post": "yes"}).status_code == 403
+    client.post(URL, {"action": "fire_now", "_selected_action": [schedule.pk]})
+    assert not ScheduleFiring.objects.exists()
     assert Schedule.objects.get(pk=schedule.pk).name == "echo"

@@ -124,7 +124,7 @@ def test_fire_now_is_a_firing_due_now_whatever_the_schedule_and_once_per_instant
     schedule = workflow_schedule(due=due, enabled=False)
 
     firing = schedule_fire(schedule=schedule, now=NOW)
-    same_instant = schedule_fire(schedule=schedule, now=NOW)
+    same_instant = schedule_fire(schedule=schedule, now=NOW + timedelta(milliseconds=300))  # a double click
 
     assert firing is not None and (firing.due_at, firing.trigger) == (NOW, Trigger.MANUAL)
     assert firing.run_id is not None and same_instant is None
