@@ -10,7 +10,7 @@ from django.core.checks import CheckMessage, Tags, Warning, register
 
 @register(Tags.security, deploy=True)
 def check_metrics_token(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    token = str(settings.METRICS_TOKEN)
+    token = str(settings.METRICS_TOKEN).strip()
     if not token:
         return [
             Warning(

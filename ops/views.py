@@ -7,20 +7,24 @@ import hmac
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.http import require_GET
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_safe
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from ops.metrics import exposition
 from ops.readiness import readiness
 
 
-@require_GET
+# csrf_exempt: a POST is answered 405 like any other method but GET and HEAD, not 403 (CSRF).
+@csrf_exempt
+@require_safe
 def healthz(request: HttpRequest) -> JsonResponse:
     """The process answers (nothing else is asked: a liveness probe must not fail for a database)."""
     return JsonResponse({"status": "ok"})
 
 
-@require_GET
+@csrf_exempt
+@require_safe
 def readyz(request: HttpRequest) -> JsonResponse:
     """200 if PostgreSQL, Redis and the broker answer and every migration is applied; else 503
     naming what failed."""
@@ -31,14 +35,15 @@ def readyz(request: HttpRequest) -> JsonResponse:
 
 def authorised(request: HttpRequest) -> bool:
     """``Authorization: Bearer <METRICS_TOKEN>``; without a token set, only with DEBUG on."""
-    token = str(settings.METRICS_TOKEN)
+    token = str(settings.METRICS_TOKEN).strip()  # spaces around it are a typo, not a token
     if not token:
         return bool(settings.DEBUG)
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 
-@require_GET
+@csrf_exempt
+@require_safe
 def metrics(request: HttpRequest) -> HttpResponse:
     if not authorised(request):
         response = HttpResponse("not authorised\n", status=401, content_type="text/plain")

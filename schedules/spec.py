@@ -65,10 +65,16 @@ FIELDS = (
 ITEM = re.compile(r"^(?P<range>\*|[a-z0-9]+(?:-[a-z0-9]+)?)(?:/(?P<step>[0-9]+))?$")
 
 
+HOST_ZONES = frozenset({"localtime", "posixrules", "factory"})
+
+
 def zone(name: str) -> ZoneInfo:
     """The IANA time zone ``name`` (``UTC``, ``Europe/London``), or SpecError."""
     if not name or name != name.strip() or name.startswith(("/", ".")) or ".." in name:
         raise SpecError(f"{name!r} is not a time zone name (e.g. UTC or Europe/London)")
+    if name.lower() in HOST_ZONES:
+        # The host's own setting: web, beat and workers on different machines could disagree.
+        raise SpecError(f"{name!r} is each machine's own time zone; name one (e.g. UTC or Europe/London)")
     try:
         return ZoneInfo(name)
     except (ZoneInfoNotFoundError, ValueError, OSError):

@@ -38,6 +38,7 @@ from ledger.adapters import Failed, Succeeded
 from ledger.http import FAILED_STATES, PENDING_STATES
 from ledger.services import operation_report
 from workflows.exceptions import IdempotencyConflict, InvalidPayload, UnknownWorkflow
+from workflows.models import WorkflowRun
 from workflows.registry import get_workflow
 from workflows.services import run_start
 
@@ -97,6 +98,22 @@ class ActionDeferred(Exception):
         self.status, self.code, self.message = status, code, message
 
 
+KEY_MAX = min(
+    WorkflowRun._meta.get_field("idempotency_key").max_length or 0,
+    Submission._meta.get_field("idempotency_key").max_length or 0,
+)
+
+
+def event_key(event: Event) -> str:
+    """The idempotency key of what an event starts (a run, a submission): ``<source>:<event id>``,
+    the event id hashed where that would not fit (a 100-character source name and a 200-character
+    id are both allowed), so a long id is never refused for good."""
+    key = f"{event.source}:{event.event_id}"
+    if len(key) <= KEY_MAX:
+        return key
+    return f"{event.source}:sha256:{hashlib.sha256(event.event_id.encode()).hexdigest()}"
+
+
 def at_path(body: Any, path: str) -> Any:
     """The value at a dotted ``path`` of the body ("" is the body); ActionRefused if absent."""
     value = body
@@ -125,9 +142,7 @@ def _workflow_perform(action: dict[str, Any], event: Event) -> ActionResult:
     if not isinstance(payload, dict):
         raise ActionRefused("invalid_event", "the payload for the workflow must be a JSON object")
     try:
-        run, created = run_start(
-            workflow=action["workflow"], payload=payload, idempotency_key=f"{event.source}:{event.event_id}"
-        )
+        run, created = run_start(workflow=action["workflow"], payload=payload, idempotency_key=event_key(event))
     except (InvalidPayload, IdempotencyConflict) as exc:  # PayloadTooLarge is an InvalidPayload
         raise ActionRefused(exc.code, str(exc)) from None
     return {"run_id": run.id, "result": {"run": str(run.id), "created": created}}
@@ -184,14 +199,6 @@ def _submission_problems(action: dict[str, Any]) -> list[str]:
     return problems
 
 
-def submission_key(event: Event) -> str:
-    """The submission's idempotency key: ``<source>:<event id>``, hashed where it would not fit."""
-    key = f"{event.source}:{event.event_id}"
-    if len(key) <= (Submission._meta.get_field("idempotency_key").max_length or 0):
-        return key
-    return f"{event.source}:sha256:{hashlib.sha256(event.event_id.encode()).hexdigest()}"
-
-
 def _submission_perform(action: dict[str, Any], event: Event) -> ActionResult:
     text = at_path(event.body, action["text_from"])
     if not isinstance(text, str):
@@ -207,7 +214,7 @@ def _submission_perform(action: dict[str, Any], event: Event) -> ActionResult:
             user=None,
             messages=[{"role": "user", "content": text}],
             metadata=metadata,
-            idempotency_key=submission_key(event),
+            idempotency_key=event_key(event),
             caller=f"webhook:{event.source}",
         )
     except AgentUnavailable as exc:

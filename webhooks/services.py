@@ -154,7 +154,8 @@ def delivery_reject(
         headers=redact_headers(headers),
         size=size,
     )
-    _delivered(delivery, logging.WARNING, "webhook %s rejected (%s): %s", rejection.reason, rejection.message)
+    # The reason's code only: a message may quote what the sender sent (it is on the record instead).
+    _delivered(delivery, logging.WARNING, "webhook %s rejected (%s), delivery %s", rejection.reason, delivery.pk)
     return delivery
 
 

@@ -54,3 +54,10 @@ def test_readyz_is_503_naming_a_migration_not_applied() -> None:
     checks = response.json()["checks"]
     assert checks["migrations"] == f"1 migrations not applied: webhooks.{latest.name}"
     assert (checks["database"], checks["redis"], checks["broker"]) == ("ok", "ok", "ok")
+
+
+def test_the_probes_answer_get_and_head_and_405_to_the_rest() -> None:
+    client = Client(enforce_csrf_checks=True)  # as a browser-less probe posts: no CSRF token
+    for path in ("/healthz", "/readyz"):
+        assert client.head(path).status_code == 200, path
+        assert client.post(path).status_code == 405, path

@@ -129,3 +129,10 @@ def test_a_run_recovered_here_counts_its_recovery_step_and_end(token: str, no_en
     after = counted()
     assert {name: after[name] - before[name] for name in after} == {"recoveries": 1, "steps": 1, "tries": 1, "ended": 1}
     assert WorkflowRun.objects.get(pk=run.pk).recovery_count == 1
+
+
+def test_a_token_of_spaces_is_no_token(settings: Any) -> None:
+    settings.METRICS_TOKEN, settings.DEBUG = "   ", False
+    assert Client().get("/metrics", headers={"Authorization": "Bearer    "}).status_code == 401
+    settings.METRICS_TOKEN = f" {TOKEN} "  # spaces around it are a typo: the token still works
+    assert Client().head("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200

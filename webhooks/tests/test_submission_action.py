@@ -11,7 +11,7 @@ from django.test import Client
 
 from accounts.models import Account
 from agents.models import Agent, Submission, SubmissionStatus, Turn
-from webhooks.actions import Event, submission_key
+from webhooks.actions import Event, event_key
 from webhooks.models import WebhookDelivery
 from webhooks.tests.support import SECRET, encode, standard_headers
 
@@ -128,6 +128,6 @@ def test_an_account_that_does_not_exist_is_a_503_the_sender_retries(crm: Account
 def test_a_key_that_would_not_fit_is_hashed() -> None:
     short, long = Event("crm", "e" * 200, {}), Event("s" * 100, "e" * 200, {})
 
-    assert submission_key(short) == "crm:" + "e" * 200
-    assert submission_key(long).startswith("s" * 100 + ":sha256:") and len(submission_key(long)) <= 255
-    assert submission_key(long) != submission_key(Event("s" * 100, "e" * 199 + "f", {}))
+    assert event_key(short) == "crm:" + "e" * 200
+    assert event_key(long).startswith("s" * 100 + ":sha256:") and len(event_key(long)) <= 255
+    assert event_key(long) != event_key(Event("s" * 100, "e" * 199 + "f", {}))

@@ -228,3 +228,17 @@ def test_a_failed_outcome_records_the_providers_failure_reason_not_the_requests_
     op = ExternalOperation.objects.get(key="refund:9:1")
     assert op.status == "failed"
     assert op.error is not None and op.error["reason"] == "declined"
+
+
+def test_a_long_source_name_and_event_id_start_a_run_under_a_hashed_key(settings: Any) -> None:
+    # both allowed at their longest: "<source>:<event id>" would be 301 characters
+    source = "s" * 100
+    settings.WEBHOOK_SOURCES = {source: SOURCES["runs"]}
+    body = encode(EVENT)
+
+    response = post(source, body, standard_headers(body, "e" * 200))
+    again = post(source, body, standard_headers(body, "e" * 200))
+
+    assert (response.status_code, again.status_code) == (202, 200), response.content
+    [run] = WorkflowRun.objects.all()
+    assert run.idempotency_key.startswith(f"{source}:sha256:") and len(run.idempotency_key) <= 255
