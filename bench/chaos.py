@@ -246,6 +246,16 @@ class Supervised:
         return process
 
 
+def last_error(log: str) -> str:
+    """The last CRITICAL or ERROR line of a process's log (why it exited), and the log's name."""
+    try:
+        lines = Path(log).read_text(errors="replace").splitlines()
+    except OSError:
+        return f"no log ({log})"
+    found = [x for x in lines if " CRITICAL " in x] or [x for x in lines if " ERROR " in x] or lines[-1:]
+    return f"{found[-1][:300] if found else 'an empty log'} (log {log})"
+
+
 class Supervisor:
     def __init__(self) -> None:
         self.items: list[Supervised] = []
@@ -282,8 +292,9 @@ class Supervisor:
                     if item.exited_at is None:
                         item.exited_at = now
                         if not item.killing:
-                            self.self_exits.append(f"{item.name} exited {code} by itself")
-                            say(f"SUPERVISOR: {item.name} exited {code} by itself; restarting it")
+                            why = last_error(item.current.log.name)
+                            self.self_exits.append(f"{item.name} exited {code} by itself: {why}")
+                            say(f"SUPERVISOR: {item.name} exited {code} by itself ({why}); restarting it")
                     if now - item.exited_at < 1.0:  # scripts/supervise.sh's first delay
                         continue
                     try:
@@ -1282,6 +1293,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         for f in faults.faults:
             shown = "-" if f.recovery is None else f"{f.recovery:.2f} s"
             print(f"  {f.wall} #{f.index:<4} {f.kind:<28} recovered {shown:>9}  {'; '.join(f.notes)}")
+        if supervisor.self_exits:
+            print("\nprocesses that exited by themselves (the supervisor started them again):")
+            for line in supervisor.self_exits:
+                print(f"  {line}")
         if world.stats.errors:
             print("\ndriver errors (first 50):")
             for e in world.stats.errors:
