@@ -1178,10 +1178,11 @@ def configure_environment(pg: PrivatePostgres, redis: RedisServer, root: Path) -
             "LEDGER_READ_TIMEOUT": "2",
             "LEDGER_STALE_SUBMITTED_SECONDS": "10",
             "LEDGER_PROVIDER_GRACE_SECONDS": "5",
-            "PROMETHEUS_MULTIPROC_DIR": "",
         }
     )
     os.environ.pop("DEBUG", None)
+    # Unset, not empty: prometheus-client takes an empty value as set, and writes its files to the cwd.
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
 
 def setup_people() -> tuple[dict[str, str], str]:
