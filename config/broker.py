@@ -99,3 +99,41 @@ def broker_config(url: str, *, visibility_timeout: float, consumer_timeout: floa
         },
         ack_timeout=visibility_timeout,
     )
+
+
+def guard_restore_after_connection_loss() -> None:
+    """Keep a worker alive when Redis goes away while it holds unacknowledged messages.
+
+    kombu 5.7's Redis transport, on a lost connection, closes the channel, and closing puts the
+    messages the worker had taken but not acknowledged back through a client built from the
+    channel's connection, which the consumer has already let go: ``AttributeError: 'NoneType'
+    object has no attribute 'hostname'`` escapes, and the worker exits ("Unrecoverable error"; the
+    fault campaign saw it in 2 of 8 Redis restarts). With no connection there is nothing to send
+    them through: they stay in Redis's unacknowledged index, which the next worker's
+    ``restore_visible`` puts back once the visibility timeout passes (or they went with a Redis that
+    restarted empty), and their runs are in PostgreSQL, where the sweeper finds them. So the
+    restore is skipped, said in the log, and the worker reconnects as it would otherwise.
+    Installed once, by ``config/celery.py``."""
+    import logging
+
+    from kombu.transport import redis as kombu_redis
+
+    qos = kombu_redis.QoS
+    if getattr(qos.restore_unacked, "guarded", False):
+        return
+    original: Any = qos.restore_unacked
+
+    def restore_unacked(self: Any, client: Any = None) -> Any:
+        connection = getattr(self.channel, "connection", None)
+        if client is None and getattr(connection, "client", None) is None:
+            logging.getLogger("config.broker").warning(
+                "the broker connection is gone: %d unacknowledged message(s) left to Redis's visibility "
+                "timeout (their runs are recovered from the database)",
+                len(self._delivered),
+            )
+            self._delivered.clear()
+            return None
+        return original(self, client)
+
+    setattr(restore_unacked, "guarded", True)  # noqa: B010
+    setattr(qos, "restore_unacked", restore_unacked)  # noqa: B010  # a method replaced on kombu's class

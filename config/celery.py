@@ -5,6 +5,10 @@ from celery import Celery, Task, signals
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
+from config.broker import guard_restore_after_connection_loss  # noqa: E402
+
+guard_restore_after_connection_loss()  # kombu's restore on a lost Redis connection kills the worker
+
 app = Celery("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
