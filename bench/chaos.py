@@ -71,6 +71,7 @@ FAULT_KINDS = (
     "worker_kill",
     "beat_kill",
     "redis_restart",
+    "broker_restart",
     "postgres_restart",
     "provider_timeout",
     "provider_error_after_commit",
@@ -81,13 +82,15 @@ WEIGHTS = {
     "worker_kill": 0.70,
     "beat_kill": 0.05,
     "redis_restart": 0.05,
+    "broker_restart": 0.0,  # --broker rabbitmq: the shares of Redis's restarts, split between the two
     "postgres_restart": 0.05,
     "provider_timeout": 0.05,
     "provider_error_after_commit": 0.04,
     "ws_drop": 0.06,
 }
-SHORT_FAULTS = {"worker_kill": 6, **{k: 1 for k in FAULT_KINDS if k != "worker_kill"}}  # a dozen
+SHORT_FAULTS = {"worker_kill": 6, **{k: 1 for k in FAULT_KINDS if k not in ("worker_kill", "broker_restart")}}
 RECOVERY_TIMEOUT = 180.0
+CONSUMER_TIMEOUT = 7200  # seconds: the private RabbitMQ node's, told to the processes as settings expect
 
 
 # --- arguments -----------------------------------------------------------------------------------
@@ -101,6 +104,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--drain-timeout", type=float, default=None, help="seconds to wait for the drain (180; short 30)")
     p.add_argument("--short", action="store_true", help="one minute and a dozen faults: the test suite's variant")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory (data, logs) at the end")
+    p.add_argument(
+        "--broker",
+        choices=("redis", "rabbitmq"),
+        default="redis",
+        help="the Celery broker: the private Redis (default) or a private RabbitMQ node (quorum queues, "
+        "publisher confirms); Redis stays the channel layer and the streams either way",
+    )
     args = p.parse_args(argv)
     if args.short:
         args.minutes = 1.0
@@ -199,6 +209,81 @@ class PrivatePostgres:
             self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "-t", "30", "stop")
         except RuntimeError:
             self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+
+class PrivateRabbitMQ:
+    """A RabbitMQ node of the campaign's own (``--broker rabbitmq``): its own node name, ports, data
+    and configuration in ``root``, so restarting it disturbs no other user of the machine's broker.
+    Its quorum queues and their messages survive a restart, as on a real broker."""
+
+    def __init__(self, root: Path) -> None:
+        self.dir = root / "rabbitmq"
+        self.port, self.dist_port = free_port(), free_port()
+        self.node = f"chaos{os.getpid()}@localhost"
+        self.process: subprocess.Popen[bytes] | None = None
+        for sub in ("home", "mnesia", "log"):
+            (self.dir / sub).mkdir(parents=True)
+        (self.dir / "enabled_plugins").write_text("[].\n")
+        # A consumer timeout above the engine's longest task (the system checks compare them).
+        (self.dir / "rabbitmq.conf").write_text(
+            f"listeners.tcp.local = 127.0.0.1:{self.port}\nconsumer_timeout = {CONSUMER_TIMEOUT * 1000}\n"
+        )
+        (self.dir / "env.conf").write_text("")  # not the machine's rabbitmq-env.conf (its node name)
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "HOME": str(self.dir / "home"),  # its own Erlang cookie
+            "RABBITMQ_CONF_ENV_FILE": str(self.dir / "env.conf"),
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_CONFIG_FILE": str(self.dir / "rabbitmq.conf"),
+            "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.dir / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins"),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+        }
+        with open(self.dir / "log" / "server.out", "ab") as out:
+            self.process = subprocess.Popen(
+                [shutil.which("rabbitmq-server", path="/usr/lib/rabbitmq/bin") or "rabbitmq-server"],
+                cwd=self.dir,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        while not self._listening():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"RabbitMQ did not start: see {self.dir / 'log'}")
+            time.sleep(0.2)
+
+    def _listening(self) -> bool:
+        import socket
+
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def stop(self) -> None:
+        """A clean stop (SIGTERM to the node's process group): what a restart of the service does."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
 
 
 # --- supervised processes ------------------------------------------------------------------------
@@ -411,6 +496,7 @@ class World:
     stop: threading.Event = field(default_factory=threading.Event)
     provider_faults: list[tuple[str, float, int]] = field(default_factory=list)  # (fault, at, fault index)
     provider_lock: threading.Lock = field(default_factory=threading.Lock)
+    rabbitmq: PrivateRabbitMQ | None = None  # --broker rabbitmq
 
 
 # --- drivers -------------------------------------------------------------------------------------
@@ -880,11 +966,15 @@ def schedule_faults(args: argparse.Namespace, rng: random.Random, seconds: float
     """(offset in seconds, kind), sorted: each kind its share of the total, at uniform random times
     after a settling start and before the last few seconds."""
     if args.short:
-        counts = dict(SHORT_FAULTS)
+        counts = dict(SHORT_FAULTS)  # a dozen
     else:
         total = round(args.faults_per_minute * args.minutes)
         counts = {kind: int(total * share) for kind, share in WEIGHTS.items()}
         counts["worker_kill"] += total - sum(counts.values())
+    if args.broker == "rabbitmq":
+        # Redis is then the channel layer and the streams, RabbitMQ the broker: each is restarted.
+        counts["broker_restart"] = max(1, counts["redis_restart"] // 2)
+        counts["worker_kill"] -= counts["broker_restart"] if not args.short else 0
     kinds = [kind for kind, n in counts.items() for _ in range(n)]
     start, end = min(8.0, seconds * 0.1), seconds - min(5.0, seconds * 0.1)
     times = sorted(rng.uniform(start, end) for _ in kinds)
@@ -936,6 +1026,10 @@ def inject(world: World, faults: FaultLog, fleet: Fleet, kind: str, rng: random.
         time.sleep(rng.uniform(0.5, 2.0))
         world.redis.start()
         faults.note(fault.index, "Redis restarted without persistence (queues, streams, channel layer lost)")
+    elif kind == "broker_restart":
+        assert world.rabbitmq is not None
+        world.rabbitmq.restart()
+        faults.note(fault.index, "RabbitMQ restarted (connections cut; its quorum queues kept)")
     elif kind == "postgres_restart":
         world.pg.restart()
         faults.note(fault.index, "PostgreSQL restarted (immediate stop, crash recovery)")
@@ -1131,14 +1225,15 @@ def check(world: World, faults: FaultLog, fleet: Fleet) -> Figures:
 
 
 # --- main ----------------------------------------------------------------------------------------
-def configure_environment(pg: PrivatePostgres, redis: RedisServer, root: Path) -> None:
+def configure_environment(pg: PrivatePostgres, redis: RedisServer, root: Path, *, broker: str) -> None:
     tag = f"chaos-{os.getpid()}"
     os.environ.update(
         {
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "DATABASE_URL": f"{pg.url}/chaos",
             "REDIS_URL": redis.url,
-            "CELERY_BROKER_URL": redis.url,
+            "CELERY_BROKER_URL": broker,
+            "RABBITMQ_CONSUMER_TIMEOUT": str(CONSUMER_TIMEOUT),
             "WORKFLOWS_QUEUE": tag,
             "CHANNELS_PREFIX": f"asgi-{tag}",
             "WORKFLOWS_MODULES": "bench.chaos_workflows",
@@ -1211,7 +1306,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="chaos-"))
-    say(f"seed {args.seed}; {args.minutes:g} min, {args.workers} workers x {args.concurrency}; directory {root}")
+    say(
+        f"seed {args.seed}; {args.minutes:g} min, {args.workers} workers x {args.concurrency}, broker {args.broker}; "
+        f"directory {root}"
+    )
     started: list[Callable[[], None]] = []  # undone in reverse order, whatever happens
     ok = False
     fig: Figures | None = None
@@ -1220,7 +1318,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         started.append(pg.stop)
         redis = RedisServer()
         started.append(redis.shutdown)
-        configure_environment(pg, redis, root)
+        rabbitmq: PrivateRabbitMQ | None = None
+        if args.broker == "rabbitmq":
+            rabbitmq = PrivateRabbitMQ(root)
+            started.append(rabbitmq.stop)
+        configure_environment(pg, redis, root, broker=rabbitmq.url if rabbitmq else redis.url)
         import psycopg
 
         with psycopg.connect(f"{pg.url}/postgres", autocommit=True) as conn:
@@ -1260,6 +1362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         beat = supervisor.add("beat", lambda: Beat(root))
         supervisor.thread.start()
         world = World(args, rng, root, pg, redis, daphne, sandbox, supervisor, workers, beat, tokens, cookie)
+        world.rabbitmq = rabbitmq
         faults = FaultLog(world)
         fleet = Fleet(world, 3)
         fleet.thread.start()

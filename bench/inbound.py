@@ -204,6 +204,21 @@ def wait_until(predicate: Callable[[], bool], *, timeout: float, what: str, chec
         time.sleep(0.2)
 
 
+def burst(sent: Sent, *, unique: int, done_keys: list[str], drained: float, more_effects: int = 0) -> Burst:
+    """What a burst did: its answers, and from the keys of the work that was done (one per effect),
+    the effects done twice (``more_effects`` added) and the events or keys never done."""
+    return Burst(
+        sent=sent,
+        unique=unique,
+        accepted=sent.count(202),
+        duplicates=sent.count(200),
+        refused=len(sent.statuses) - sent.count(200, 202),
+        effects_twice=len(done_keys) - len(set(done_keys)) + more_effects,
+        lost=unique - len(set(done_keys)),
+        drain_seconds=drained,
+    )
+
+
 # --- 1. webhooks -----------------------------------------------------------------------------------
 @dataclass
 class Burst:
@@ -237,18 +252,8 @@ def webhooks(args: argparse.Namespace, servers: list[AsgiServer], check: Callabl
         what="the started runs to finish",
         check=check,
     )
-    drained = time.monotonic() - t0
     keys = list(runs.filter(status="completed").values_list("idempotency_key", flat=True))
-    return Burst(
-        sent=sent,
-        unique=len(firsts),
-        accepted=sent.count(202),
-        duplicates=sent.count(200),
-        refused=len(sent.statuses) - sent.count(200, 202),
-        effects_twice=len(keys) - len(set(keys)),
-        lost=len(firsts) - len(set(keys)),
-        drain_seconds=drained,
-    )
+    return burst(sent, unique=len(firsts), done_keys=keys, drained=time.monotonic() - t0)
 
 
 # --- 2. submissions --------------------------------------------------------------------------------
@@ -282,17 +287,8 @@ def submissions(args: argparse.Namespace, servers: list[AsgiServer], token: str,
     )
     drained = time.monotonic() - t0
     keys = list(Submission.objects.filter(status=SubmissionStatus.COMPLETED).values_list("idempotency_key", flat=True))
-    turns = Turn.objects.filter(source="submission").count()
-    return Burst(
-        sent=sent,
-        unique=len(firsts),
-        accepted=sent.count(202),
-        duplicates=sent.count(200),
-        refused=len(sent.statuses) - sent.count(200, 202),
-        effects_twice=(len(keys) - len(set(keys))) + max(0, turns - len(firsts)),
-        lost=len(firsts) - len(set(keys)),
-        drain_seconds=drained,
-    )
+    extra_turns = max(0, Turn.objects.filter(source="submission").count() - len(firsts))
+    return burst(sent, unique=len(firsts), done_keys=keys, drained=drained, more_effects=extra_turns)
 
 
 # --- 3. outcome ------------------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """The fault campaign's short variant (bench/chaos.py --short): a minute of mixed load with a dozen
 faults (worker process groups and beat SIGKILLed, Redis and PostgreSQL restarted, provider faults,
-a dropped socket), then the outside checks. Every must-be-0 figure must be 0.
+a dropped socket), then the outside checks. Every must-be-0 figure must be 0. It runs on both
+brokers: Redis, and RabbitMQ (quorum queues, publisher confirms), which is restarted too.
 
-It runs as a subprocess with servers of its own (a private PostgreSQL cluster and redis-server on
-free ports, its own queue and channel prefix): it restarts nothing another test process uses."""
+It runs as a subprocess with servers of its own (a private PostgreSQL cluster, redis-server and
+RabbitMQ node on free ports, its own queue and channel prefix): it restarts nothing another test
+process uses."""
 
 from __future__ import annotations
 
@@ -30,9 +32,10 @@ MUST_BE_ZERO = (
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_short_campaign_keeps_every_promise() -> None:
+@pytest.mark.parametrize(("broker", "faults_injected"), [("redis", 12), ("rabbitmq", 13)])
+def test_short_campaign_keeps_every_promise(broker: str, faults_injected: int) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "chaos.py"), "--short", "--seed", "7"],
+        [sys.executable, str(ROOT / "bench" / "chaos.py"), "--short", "--seed", "7", "--broker", broker],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -46,4 +49,6 @@ def test_short_campaign_keeps_every_promise() -> None:
         assert re.search(r"\s0\s+0\s+PASS$", line), f"{line}\n{report}"
     assert re.search(r"atomic steps completed without their writes \(of [\d,]+\)\s+0\s", done.stdout), report
     faults = re.search(r"faults injected\s+(\d+)", done.stdout)
-    assert faults is not None and int(faults.group(1)) == 12, report
+    assert faults is not None and int(faults.group(1)) == faults_injected, report
+    if broker == "rabbitmq":
+        assert re.search(r"broker_restart \(1\): recovery p50 / p99", done.stdout), report

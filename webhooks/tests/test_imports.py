@@ -3,36 +3,17 @@
 
 from __future__ import annotations
 
-import ast
-from pathlib import Path
+from tests.layers import APPS, imported_apps, sources
 
-ROOT = Path(__file__).resolve().parent.parent.parent
 BELOW = {"workflows", "ledger", "approvals", "accounts", "agents", "webhooks"}
-APPS = {"workflows", "ledger", "approvals", "accounts", "agents", "webhooks", "examples", "portal", "config"}
-
-
-def imported_apps(path: Path) -> set[str]:
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            found.add(node.module.split(".")[0])
-    return found & APPS
-
-
-def is_test(path: Path) -> bool:
-    return "tests" in path.relative_to(ROOT).parts
 
 
 def test_webhooks_imports_only_the_apps_below_it() -> None:
-    for path in (ROOT / "webhooks").rglob("*.py"):
-        if not is_test(path) and "migrations" not in path.parts:
-            assert imported_apps(path) <= BELOW, path
+    for path in sources("webhooks", migrations=False):
+        assert imported_apps(path) <= BELOW, path
 
 
 def test_nothing_but_config_imports_webhooks() -> None:
     for app in sorted(APPS - {"webhooks", "config"}):
-        for path in (ROOT / app).rglob("*.py"):
-            if not is_test(path):
-                assert "webhooks" not in imported_apps(path), path
+        for path in sources(app):
+            assert "webhooks" not in imported_apps(path), path
