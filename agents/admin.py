@@ -8,21 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.http import HttpRequest
 
 from agents.models import Agent, Chunk, Fiber, Message, Submission, Turn
-from workflows.admin import ReadOnlyInline, run_admin_link
-
-
-class _ReadOnly(admin.ModelAdmin[Any]):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # written by the services and the turns' runs
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+from workflows.admin import ReadOnlyAdmin, ReadOnlyInline, run_admin_link
 
 
 class TurnInline(ReadOnlyInline[Turn, Agent]):
@@ -56,7 +44,7 @@ class FiberInline(ReadOnlyInline[Fiber, Agent]):
 
 
 @admin.register(Agent)
-class AgentAdmin(_ReadOnly):
+class AgentAdmin(ReadOnlyAdmin[Any]):
     list_display = ("kind", "name", "account", "state_version", "updated_at")
     list_filter = ("kind",)
     list_select_related = ("account",)
@@ -67,7 +55,7 @@ class AgentAdmin(_ReadOnly):
 
 
 @admin.register(Turn)
-class TurnAdmin(_ReadOnly):
+class TurnAdmin(ReadOnlyAdmin[Any]):
     list_display = ("__str__", "status", "requested_by", "recoveries", "end_reason", "created_at", "run_link")
     list_filter = ("status", "agent__kind")
     list_select_related = ("agent__account", "requested_by")
@@ -95,7 +83,7 @@ class TurnAdmin(_ReadOnly):
 
 
 @admin.register(Fiber)
-class FiberAdmin(_ReadOnly):
+class FiberAdmin(ReadOnlyAdmin[Any]):
     """An agent's background jobs: what each stashed last, how often its worker was lost, how it
     ended, and the run that drove it."""
 
@@ -130,7 +118,7 @@ class FiberAdmin(_ReadOnly):
 
 
 @admin.register(Submission)
-class SubmissionAdmin(_ReadOnly):
+class SubmissionAdmin(ReadOnlyAdmin[Any]):
     """Work other systems handed an agent (the API, a webhook, a schedule, the command): what was
     submitted, under which key, and the turn that took it up."""
 

@@ -23,7 +23,7 @@ from approvals.exceptions import FORBIDDEN, ApprovalRefused
 from approvals.models import NOTE_MAX, VERSION_MAX, ApprovalRequest, ApprovalStatus, DecisionChannel, DecisionLog
 from approvals.selectors import approval_list, can_see_all, group_names, may_decide_now, superseded_by
 from approvals.services import approval_decide
-from workflows.admin import ReadOnlyInline, pretty_json
+from workflows.admin import ReadOnlyAdmin, ReadOnlyInline, pretty_json
 
 ALL = "all"
 
@@ -252,7 +252,7 @@ class ApprovalRequestAdmin(admin.ModelAdmin[ApprovalRequest]):
 
 
 @admin.register(DecisionLog)
-class DecisionLogAdmin(admin.ModelAdmin[DecisionLog]):
+class DecisionLogAdmin(ReadOnlyAdmin[DecisionLog]):
     """Every attempt to decide, and what the system did to requests: read-only, for audit."""
 
     list_display = ("created_at", "request", "actor_name", "action", "version", "result", "code", "channel")
@@ -279,12 +279,3 @@ class DecisionLogAdmin(admin.ModelAdmin[DecisionLog]):
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return self.has_view_permission(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -31,7 +31,7 @@ from ledger.selectors import (
     operation_list,
     resolvable_by_hand,
 )
-from workflows.admin import ReadOnlyInline
+from workflows.admin import ReadOnlyAdmin, ReadOnlyInline
 from workflows.admin import pretty_json as workflows_pretty_json
 
 
@@ -215,7 +215,7 @@ class ExternalOperationAdmin(admin.ModelAdmin[ExternalOperation]):
 
 
 @admin.register(OperationalRecord)
-class OperationalRecordAdmin(admin.ModelAdmin[OperationalRecord]):
+class OperationalRecordAdmin(ReadOnlyAdmin[OperationalRecord]):
     """Read-only: records are written by record_create (redacted) and removed only by purge_records."""
 
     list_display = ("created_at", "request_id", "tool", "step", "run", "approval_pending", "observed_at")
@@ -239,12 +239,3 @@ class OperationalRecordAdmin(admin.ModelAdmin[OperationalRecord]):
     @admin.display(description="external response (redacted)")
     def response_pretty(self, record: OperationalRecord) -> str:
         return pretty_json(record.response)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -16,7 +16,7 @@ from django.utils.safestring import mark_safe
 
 from schedules.models import Schedule, ScheduleFiring
 from schedules.services import schedule_fire, schedule_save, schedules_enable
-from workflows.admin import run_admin_link
+from workflows.admin import ReadOnlyAdmin, run_admin_link
 
 RECENT_FIRINGS = 20
 HEADER = "<tr><th>due</th><th>trigger</th><th>outcome</th><th>run or submission</th><th>error</th></tr>"
@@ -121,7 +121,7 @@ class ScheduleAdmin(admin.ModelAdmin[Schedule]):
 
 
 @admin.register(ScheduleFiring)
-class ScheduleFiringAdmin(admin.ModelAdmin[ScheduleFiring]):
+class ScheduleFiringAdmin(ReadOnlyAdmin[ScheduleFiring]):
     list_display = ("due_at", "schedule", "trigger", "outcome", "run_link", "submission_id", "fired_at", "short_error")
     list_filter = ("schedule", "outcome", "trigger")
     list_select_related = ("schedule",)
@@ -148,12 +148,3 @@ class ScheduleFiringAdmin(admin.ModelAdmin[ScheduleFiring]):
     @admin.display(description="error")
     def short_error(self, firing: ScheduleFiring) -> str:
         return firing.error[:120]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

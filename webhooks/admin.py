@@ -13,11 +13,11 @@ from django.utils.html import format_html
 
 from webhooks.models import WebhookDelivery
 from webhooks.selectors import source_summaries
-from workflows.admin import pretty_json, run_admin_link
+from workflows.admin import ReadOnlyAdmin, pretty_json, run_admin_link
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(admin.ModelAdmin[WebhookDelivery]):
+class WebhookDeliveryAdmin(ReadOnlyAdmin[WebhookDelivery]):
     change_list_template = "admin/webhooks/webhookdelivery/change_list.html"
     list_display = ("received_at", "source", "event_id", "outcome", "reason", "size", "run_link", "operation_key")
     list_filter = ("source", "outcome", "reason")
@@ -69,12 +69,3 @@ class WebhookDeliveryAdmin(admin.ModelAdmin[WebhookDelivery]):
         context = {**(extra_context or {}), "webhook_sources": source_summaries()}
         response: TemplateResponse = super().changelist_view(request, extra_context=context)  # type: ignore[assignment]
         return response
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

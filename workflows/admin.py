@@ -79,6 +79,21 @@ def run_admin_link(run_id: UUID | None) -> str:
     return format_html('<a href="{}">{}</a>', reverse("admin:workflows_workflowrun_change", args=[run_id]), run_id)
 
 
+class ReadOnlyAdmin(admin.ModelAdmin[_Row]):
+    """A model's rows written by services (a record, a log, a delivery), listed and shown, never
+    added, edited or deleted here. Who may view them is the model's view permission, unless the
+    subclass says otherwise."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 class ReadOnlyInline(admin.TabularInline[_Row, _Page]):
     """Rows written by services (an audit trail, a timeline), shown and never edited here. The
     apps' admins subclass it and say who may view them."""
