@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from bench.harness import (  # noqa: E402
     Statements,
     add_session_arguments,
     bench_session,
+    check_running,
     ms,
     parse_phases,
     percentile,
@@ -165,7 +167,7 @@ def decision_latencies(args: argparse.Namespace, worker: Worker) -> list[Series]
             send(request_id)
             single.call.append(time.time() - sent[run_id])
             done = WorkflowRun.objects.filter(pk=run_id, status="completed")
-            wait_until(done.exists, timeout=60, what=f"run {run_id} to resume", worker=worker)
+            wait_until(done.exists, timeout=60, what=f"run {run_id} to resume", check=partial(check_running, worker))
         say(f"{label}: {args.waiters} decisions at {rate}")
         next_at = time.monotonic()
         for run_id, request_id in parked[args.single :]:

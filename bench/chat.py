@@ -69,6 +69,7 @@ from bench.harness import (  # noqa: E402
     run_main,
     say,
     server_settings,
+    wait_until,
 )
 from tests.support import AsgiServer, Worker  # noqa: E402
 
@@ -246,12 +247,7 @@ class Fleet:
 
 
 def wait_for(predicate: Callable[[], bool], *, timeout: float, what: str, check: Callable[[], None]) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        check()
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.01)
+    wait_until(predicate, timeout=timeout, what=what, check=check, interval=0.01)
 
 
 def yield_time(r: Received) -> float:

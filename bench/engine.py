@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ from bench.harness import (  # noqa: E402
     Statements,
     add_session_arguments,
     bench_session,
+    check_running,
     median,
     ms,
     parse_phases,
@@ -150,7 +152,9 @@ def plain_round(runs: int, steps: int, worker: Worker, key: str) -> float:
     for _ in range(runs):
         tasks = [noop_task.si() for _ in range(steps - 1)] + [noop_task.si(key)]
         chain(*tasks).apply_async()
-    wait_until(lambda: client.llen(key) >= runs, timeout=600, what=f"{runs} chains", worker=worker)
+    wait_until(
+        lambda: client.llen(key) >= runs, timeout=600, what=f"{runs} chains", check=partial(check_running, worker)
+    )
     end = max(float(v) for v in client.lrange(key, 0, -1))
     client.delete(key)
     return end - t0
@@ -211,7 +215,7 @@ def event_latencies(waiters: int, interval: float, worker: Worker) -> tuple[list
         sent[run_id] = time.time()
         wf.send_event(run_id, WAIT_EVENT, {})
         completed = WorkflowRun.objects.filter(pk=run_id, status="completed")
-        wait_until(completed.exists, timeout=60, what=f"run {run_id} to resume", worker=worker)
+        wait_until(completed.exists, timeout=60, what=f"run {run_id} to resume", check=partial(check_running, worker))
     next_at = time.monotonic()
     for run_id in ids[single:]:
         sent[run_id] = time.time()

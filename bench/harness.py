@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -95,14 +96,17 @@ def check_running(worker: Worker) -> None:
         raise RuntimeError(f"the worker exited ({worker.process.returncode}):\n{worker.output()[-4000:]}")
 
 
-def wait_until(predicate: Callable[[], bool], *, timeout: float, what: str, worker: Worker) -> None:
-    """Poll ``predicate``, failing at once if the worker that should make it true has exited."""
+def wait_until(
+    predicate: Callable[[], bool], *, timeout: float, what: str, check: Callable[[], None], interval: float = 0.02
+) -> None:
+    """Poll ``predicate`` every ``interval`` seconds, failing at once when ``check`` raises (a process
+    that should make it true has exited: ``partial(check_running, worker)``, say)."""
     deadline = time.monotonic() + timeout
     while not predicate():
-        check_running(worker)
+        check()
         if time.monotonic() > deadline:
             raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(interval)
 
 
 def wait_for_runs(ids: list[Any], worker: Worker, *, status: str | None = None, timeout: float = 600) -> None:
@@ -114,7 +118,9 @@ def wait_for_runs(ids: list[Any], worker: Worker, *, status: str | None = None, 
     def done() -> bool:
         return WorkflowRun.objects.filter(id__in=ids, status__in=statuses).count() == len(ids)
 
-    wait_until(done, timeout=timeout, what=f"{len(ids)} runs to be {'/'.join(statuses)}", worker=worker)
+    wait_until(
+        done, timeout=timeout, what=f"{len(ids)} runs to be {'/'.join(statuses)}", check=partial(check_running, worker)
+    )
     failed = WorkflowRun.objects.filter(id__in=ids, status__in=("failed", "terminated")).first()
     if failed is not None:
         raise RuntimeError(f"run {failed.id} {failed.status}: {failed.error}")

@@ -55,6 +55,7 @@ from bench.harness import (  # noqa: E402
     probe_environment,
     run_main,
     say,
+    wait_until,
 )
 from tests.support import AsgiServer, Worker  # noqa: E402
 
@@ -195,15 +196,6 @@ def signed(event_id: str, body: bytes) -> Callable[[], dict[str, str]]:
     return headers
 
 
-def wait_until(predicate: Callable[[], bool], *, timeout: float, what: str, check: Callable[[], None]) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        check()
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.2)
-
-
 def burst(sent: Sent, *, unique: int, done_keys: list[str], drained: float, more_effects: int = 0) -> Burst:
     """What a burst did: its answers, and from the keys of the work that was done (one per effect),
     the effects done twice (``more_effects`` added) and the events or keys never done."""
@@ -251,6 +243,7 @@ def webhooks(args: argparse.Namespace, servers: list[AsgiServer], check: Callabl
         timeout=600,
         what="the started runs to finish",
         check=check,
+        interval=0.2,
     )
     keys = list(runs.filter(status="completed").values_list("idempotency_key", flat=True))
     return burst(sent, unique=len(firsts), done_keys=keys, drained=time.monotonic() - t0)
@@ -284,6 +277,7 @@ def submissions(args: argparse.Namespace, servers: list[AsgiServer], token: str,
         timeout=900,
         what="the submissions to run",
         check=check,
+        interval=0.2,
     )
     drained = time.monotonic() - t0
     keys = list(Submission.objects.filter(status=SubmissionStatus.COMPLETED).values_list("idempotency_key", flat=True))
@@ -316,6 +310,7 @@ def outcome(args: argparse.Namespace, server: AsgiServer, check: Callable[[], No
                 timeout=60,
                 what="the run to wait for its outcome",
                 check=check,
+                interval=0.2,
             )
             request = {"order": str(i), "amount": "10.00"}
             ExternalOperation.objects.create(
@@ -335,7 +330,7 @@ def outcome(args: argparse.Namespace, server: AsgiServer, check: Callable[[], No
             if response.status_code != 202:
                 raise RuntimeError(f"the outcome webhook was answered {response.status_code}: {response.text}")
             step = StepResult.objects.filter(run=run, name="resumed", status="completed")
-            wait_until(step.exists, timeout=60, what="the run to resume", check=check)
+            wait_until(step.exists, timeout=60, what="the run to resume", check=check, interval=0.2)
             resumed = step.get().result  # the time.time() its body returned
             assert isinstance(resumed, float), resumed
             res.to_resume.append(resumed - sent_at)
