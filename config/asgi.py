@@ -1,8 +1,9 @@
 import os
+from typing import Any
 
+import django
 from django.conf import settings
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
-from django.core.asgi import get_asgi_application
 from django.core.exceptions import SuspiciousFileOperation
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse
 
@@ -16,7 +17,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # usually serves both kinds of process.
 os.environ["DATABASE_CONN_MAX_AGE"] = "0"
 os.environ["DATABASE_POOL"] = "1"
-django_asgi_app = get_asgi_application()  # sets Django up before the consumers are imported
+django.setup(set_prefix=False)  # before the consumers are imported (as get_asgi_application does)
+
+from config.handlers import ASGIHandler  # noqa: E402
+
+django_asgi_app: Any = ASGIHandler()  # Django's, with the middleware chain in one thread (see there)
 
 
 class StaticFilesHandler(ASGIStaticFilesHandler):
