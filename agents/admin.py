@@ -135,6 +135,7 @@ class SubmissionAdmin(ReadOnlyAdmin[Any]):
         "messages",
         "metadata",
         "created_at",
+        "delivered_at",
         "finished_at",
     )
     readonly_fields = fields

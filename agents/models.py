@@ -272,8 +272,9 @@ SUBMISSION_OF_TURN = {
 class Submission(FSMModelMixin, models.Model):
     """Messages another system handed to an agent (``POST .../submissions``, ``agents.submit``):
     stored (and committed) before anything runs, answered by one turn that waits in the agent's
-    queue with the chat's own. Its messages join the conversation only when that turn starts, so a
-    submission cancelled while pending leaves no trace in it."""
+    queue with the chat's own. Its messages join the conversation only when that turn starts
+    (``delivered_at``), so a submission cancelled while pending leaves no trace in it; one cancelled
+    while running was delivered, and its turn stopped."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="submissions")
@@ -295,6 +296,11 @@ class Submission(FSMModelMixin, models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When its turn started and its messages joined the conversation; empty if they never did.",
+    )
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

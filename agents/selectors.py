@@ -333,6 +333,7 @@ class SubmissionData(TypedDict):
     metadata: dict[str, Any]
     turn: TurnData
     created_at: str
+    delivered_at: str | None
     finished_at: str | None
 
 
@@ -347,6 +348,7 @@ def submission_data(submission: Submission) -> SubmissionData:
         "metadata": submission.metadata,
         "turn": turn_data(submission.turn),
         "created_at": submission.created_at.isoformat(),
+        "delivered_at": submission.delivered_at.isoformat() if submission.delivered_at else None,
         "finished_at": submission.finished_at.isoformat() if submission.finished_at else None,
     }
 

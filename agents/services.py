@@ -246,7 +246,8 @@ def submission_started_locked(turn: Turn) -> None:
     so a submission cancelled before its turn leaves no trace there), and it is running."""
     submission = Submission.objects.select_for_update().get(turn=turn)
     submission.begin()
-    submission.save(update_fields=["status"])
+    submission.delivered_at = turn.started_at
+    submission.save(update_fields=["status", "delivered_at"])
     for item in submission.messages:
         message = Message.objects.create(
             agent_id=turn.agent_id,

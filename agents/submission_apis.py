@@ -90,6 +90,13 @@ class SubmissionSerializer(serializers.Serializer[Any]):
     metadata = serializers.JSONField()
     turn = TurnSummarySerializer(help_text="The turn that answers it.")
     created_at = serializers.DateTimeField()
+    delivered_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text=(
+            "When its turn started and its messages joined the conversation. Null: they never did "
+            "(still pending, or cancelled before its turn); a cancelled one with a time was stopped while running."
+        ),
+    )
     finished_at = serializers.DateTimeField(allow_null=True)
 
 

@@ -5,6 +5,7 @@ tenancy and cancel in each status; with a real worker for FIFO and the answers."
 
 from __future__ import annotations
 
+from datetime import datetime
 from io import StringIO
 from typing import Any
 
@@ -161,6 +162,7 @@ def test_cancel_in_each_status(users: Users, no_enqueue: NoEnqueue) -> None:
     pending = post(crm, said("first"), key="a").json()
     later = post(crm, said("second"), key="b").json()
     assert pending["status"] == later["status"] == "pending"
+    assert crm.get(f"/api/submissions/{pending['id']}").json()["delivered_at"] is None
 
     # when the first pending one is cancelled
     cancelled = crm.post(f"/api/submissions/{pending['id']}/cancel")
@@ -168,18 +170,24 @@ def test_cancel_in_each_status(users: Users, no_enqueue: NoEnqueue) -> None:
     # then it is cancelled, its turn too, and its message never joined the conversation
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
     assert cancelled.json()["turn"]["status"] == "cancelled"
+    assert cancelled.json()["delivered_at"] is None
     assert not Message.objects.filter(text="first").exists()
 
     # when the chat turn ends, the second starts: running, its message now in the conversation
     from agents.services import turn_stop
 
     turn_stop(turn=running_chat, user=users.alice)
-    assert crm.get(f"/api/submissions/{later['id']}").json()["status"] == "running"
+    running = crm.get(f"/api/submissions/{later['id']}").json()
+    assert running["status"] == "running"
     assert Message.objects.filter(text="second", role="user").count() == 1
+    started = Turn.objects.get(pk=running["turn"]["id"]).started_at
+    assert started is not None and datetime.fromisoformat(running["delivered_at"]) == started
 
     # and cancelling a running one stops its turn; an ended one is a 409 that says how it ended
     stopped = crm.post(f"/api/submissions/{later['id']}/cancel")
     assert stopped.status_code == 200 and stopped.json()["status"] == "cancelled"
+    # which the API tells from one never delivered: it was, and its message stays in the conversation
+    assert stopped.json()["delivered_at"] == running["delivered_at"]
     again = crm.post(f"/api/submissions/{later['id']}/cancel")
     assert again.status_code == 409 and again.json()["error"]["detail"] == {"status": "cancelled"}
 
