@@ -7,9 +7,13 @@
 Self-contained like bench/chat.py (through bench/harness.py): its own PostgreSQL database (dropped at
 the end), Redis db 13, a private queue with one ``celery worker -P prefork -c 2``, and --web real
 daphne processes (default 2, one per core, as a deployment would run them) serving the project with
-two webhook sources of its own (WEBHOOK_SOURCES_JSON). The clients are ``httpx`` connections of this
-process (C at once, keep-alive, one asyncio loop), spread evenly over the daphnes.
+two webhook sources of its own (WEBHOOK_SOURCES_JSON). The clients are C kept-alive HTTP/1.1
+connections of this process (``Connection``: a lean client, so that the load costs the servers'
+two cores little), on one asyncio loop, spread evenly over the daphnes.
 
+0. floor: N ``GET /healthz`` from the same clients: daphne, Django's handler and middleware and a
+   view that does nothing. What the machine's HTTP stack can answer at all, the baseline for 1 and 2
+   (printed as their ratio to it).
 1. webhooks: N signed deliveries (Standard Webhooks) to a source whose action starts a one-step
    ``bench.noop`` run keyed by the event id; 10% of them are replays of an earlier event (the same id
    and body, signed again), sent while the original may still be in flight. Deliveries per second
@@ -39,6 +43,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)  # as in bench/engine.py: bench/ would shadow workflows
 
@@ -59,7 +64,7 @@ from bench.harness import (  # noqa: E402
 )
 from tests.support import AsgiServer, Worker  # noqa: E402
 
-PHASES = {"webhooks", "submissions", "outcome"}
+PHASES = {"floor", "webhooks", "submissions", "outcome"}
 SECRET = "whsec_" + "YmVuY2gtaW5ib3VuZC1zZWNyZXQ="  # base64 of "bench-inbound-secret"
 KIND = "bench.chat"  # bench.chat_agents.KIND (not imported before django.setup())
 AGENTS = 20
@@ -89,7 +94,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--phases",
         default=",".join(sorted(PHASES)),
-        help="comma-separated subset of outcome,submissions,webhooks (default all)",
+        help="comma-separated subset of floor,outcome,submissions,webhooks (default all)",
     )
     add_session_arguments(p, database="durable_bench_inbound", redis="redis://127.0.0.1:6379/13")
     args = p.parse_args(argv)
@@ -125,6 +130,7 @@ class Request:
     body: bytes
     prepare: Callable[[], dict[str, str]]
     original: int | None = None
+    method: str = "POST"
 
 
 @dataclass
@@ -155,33 +161,77 @@ def with_replays(firsts: list[Request], share: float, rng: random.Random) -> lis
     return order
 
 
+class Connection:
+    """One kept-alive HTTP/1.1 connection: a request, then its answer, then the next.
+
+    The load comes from this process, on the same two cores as the servers it measures, so its
+    client must cost little: httpx's AsyncClient spent about 3 ms of CPU a request here (a core at
+    300 requests a second, taken from the servers), this about 0.2 ms. It speaks only what daphne
+    answers: a status line, headers, then a Content-Length body or a chunked one."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def send(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        head = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}", f"Content-Length: {len(body)}"]
+        head += [f"{name}: {value}" for name, value in headers.items()]
+        self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        status_line, *lines = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        pairs = (line.partition(":") for line in lines if line)
+        fields = {name.strip().lower(): value.strip() for name, _, value in pairs}
+        if "content-length" in fields:
+            content = await self.reader.readexactly(int(fields["content-length"]))
+        elif fields.get("transfer-encoding", "").lower() == "chunked":
+            content = b""
+            while size := int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16):
+                content += (await self.reader.readexactly(size + 2))[:-2]
+            await self.reader.readuntil(b"\r\n")  # the empty trailer
+        else:
+            raise RuntimeError(f"an answer without a length: {status_line}")
+        if fields.get("connection", "").lower() == "close":
+            await self.close()
+        return int(status_line.split()[1]), content
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.reader = self.writer = None
+
+
 async def send_all(servers: list[AsgiServer], requests: list[Request], clients: int) -> Sent:
-    """Send ``requests`` from ``clients`` connections at once, spread evenly over the servers."""
+    """Send ``requests`` from ``clients`` kept-alive connections at once, spread evenly over the
+    servers, each sending its next request when the answer to its last has come."""
     sent = Sent()
     queue: asyncio.Queue[Request] = asyncio.Queue()
     for r in requests:
         queue.put_nowait(r)
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    pool = [httpx.AsyncClient(base_url=server.url, limits=limits, timeout=60) for server in servers]
 
-    async def one_client(client: httpx.AsyncClient) -> None:
-        while not queue.empty():
-            r = queue.get_nowait()
-            t0 = time.perf_counter()
-            response = await client.post(r.path, content=r.body, headers=r.prepare())
-            sent.latencies.append(time.perf_counter() - t0)
-            sent.statuses.append(response.status_code)
-            if response.status_code not in (200, 202):
-                sent.refusals.setdefault(response.status_code, response.text[:300])
+    async def one_client(connection: Connection) -> None:
+        try:
+            while not queue.empty():
+                r = queue.get_nowait()
+                t0 = time.perf_counter()
+                status, content = await connection.send(r.method, r.path, r.body, r.prepare())
+                sent.latencies.append(time.perf_counter() - t0)
+                sent.statuses.append(status)
+                if status not in OK:
+                    sent.refusals.setdefault(status, content[:300].decode(errors="replace"))
+        finally:
+            await connection.close()
 
-    try:
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one_client(pool[i % len(pool)]) for i in range(clients)))
-        sent.seconds = time.perf_counter() - t0
-    finally:
-        for client in pool:
-            await client.aclose()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one_client(Connection(servers[i % len(servers)].url)) for i in range(clients)))
+    sent.seconds = time.perf_counter() - t0
     return sent
+
+
+OK = (200, 202)  # accepted, or a duplicate answered as the first was
 
 
 def signed(event_id: str, body: bytes) -> Callable[[], dict[str, str]]:
@@ -209,6 +259,19 @@ def burst(sent: Sent, *, unique: int, done_keys: list[str], drained: float, more
         lost=unique - len(set(done_keys)),
         drain_seconds=drained,
     )
+
+
+# --- 0. floor ---------------------------------------------------------------------------------------
+def floor(args: argparse.Namespace, servers: list[AsgiServer]) -> Sent:
+    """The same clients and number of requests, to ``GET /healthz``: the whole HTTP stack (daphne,
+    Django's handler and middleware, a view) doing no work. No endpoint of the project can answer
+    faster on this machine: the baseline the bursts are compared with."""
+    requests = [Request("/healthz", b"", dict, method="GET") for _ in range(args.deliveries)]
+    say(f"floor: {len(requests):,} GET /healthz, {args.clients} at once")
+    sent = asyncio.run(send_all(servers, requests, args.clients))
+    if sent.refusals:
+        raise RuntimeError(f"/healthz answered {sent.refusals}")
+    return sent
 
 
 # --- 1. webhooks -----------------------------------------------------------------------------------
@@ -338,12 +401,22 @@ def outcome(args: argparse.Namespace, server: AsgiServer, check: Callable[[], No
 
 
 # --- report ------------------------------------------------------------------------------------------
-def burst_rows(name: str, b: Burst) -> list[Row]:
+def floor_rows(sent: Sent) -> list[Row]:
+    p50, p99 = percentile(sent.latencies, 0.5), percentile(sent.latencies, 0.99)
+    return [
+        Row(f"floor: GET /healthz answered/s ({len(sent.statuses):,})", f"{sent.rate:,.0f}"),
+        Row("  latency p50 / p99", f"{ms(p50)} / {ms(p99)}"),
+    ]
+
+
+def burst_rows(name: str, b: Burst, floor: Sent | None) -> list[Row]:
     p50, p99 = percentile(b.sent.latencies, 0.5), percentile(b.sent.latencies, 0.99)
     answered = f"{name}: answered/s ({len(b.sent.statuses):,}, 10% replays)"
     answers = f"{b.accepted:,} / {b.duplicates:,} / {b.refused:,}"
+    versus = [Row("  against the floor", f"{b.sent.rate / floor.rate:.2f}x")] if floor else []
     return [
         Row(answered, f"{b.sent.rate:,.0f}", ">= 500", b.sent.rate >= 500),
+        *versus,
         Row("  accepted/s (202, new work)", f"{b.accepted / b.sent.seconds:,.0f}"),
         Row("  latency p50 / p99", f"{ms(p50)} / {ms(p99)}", "p99 <= 50 ms", p99 <= 0.050),
         Row("  202 / 200 duplicate / other", answers, "other 0", b.refused == 0),
@@ -381,13 +454,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     raise RuntimeError(f"the worker exited:\n{worker.output()[-3000:]}")
 
             probes.append(probe_environment("before"))
+            base = None
+            if "floor" in args.phases:
+                base = floor(args, servers)
+                rows += floor_rows(base)
             if "webhooks" in args.phases:
                 burst = webhooks(args, servers, check)
-                rows += burst_rows("webhooks", burst)
+                rows += burst_rows("webhooks", burst, base)
                 server_errors |= 500 in burst.sent.refusals
             if "submissions" in args.phases:
                 burst = submissions(args, servers, token, check)
-                rows += burst_rows("submissions", burst)
+                rows += burst_rows("submissions", burst, base)
                 server_errors |= 500 in burst.sent.refusals
             if "outcome" in args.phases:
                 o = outcome(args, servers[0], check)
@@ -414,14 +491,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(rows)
     print(f"""
 How: {args.web} real daphne processes (as a deployment runs one per core) and one celery worker
-(-c {args.concurrency}); {args.clients} httpx clients of this process on one asyncio loop, keep-alive,
-spread evenly over the daphnes. A webhook is verified, deduplicated (the accepted row's
-unique index) and its work started (run_start, enqueued on commit) before its 202. A submission is
-authenticated by token and committed with its turn before its 202. Duplicate effects and lost work
-are counted from the database once the worker has run everything. Outcome: an unknown ledger
-operation of a waiting bench.outcome run, settled by the provider's signed webhook
-(operation_report), which wakes the run (ledger.wait_for_outcome); the run's next step body records
-time.time().""")
+(-c {args.concurrency}); {args.clients} kept-alive connections of this process on one asyncio loop,
+spread evenly over the daphnes. The floor is GET /healthz through the same stack. A webhook is
+verified, deduplicated (the accepted row's unique index) and its work started (run_start, enqueued
+on commit) before its 202. A submission is authenticated by token and committed with its turn
+before its 202. Duplicate effects and lost work are counted from the database once the worker has
+run everything. Outcome: an unknown ledger operation of a waiting bench.outcome run, settled by the
+provider's signed webhook (operation_report), which wakes the run (ledger.wait_for_outcome); the
+run's next step body records time.time().""")
     return 0
 
 
