@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from accounts.models import Account
@@ -145,16 +146,58 @@ def message_send(*, agent: Agent, user: User | None, text: str, source: str = "c
         if user is not None:
             check_open_turns_of(user)  # the user's row first, then the agent's
         agent = lock_agent(agent)
-        repair_locked(agent)  # first: a turn it ends lets the queue move before it is counted
-        check_queued_turns(agent)
-        last = Turn.objects.filter(agent=agent).order_by("-number").values_list("number", flat=True).first()
-        turn = Turn.objects.create(agent=agent, number=(last or 0) + 1, requested_by=user, source=source)
+        queue = queue_locked(agent)
+        check_queued_turns(queue)
+        turn = Turn.objects.create(agent=agent, number=next_number(agent), requested_by=user, source=source)
         message = Message.objects.create(agent=agent, turn=turn, role=MessageRole.USER, text=text, author=user)
         push_message(message)
         push_turn(turn)
-        start_next_locked(agent)
-    turn.refresh_from_db()
+        start_new_locked(turn, queue)
     return turn
+
+
+@dataclass(frozen=True)
+class Queue:
+    """An agent's open turns, counted in one query (with its row locked)."""
+
+    active: int  # running or waiting: at most one
+    queued: int
+    queued_chat: int  # the chat's own queued turns (submissions have their own cap)
+
+
+def queue_locked(agent: Agent) -> Queue:
+    """The agent's queue before a new turn joins it (inside atomic(), the agent row locked), once
+    any active turn whose run ended without ending it is repaired (``repair_locked``): a turn it
+    ends lets the queue move before the queue is counted. One query on the common path: the open
+    turns only (an index of the agent's turns by status), however many ended."""
+    counts = Turn.objects.filter(agent=agent, status__in=TURN_OPEN).aggregate(
+        active=Count("pk", filter=Q(status__in=TURN_ACTIVE)),
+        queued=Count("pk", filter=Q(status=TurnStatus.QUEUED)),
+        queued_chat=Count("pk", filter=Q(status=TurnStatus.QUEUED, source="chat")),
+        stuck=Count("pk", filter=Q(status__in=TURN_ACTIVE, run__status__in=RUN_ENDED)),
+    )
+    if counts.pop("stuck"):
+        repair_locked(agent)
+        return queue_locked(agent)
+    return Queue(**counts)
+
+
+def next_number(agent: Agent) -> int:
+    last = Turn.objects.filter(agent=agent).order_by("-number").values_list("number", flat=True).first()
+    return (last or 0) + 1
+
+
+def start_new_locked(turn: Turn, queue: Queue) -> None:
+    """After ``turn`` joined the agent's queue (``queue``: as it was before): start it now if no
+    turn was open, as the oldest queued turn it is. Else it waits (FIFO), or, should turns be queued
+    with none active (a start that failed to happen), the oldest starts and ``turn`` is read again."""
+    if queue.active:
+        return
+    if not queue.queued:
+        start_locked(turn)
+        return
+    start_next_locked(turn.agent)
+    turn.refresh_from_db()
 
 
 def check_open_turns_of(user: User) -> None:
@@ -175,16 +218,14 @@ def check_open_turns_of(user: User) -> None:
         )
 
 
-def check_queued_turns(agent: Agent) -> None:
+def check_queued_turns(queue: Queue) -> None:
     """TooManyQueuedTurns if the agent has AGENTS_MAX_QUEUED_TURNS turns queued: a member sending
-    messages in a loop must not pile up answers nobody waits for. Call with the agent row locked,
-    so messages sent together are counted one after the other."""
+    messages in a loop must not pile up answers nobody waits for. ``queue`` counted with the agent
+    row locked, so messages sent together are counted one after the other."""
     limit = int(settings.AGENTS_MAX_QUEUED_TURNS)
-    if not limit:
-        return
     # The chat's own: submissions from other systems have their cap (AGENTS_MAX_PENDING_SUBMISSIONS).
-    queued = Turn.objects.filter(agent=agent, status=TurnStatus.QUEUED, source="chat").count()
-    if queued >= limit:
+    queued = queue.queued_chat
+    if limit and queued >= limit:
         raise TooManyQueuedTurns(
             f"{queued} messages are waiting for an answer already (the limit is {limit}); "
             "send more once some have been answered"
@@ -192,6 +233,8 @@ def check_queued_turns(agent: Agent) -> None:
 
 
 RUN_FAILED_MESSAGE = "Sorry: something went wrong and this answer could not be finished. Please try again."
+# A turn's run in one of these and the turn still active: the run ended without ending it.
+RUN_ENDED = [RunStatus.FAILED, RunStatus.COMPLETED]
 
 
 def repair_locked(agent: Agent) -> None:
@@ -200,7 +243,7 @@ def repair_locked(agent: Agent) -> None:
     ``on_run_failed``, and at each message for a turn whose hook never ran (its worker died between
     the failure and the hook). Call inside atomic() with the agent row locked."""
     stuck = Turn.objects.select_related("agent", "run").filter(
-        agent=agent, status__in=TURN_ACTIVE, run__status__in=[RunStatus.FAILED, RunStatus.COMPLETED]
+        agent=agent, status__in=TURN_ACTIVE, run__status__in=RUN_ENDED
     )
     for turn in stuck:
         assert turn.run is not None
@@ -227,6 +270,12 @@ def start_next_locked(agent: Agent) -> Turn | None:
     turn = Turn.objects.filter(agent=agent, status=TurnStatus.QUEUED).order_by("number").first()
     if turn is None:
         return None
+    return start_locked(turn)
+
+
+def start_locked(turn: Turn) -> Turn:
+    """Start ``turn``, its agent's oldest queued turn, with no turn of the agent active (inside
+    atomic(), the agent row locked): its run is created and enqueued on commit."""
     run, _ = run_start(workflow=TURN_WORKFLOW, payload={"turn": str(turn.pk)}, owner=_user(turn))
     turn.begin()
     turn.run = run

@@ -27,9 +27,10 @@ from agents.services import (
     check_message,
     check_open_turns_of,
     lock_agent,
+    next_number,
     push_turn,
-    repair_locked,
-    start_next_locked,
+    queue_locked,
+    start_new_locked,
     turn_stop,
 )
 from workflows.exceptions import IdempotencyConflict, InvalidPayload, TransitionNotAllowed
@@ -111,10 +112,9 @@ def submission_create(
                         f"the Idempotency-Key {key!r} was used for another submission to this agent"
                     )
                 return SubmissionResult(earlier, accepted=False)
-        repair_locked(agent)
+        queue = queue_locked(agent)
         check_pending(agent)
-        last = Turn.objects.filter(agent=agent).order_by("-number").values_list("number", flat=True).first()
-        turn = Turn.objects.create(agent=agent, number=(last or 0) + 1, requested_by=user, source=SUBMISSION_SOURCE)
+        turn = Turn.objects.create(agent=agent, number=next_number(agent), requested_by=user, source=SUBMISSION_SOURCE)
         submission = Submission.objects.create(
             agent=agent,
             turn=turn,
@@ -126,7 +126,7 @@ def submission_create(
             submitted_by=user,
         )
         push_turn(turn)
-        start_next_locked(agent)
+        start_new_locked(turn, queue)
     submission.refresh_from_db()
     return SubmissionResult(submission, accepted=True)
 

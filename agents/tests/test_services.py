@@ -4,6 +4,7 @@ queue's bookkeeping, stops from anywhere, the agent's state and what a client se
 from __future__ import annotations
 
 import pytest
+from pytest_django import DjangoAssertNumQueries
 
 from agents.models import Agent, Chunk, Message, Turn, TurnStatus
 from agents.selectors import agent_get, agent_snapshot, chunks_after, turn_active, turn_get
@@ -60,6 +61,37 @@ def test_messages_queue_behind_the_open_turn_and_the_snapshot_says_so(users: Use
     assert [t["id"] for t in snapshot["queued"]] == [str(second.pk)]
     assert [m["text"] for m in snapshot["messages"]] == ["one", "two"]
     assert snapshot["agent"] == {"kind": "test.chat", "name": "t", "account": "acme"}
+
+
+@pytest.mark.django_db
+def test_a_message_costs_few_statements(
+    users: Users, no_enqueue: NoEnqueue, django_assert_max_num_queries: DjangoAssertNumQueries
+) -> None:
+    # The customer waits for message_send (a socket's ack, the API's 202): each statement is a round
+    # trip. The agent's open turns are counted in one query, and the new turn is started as it is.
+    agent = chat_agent(users.alice)
+    with django_assert_max_num_queries(14):  # the user's and agent's locks, the queue, the rows, the run
+        first = message_send(agent=agent, user=users.alice, text="one")
+    with django_assert_max_num_queries(9):  # queued behind it: nothing to start
+        second = message_send(agent=agent, user=users.alice, text="two")
+    assert (first.status, second.status) == (TurnStatus.RUNNING, TurnStatus.QUEUED)
+    assert Turn.objects.get(pk=first.pk).run_id == first.run_id is not None
+
+
+@pytest.mark.django_db
+def test_turns_queued_with_none_active_start_oldest_first(users: Users, no_enqueue: NoEnqueue) -> None:
+    # given a turn left queued with none active (its start never happened)
+    agent = chat_agent(users.alice)
+    first = message_send(agent=agent, user=users.alice, text="one")
+    waiting = message_send(agent=agent, user=users.alice, text="two")
+    Turn.objects.filter(pk=first.pk).update(status=TurnStatus.COMPLETED)
+
+    # when a message comes
+    third = message_send(agent=agent, user=users.alice, text="three")
+
+    # then the oldest queued turn starts, and the new one waits behind it
+    assert Turn.objects.get(pk=waiting.pk).status == TurnStatus.RUNNING
+    assert third.status == TurnStatus.QUEUED and third.run is None
 
 
 @pytest.mark.django_db
