@@ -223,6 +223,8 @@ CELERY_TASK_ALWAYS_EAGER = False
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Seconds between two ticks of the schedules (README "Schedules"): a schedule fires up to this late.
 SCHEDULES_TICK_INTERVAL = envfloat("SCHEDULES_TICK_INTERVAL", 5.0)
+# `manage.py schedules purge` deletes firing records due longer ago than this (the schedules stay).
+SCHEDULES_RETENTION_DAYS = envint("SCHEDULES_RETENTION_DAYS", 30)
 CELERY_BEAT_SCHEDULE = {
     "workflows-sweep": {
         "task": "workflows.sweep",

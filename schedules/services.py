@@ -23,8 +23,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -35,6 +36,7 @@ from agents.registry import get_agent_class
 from agents.selectors import NAME_MAX, reachable_name
 from agents.services import AgentUnavailable, agent_open
 from agents.submissions import submission_create
+from ledger.services import PurgeResult
 from schedules.models import Action, Outcome, Schedule, ScheduleFiring, Trigger
 from schedules.spec import SpecError
 from workflows.exceptions import UnknownWorkflow
@@ -266,3 +268,29 @@ def schedule_ensure(*, name: str, defaults: dict[str, object], now: datetime | N
         return schedule_save(schedule=schedule, now=now), True
     except IntegrityError:  # created meanwhile
         return Schedule.objects.get(name=name), False
+
+
+PURGE_BATCH = 1000
+
+
+def firing_purge(
+    *, older_than: timedelta | None = None, dry_run: bool = False, now: datetime | None = None
+) -> PurgeResult:
+    """Delete the firing records due before now - ``older_than`` (default SCHEDULES_RETENTION_DAYS),
+    in batches of short transactions, as the other purges do. The runs and submissions they started
+    stay. Safe for the once-per-due-time promise: a schedule fires only at or after its stored next
+    due time, which never goes back, so an old due time whose record is gone is never fired again
+    (and its work's idempotency key, from the due time, would find the work it started)."""
+    older_than = timedelta(days=settings.SCHEDULES_RETENTION_DAYS) if older_than is None else older_than
+    if older_than <= timedelta(0):
+        raise ValueError("the retention period must be more than zero (it would delete every record)")
+    cutoff = (now or timezone.now()) - older_than
+    expired = ScheduleFiring.objects.filter(due_at__lt=cutoff)
+    if dry_run:
+        return PurgeResult(count=expired.count(), cutoff=cutoff, dry_run=True)
+    total = 0
+    while ids := list(expired.order_by("pk").values_list("pk", flat=True)[:PURGE_BATCH]):
+        deleted, _ = ScheduleFiring.objects.filter(pk__in=ids).delete()
+        total += deleted
+    logger.info("purged %d schedule firings due before %s", total, cutoff.isoformat())
+    return PurgeResult(count=total, cutoff=cutoff, dry_run=False)

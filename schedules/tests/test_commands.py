@@ -105,3 +105,23 @@ def test_fire_reports_a_failed_firing_as_an_error() -> None:
     with pytest.raises(CommandError, match="broken: the firing failed: InvalidPayload: unknown keys: bogus"):
         run("fire", "broken")
     assert ScheduleFiring.objects.get().outcome == Outcome.FAILED
+
+
+def test_purge_deletes_old_firings_and_a_dry_run_only_counts() -> None:
+    schedule = workflow_schedule(due=timezone.now() - timedelta(days=60))
+    ScheduleFiring.objects.create(
+        schedule=schedule, due_at=timezone.now() - timedelta(days=60), outcome=Outcome.STARTED, idempotency_key="a"
+    )
+    ScheduleFiring.objects.create(
+        schedule=schedule, due_at=timezone.now() - timedelta(days=1), outcome=Outcome.STARTED, idempotency_key="b"
+    )
+
+    dry = run("purge", "--dry-run")
+    assert "Would delete 1 schedule firing record(s) due before " in dry and "(older than 30d)" in dry
+    assert "Dry run: nothing was deleted." in dry and ScheduleFiring.objects.count() == 2
+
+    assert "Deleted 1 schedule firing record(s)" in run("purge")
+    assert list(ScheduleFiring.objects.values_list("idempotency_key", flat=True)) == ["b"]
+    assert "Deleted 1 " in run("purge", "--older-than", "12h")
+    with pytest.raises(CommandError, match="more than zero"):
+        run("purge", "--older-than", "0d")

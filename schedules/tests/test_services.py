@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 from accounts.services import account_ensure
 from agents.models import Agent, Submission, Turn
 from schedules.models import Outcome, Schedule, ScheduleFiring, Trigger
-from schedules.services import schedule_fire, schedule_save, schedules_enable, schedules_tick
+from schedules.services import firing_purge, schedule_fire, schedule_save, schedules_enable, schedules_tick
 from schedules.tests.support import submission_schedule, workflow_schedule
 from workflows.models import WorkflowRun
 
@@ -207,3 +207,28 @@ def test_the_migration_installs_the_nightly_reconcile_and_the_first_tick_arms_it
     schedules_tick(now=NOW)
     schedule.refresh_from_db()
     assert schedule.next_due_at == datetime(2025, 1, 7, 2, 30, tzinfo=UTC)
+
+
+def test_purge_deletes_firings_due_before_the_retention_and_no_due_time_fires_again() -> None:
+    # given a schedule every minute that fired 40 days ago and just now
+    schedule = workflow_schedule(due=NOW - timedelta(days=40))
+    schedules_tick(now=NOW - timedelta(days=40))
+    schedule.refresh_from_db()
+    schedule.next_due_at = NOW - timedelta(seconds=1)
+    schedule.save(update_fields=["next_due_at"])
+    schedules_tick(now=NOW)
+    old, recent = firings(schedule)
+    runs = WorkflowRun.objects.filter(idempotency_key__startswith="schedule:echo:").count()
+
+    # when the firings older than 30 days are counted, then purged
+    counted = firing_purge(older_than=timedelta(days=30), dry_run=True, now=NOW)
+    purged = firing_purge(older_than=timedelta(days=30), now=NOW)
+
+    # then only the old record is gone; the runs stay; and no tick fires the old due time again
+    assert (counted.count, counted.dry_run, purged.count) == (1, True, 1)
+    assert firings(schedule) == [recent]
+    assert schedules_tick(now=NOW).fired == []
+    assert WorkflowRun.objects.filter(idempotency_key__startswith="schedule:echo:").count() == runs == 2
+    assert old.run_id is not None and WorkflowRun.objects.filter(pk=old.run_id).exists()
+    with pytest.raises(ValueError, match="more than zero"):
+        firing_purge(older_than=timedelta(0), now=NOW)

@@ -1,9 +1,10 @@
-"""``manage.py schedules list|tick|enable NAME|disable NAME|fire NAME|add NAME ...|remove NAME``.
+"""``manage.py schedules list|tick|enable NAME|disable NAME|fire NAME|add NAME ...|remove NAME|purge``.
 
 ``tick`` does once what beat's ``schedules-tick`` does every SCHEDULES_TICK_INTERVAL seconds;
 ``fire`` is the admin's "fire now". ``add`` takes ``--cron EXPR`` or ``--every DURATION``, and
 ``--workflow NAME [--payload JSON]`` or ``--account SLUG --kind KIND --agent NAME --message TEXT``.
-Bad input stops with an error and changes nothing.
+``purge [--older-than 30d] [--dry-run]`` deletes firing records due longer ago (the retention,
+SCHEDULES_RETENTION_DAYS). Bad input stops with an error and changes nothing.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from ledger.durations import duration_argument
+from ledger.durations import describe, duration_argument
 from schedules.models import Action, Schedule, ScheduleFiring
-from schedules.services import schedule_fire, schedule_save, schedules_enable, schedules_tick
+from schedules.services import firing_purge, schedule_fire, schedule_save, schedules_enable, schedules_tick
 from workflows.storable import json_loads_strict
 
 
@@ -26,7 +27,7 @@ def _when(value: Any) -> str:
 
 
 class Command(BaseCommand):
-    help = "Schedules: list them, tick once, enable, disable, fire now, add or remove one."
+    help = "Schedules: list them, tick once, enable, disable, fire now, add or remove one, purge old firings."
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="subcommand", required=True, metavar="subcommand")
@@ -53,6 +54,15 @@ class Command(BaseCommand):
         add.add_argument("--message", help="... with this text.")
         add.add_argument("--description", default="")
         add.add_argument("--disabled", action="store_true", help="Add it disabled.")
+        purge = sub.add_parser("purge", help="Delete firing records older than the retention period.")
+        purge.add_argument(
+            "--older-than",
+            type=duration_argument,
+            metavar="DURATION",
+            help="Delete firings due before this long ago, e.g. 30d, 12w, 36h (default "
+            f"SCHEDULES_RETENTION_DAYS, now {settings.SCHEDULES_RETENTION_DAYS}d).",
+        )
+        purge.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         command = options["subcommand"]
@@ -62,6 +72,8 @@ class Command(BaseCommand):
             return self.tick()
         if command == "add":
             return self.add(options)
+        if command == "purge":
+            return self.purge(options)
         schedule = self.schedule(options["name"])
         if command == "fire":
             return self.fire(schedule)
@@ -103,6 +115,19 @@ class Command(BaseCommand):
         for name in report.disabled:
             self.stderr.write(f"{name}: disabled, its stored timing is invalid (see the log)")
         self.stdout.write(f"Fired {len(report.fired)}; worked out the first due time of {report.armed}.")
+
+    def purge(self, options: dict[str, Any]) -> None:
+        try:
+            result = firing_purge(older_than=options["older_than"], dry_run=options["dry_run"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        age = describe(options["older_than"]) if options["older_than"] is not None else None
+        age = age or f"{settings.SCHEDULES_RETENTION_DAYS}d"
+        cutoff = timezone.localtime(result.cutoff).strftime("%Y-%m-%d %H:%M:%S")
+        verb = "Would delete" if result.dry_run else "Deleted"
+        self.stdout.write(f"{verb} {result.count} schedule firing record(s) due before {cutoff} (older than {age}).")
+        if result.dry_run:
+            self.stdout.write("Dry run: nothing was deleted.")
 
     def fire(self, schedule: Schedule) -> None:
         firing = schedule_fire(schedule=schedule)
