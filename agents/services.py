@@ -267,10 +267,14 @@ def start_next_locked(agent: Agent) -> Turn | None:
     the agent row locked. Returns the turn started, or None."""
     if Turn.objects.filter(agent=agent, status__in=TURN_ACTIVE).exists():
         return None
+    return start_oldest_locked(agent)
+
+
+def start_oldest_locked(agent: Agent) -> Turn | None:
+    """Start the agent's oldest queued turn, knowing none is active (inside atomic(), the agent row
+    locked). Returns the turn started, or None."""
     turn = Turn.objects.filter(agent=agent, status=TurnStatus.QUEUED).order_by("number").first()
-    if turn is None:
-        return None
-    return start_locked(turn)
+    return start_locked(turn) if turn is not None else None
 
 
 def start_locked(turn: Turn) -> Turn:
@@ -331,6 +335,7 @@ def end_locked(turn: Turn, *, status: str, reason: str, text: str | None = None,
         TurnStatus.SEALED: turn.seal,
         TurnStatus.FAILED: turn.fail,
     }[TurnStatus(status)]
+    was_active = turn.status in TURN_ACTIVE
     transition()
     turn.end_reason = reason[:500]
     if text is not None:
@@ -342,7 +347,10 @@ def end_locked(turn: Turn, *, status: str, reason: str, text: str | None = None,
     if finish is not None:
         append_unfenced(turn=turn, type_="finish", data={"reason": finish})
     push_turn(turn)
-    start_next_locked(turn.agent)
+    if was_active:  # the agent's one running or waiting turn (start_next_locked starts no second): none is now
+        start_oldest_locked(turn.agent)
+    else:
+        start_next_locked(turn.agent)
 
 
 def turn_stop(*, turn: Turn, user: User | None) -> Turn:
