@@ -317,6 +317,15 @@ def _stale_since(turn: Turn, base_seq: int) -> Any:
     return last.first() or turn.created_at
 
 
+def _is_stale(turn: Turn, base_seq: int, now: Any) -> bool:
+    """Whether the turn has not moved for AGENTS_STALE_TURN_SECONDS before this round. A turn younger
+    than that cannot be (its chunks are all newer than it): no query then, the common case."""
+    limit = float(settings.AGENTS_STALE_TURN_SECONDS)
+    if (now - turn.created_at).total_seconds() <= limit:
+        return False
+    return bool((now - _stale_since(turn, base_seq)).total_seconds() > limit)
+
+
 def model_round(turn_id: str, number: int, messages: list[dict[str, Any]], base_seq: int) -> dict[str, Any]:
     """One model round: stream the provider's events as chunks; return the text and tool calls."""
     from agents.providers.base import Finish, ModelRequest, TextDelta, ToolCall, ToolSpec
@@ -353,7 +362,7 @@ def model_round(turn_id: str, number: int, messages: list[dict[str, Any]], base_
             return seal(partial, f"out of recovery budget ({attempt - 1} recoveries)", BUDGET_MESSAGE)
         if silent > float(settings.AGENTS_MAX_SILENCE_SECONDS):
             return seal(partial, f"out of recovery budget (silent for {silent:.0f}s)", BUDGET_MESSAGE)
-        if (now - _stale_since(turn, base_seq)).total_seconds() > float(settings.AGENTS_STALE_TURN_SECONDS):
+        if _is_stale(turn, base_seq, now):
             return seal(partial, "stale", STALE_MESSAGE)
         kind = "text" if partial else "tool_calls"
         choice = agent.on_chat_recovery(
@@ -368,7 +377,7 @@ def model_round(turn_id: str, number: int, messages: list[dict[str, Any]], base_
             writer.add("data-reset", {"round": number})
         else:
             prefix = partial
-    elif (now - _stale_since(turn, base_seq)).total_seconds() > float(settings.AGENTS_STALE_TURN_SECONDS):
+    elif _is_stale(turn, base_seq, now):
         return seal("", "stale", STALE_MESSAGE)
 
     request = ModelRequest(
