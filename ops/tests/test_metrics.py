@@ -136,3 +136,29 @@ def test_a_token_of_spaces_is_no_token(settings: Any) -> None:
     assert Client().get("/metrics", headers={"Authorization": "Bearer    "}).status_code == 401
     settings.METRICS_TOKEN = f" {TOKEN} "  # spaces around it are a typo: the token still works
     assert Client().head("/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+def test_http_requests_are_timed_by_route_never_by_path(token: str) -> None:
+    # given what this process counted so far (the histogram is the process's, as in a web process)
+    def count(method: str, route: str, status: str) -> float:
+        labels = (("method", method), ("route", route), ("status", status))
+        return scrape(Authorization=f"Bearer {token}").get(("http_request_duration_seconds_count", labels), 0.0)
+
+    before = {
+        "probe": count("GET", "healthz", "2xx"),
+        "run": count("GET", "api/runs/<str:run_id>", "4xx"),
+        "nowhere": count("GET", "unmatched", "4xx"),
+    }
+
+    # when a probe, an API path with an id in it (not signed in: a 4xx) and a path that is nowhere
+    Client().get("/healthz")
+    Client().get("/api/runs/0d1e7b7c-8f4a-4c55-9d8e-2a0b3c4d5e6f")
+    Client().get("/runs-of-someone/12345")
+
+    # then each is counted once under its URL pattern, and the id or the typed path is no label
+    assert count("GET", "healthz", "2xx") == before["probe"] + 1
+    assert count("GET", "api/runs/<str:run_id>", "4xx") == before["run"] + 1
+    assert count("GET", "unmatched", "4xx") == before["nowhere"] + 1
+    body = Client().get("/metrics", headers={"Authorization": f"Bearer {token}"}).content.decode()
+    assert "0d1e7b7c" not in body and "runs-of-someone" not in body
+    assert 'http_request_duration_seconds_bucket{le="0.001",method="GET",route="healthz",status="2xx"}' in body
