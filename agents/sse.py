@@ -16,20 +16,29 @@ cost each open stream a query (and, in daphne, a connection) every 100 ms.
 An async view (daphne serves it) outside DRF, as DRF's views cannot stream asynchronously: it
 authenticates as the API does (a ``Token`` header or the session) and answers errors in the API's
 shape. A client that goes away cancels the response; the group is left on the way out.
+
+Database connections: an open stream holds none while it waits. Every visit goes through
+``database_sync_to_async`` in the request's own thread, which gives the connection back to daphne's
+pool after it (``CONN_MAX_AGE`` is 0 there), the checks before the stream included. Reads in
+threads of their own kept a pooled connection each for good, and a stream held its request's until
+it ended: twenty streams opened at once took every connection of the pool and waited for one
+another. A read that fails ends the stream (the client resumes with ``Last-Event-ID``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from collections.abc import AsyncIterator
 from typing import Any
 from uuid import UUID
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import DatabaseError
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
 from rest_framework.authtoken.models import Token
@@ -44,6 +53,7 @@ POLL_SECONDS = 1.0
 # An idle stream sends a comment this often: proxies keep it open, and a gone client is noticed.
 KEEPALIVE_SECONDS = 15.0
 TEXT_PART = "text"
+logger = logging.getLogger("agents")
 
 
 def error(code: str, message: str, http_status: int) -> JsonResponse:
@@ -61,7 +71,8 @@ async def turn_stream(request: HttpRequest, kind: str, name: str, turn_id: str) 
     after = _last_event_id(request)
     if after is None:
         return error("invalid", "Last-Event-ID must be a non-negative integer (a seq this stream sent).", 400)
-    found = await sync_to_async(_visible_turn)(user, kind, name, turn_id, request.GET.get("account"))
+    # After it the request's connection (the session, the user, the agent) is back in the pool.
+    found = await database_sync_to_async(_visible_turn)(user, kind, name, turn_id, request.GET.get("account"))
     if found is None:
         return error("not_found", "Not found.", 404)
     agent, turn = found
@@ -125,7 +136,11 @@ async def events(*, agent: Agent, turn: Turn, after: int) -> AsyncIterator[str]:
     idle = 0.0
     try:
         while True:
-            chunks, ended = await sync_to_async(_read, thread_sensitive=False)(turn.pk, last)
+            try:
+                chunks, ended = await database_sync_to_async(_read)(turn.pk, last)
+            except DatabaseError:
+                logger.warning("stream of turn %s ended: its read failed", turn.pk, exc_info=True)
+                return
             for chunk in chunks:
                 for event in ui_events(chunk, turn_id=str(turn.pk), text_open=text_open):
                     yield event

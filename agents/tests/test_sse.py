@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from agents.models import Chunk, Turn, TurnStatus
@@ -181,3 +182,64 @@ def test_a_token_is_accepted_like_the_rest_of_the_api(asgi_server: AsgiServer, w
 
     assert good.status_code == 200 and good.text.endswith("data: [DONE]\n\n")
     assert bad.status_code == 401
+
+
+@pytest.fixture
+def small_pool_server() -> Any:
+    """A daphne of its own whose pool has 4 connections and gives up waiting for one after 5 s."""
+    server = AsgiServer(DATABASE_POOL_MAX_SIZE="4", DATABASE_POOL_MIN_SIZE="1", DATABASE_POOL_TIMEOUT="5")
+    yield server
+    server.stop()
+
+
+def test_open_streams_hold_no_database_connection(small_pool_server: AsgiServer, world: World) -> None:
+    # given a server whose pool has 4 connections
+    server = small_pool_server
+    done = finished_turn(world)
+
+    # when 12 streams of a finished turn are opened at once (three times the pool)
+    results: list[list[Event]] = []
+    barrier = threading.Barrier(12)
+
+    def read_done() -> None:
+        barrier.wait()
+        try:
+            results.append(stream(server, world.users.alice, done)[1])
+        finally:
+            connection.close()  # the thread's own (its session cookie), or the test database's drop waits
+
+    readers = [threading.Thread(target=read_done) for _ in range(12)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(TIMEOUT)
+
+    # then each is read to its end
+    assert len(results) == 12 and all(events and events[-1] == (None, "[DONE]") for events in results)
+
+    # and when 8 streams follow a live turn, waiting for its next chunk
+    live = make_turn(world.agent, number=2)
+    write(live, [1])
+
+    def follow() -> None:
+        try:
+            stream(server, world.users.bob, live)
+        finally:
+            connection.close()
+
+    followers = [threading.Thread(target=follow) for _ in range(8)]
+    for follower in followers:
+        follower.start()
+    time.sleep(2)  # every stream has read and is waiting
+
+    # then a request that needs the database is answered at once: no stream holds a connection
+    started = time.monotonic()
+    answer = httpx.get(f"{server.url}/api/runs", headers={"Authorization": "Token " + "0" * 40}, timeout=30)
+    assert answer.status_code == 401 and time.monotonic() - started < 3
+
+    # and the turn's end ends them all
+    Chunk.objects.create(turn=live, seq=2, type="finish", data={"reason": "stop"})
+    Turn.objects.filter(pk=live.pk).update(status=TurnStatus.COMPLETED)
+    for follower in followers:
+        follower.join(TIMEOUT)
+    assert not any(follower.is_alive() for follower in followers)
