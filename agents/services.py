@@ -204,12 +204,24 @@ def check_open_turns_of(user: User) -> None:
     """TooManyQueuedTurns if ``user`` has AGENTS_MAX_OPEN_TURNS_PER_USER turns not ended, over all
     the agents they reach: one member opening agent after agent must not take every worker from
     every other tenant. Locks the user's row, so messages sent together are counted in turn."""
-    limit = int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER)
-    if not limit:
+    lock_user(user)
+    count_open_turns_of(user)
+
+
+def lock_user(user: User) -> None:
+    """Lock the user's row (before any agent's: the lock order), when their open turns are capped."""
+    if not int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER):
         return
     # FOR NO KEY UPDATE: the inserts that reference the user (a turn, a run) take KEY SHARE on its row,
     # which a plain FOR UPDATE would block, and a message holding the agent's lock would deadlock.
     get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).first()  # user may be lazy
+
+
+def count_open_turns_of(user: User) -> None:
+    """The cap of ``check_open_turns_of``, with the user's row locked already (``lock_user``)."""
+    limit = int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER)
+    if not limit:
+        return
     open_turns = Turn.objects.filter(requested_by=user, status__in=TURN_OPEN).count()
     if open_turns >= limit:
         raise TooManyQueuedTurns(

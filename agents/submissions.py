@@ -25,8 +25,9 @@ from agents.services import (
     SUBMISSION_SOURCE,
     TooManyQueuedTurns,
     check_message,
-    check_open_turns_of,
+    count_open_turns_of,
     lock_agent,
+    lock_user,
     next_number,
     push_turn,
     queue_locked,
@@ -101,10 +102,10 @@ def submission_create(
     print_ = fingerprint(checked, metadata)
     with transaction.atomic():
         if user is not None:
-            check_open_turns_of(user)  # a member's submissions count as their messages do; the user's row first
+            lock_user(user)  # the user's row first (the lock order), then the agent's
         # The agent's row: submissions with one key, and the queue's numbers, one at a time.
         agent = lock_agent(agent)
-        if key:
+        if key:  # a retry is answered as the first was, whatever the caps say now
             earlier = Submission.objects.filter(agent=agent, caller=caller, idempotency_key=key).first()
             if earlier is not None:
                 if earlier.fingerprint != print_:
@@ -112,6 +113,8 @@ def submission_create(
                         f"the Idempotency-Key {key!r} was used for another submission to this agent"
                     )
                 return SubmissionResult(earlier, accepted=False)
+        if user is not None:
+            count_open_turns_of(user)  # a member's submissions count as their messages do
         queue = queue_locked(agent)
         check_pending(agent)
         turn = Turn.objects.create(agent=agent, number=next_number(agent), requested_by=user, source=SUBMISSION_SOURCE)

@@ -154,6 +154,30 @@ def test_another_accounts_agent_and_submission_are_not_found(users: Users, no_en
 
 
 @pytest.mark.django_db
+def test_a_retry_is_answered_as_the_first_even_at_the_users_limit(
+    users: Users, no_enqueue: NoEnqueue, settings: Any
+) -> None:
+    # given alice's submission, then her open turns at her limit
+    settings.AGENTS_MAX_OPEN_TURNS_PER_USER = 2
+    chat_agent(users.alice)
+    crm = api_login(users.alice)
+    first = post(crm, said("order 1042 arrived damaged"), key="crm-7")
+    assert first.status_code == 202
+    assert post(crm, said("another"), key="crm-8").status_code == 202
+
+    # when the CRM retries the first (its answer was lost), reuses its key, and sends a new one
+    again = post(crm, said("order 1042 arrived damaged"), key="crm-7")
+    other = post(crm, said("order 1043 too"), key="crm-7")
+    new = post(crm, said("a third"), key="crm-9")
+
+    # then the retry is the first submission, the reuse a conflict, and only the new one is over the cap
+    assert again.status_code == 200 and again.json() == {**first.json(), "accepted": False}
+    assert other.status_code == 409
+    assert new.status_code == 429
+    assert Submission.objects.count() == 2
+
+
+@pytest.mark.django_db
 def test_cancel_in_each_status(users: Users, no_enqueue: NoEnqueue) -> None:
     # given a chat turn running, then two submissions queued behind it
     agent = chat_agent(users.alice)
