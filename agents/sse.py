@@ -31,6 +31,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 from uuid import UUID
@@ -41,6 +42,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import DatabaseError
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.http.response import HttpResponseBase
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework.authtoken.models import Token
 
 from agents import selectors, streams
@@ -60,6 +62,7 @@ def error(code: str, message: str, http_status: int) -> JsonResponse:
     return JsonResponse({"error": {"code": code, "message": message, "detail": None}}, status=http_status)
 
 
+@csrf_exempt  # it only reads: a POST gets the API's JSON 405 below, not the CSRF check's HTML page
 async def turn_stream(request: HttpRequest, kind: str, name: str, turn_id: str) -> HttpResponseBase:
     if request.method != "GET":
         return error("method_not_allowed", f'Method "{request.method}" not allowed.', 405)
@@ -133,7 +136,7 @@ async def events(*, agent: Agent, turn: Turn, after: int) -> AsyncIterator[str]:
         await layer.group_add(group, channel)
     text_open = False
     last = after
-    idle = 0.0
+    quiet_since = time.monotonic()
     try:
         while True:
             try:
@@ -154,10 +157,11 @@ async def events(*, agent: Agent, turn: Turn, after: int) -> AsyncIterator[str]:
                     yield _event(None, {"type": "text-end", "id": TEXT_PART})
                 yield "data: [DONE]\n\n"
                 return
-            idle = 0.0 if chunks else idle + POLL_SECONDS
-            if idle >= KEEPALIVE_SECONDS:
-                idle = 0.0
-                yield ": keep-alive\n\n"
+            # Seconds, not wake-ups: pushes for the agent's other turns wake the stream too.
+            if chunks or time.monotonic() - quiet_since >= KEEPALIVE_SECONDS:
+                if not chunks:
+                    yield ": keep-alive\n\n"
+                quiet_since = time.monotonic()
             await _wake(layer, channel)
     finally:
         if layer is not None:

@@ -183,6 +183,11 @@ def test_a_token_is_accepted_like_the_rest_of_the_api(asgi_server: AsgiServer, w
     assert good.status_code == 200 and good.text.endswith("data: [DONE]\n\n")
     assert bad.status_code == 401
 
+    # and a POST, by token or by a signed-in browser without a CSRF token, is the API's JSON 405
+    for headers in ({"Authorization": f"Token {token.key}"}, {"Cookie": session_cookie(world.users.alice)}):
+        posted = httpx.post(url, headers=headers, timeout=TIMEOUT)
+        assert posted.status_code == 405 and posted.json()["error"]["code"] == "method_not_allowed", posted.text
+
 
 @pytest.fixture
 def small_pool_server() -> Any:
