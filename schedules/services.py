@@ -36,7 +36,7 @@ from agents.registry import get_agent_class
 from agents.selectors import NAME_MAX, reachable_name
 from agents.services import AgentUnavailable, agent_open
 from agents.submissions import submission_create
-from ledger.services import PurgeResult
+from ledger.services import PurgeResult, purge_in_batches
 from schedules.models import Action, Outcome, Schedule, ScheduleFiring, Trigger
 from schedules.spec import SpecError
 from workflows.exceptions import UnknownWorkflow
@@ -270,9 +270,6 @@ def schedule_ensure(*, name: str, defaults: dict[str, object], now: datetime | N
         return Schedule.objects.get(name=name), False
 
 
-PURGE_BATCH = 1000
-
-
 def firing_purge(
     *, older_than: timedelta | None = None, dry_run: bool = False, now: datetime | None = None
 ) -> PurgeResult:
@@ -285,12 +282,7 @@ def firing_purge(
     if older_than <= timedelta(0):
         raise ValueError("the retention period must be more than zero (it would delete every record)")
     cutoff = (now or timezone.now()) - older_than
-    expired = ScheduleFiring.objects.filter(due_at__lt=cutoff)
-    if dry_run:
-        return PurgeResult(count=expired.count(), cutoff=cutoff, dry_run=True)
-    total = 0
-    while ids := list(expired.order_by("pk").values_list("pk", flat=True)[:PURGE_BATCH]):
-        deleted, _ = ScheduleFiring.objects.filter(pk__in=ids).delete()
-        total += deleted
-    logger.info("purged %d schedule firings due before %s", total, cutoff.isoformat())
-    return PurgeResult(count=total, cutoff=cutoff, dry_run=False)
+    result = purge_in_batches(ScheduleFiring.objects.filter(due_at__lt=cutoff), cutoff=cutoff, dry_run=dry_run)
+    if not dry_run:
+        logger.info("purged %d schedule firings due before %s", result.count, cutoff.isoformat())
+    return result

@@ -26,7 +26,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from ledger.redaction import REDACTED, redact
-from ledger.services import PurgeResult
+from ledger.services import PurgeResult, purge_in_batches
 from webhooks.actions import ActionDeferred, ActionRefused, Event, action_perform
 from webhooks.conf import Source
 from webhooks.metrics import DELIVERIES
@@ -216,9 +216,6 @@ def delivery_accept(*, source: Source, headers: Mapping[str, str], size: int, ch
     return delivery
 
 
-PURGE_BATCH = 1000
-
-
 def delivery_purge(
     *, older_than: timedelta | None = None, dry_run: bool = False, now: datetime | None = None
 ) -> PurgeResult:
@@ -232,12 +229,7 @@ def delivery_purge(
     if older_than <= timedelta(0):
         raise ValueError("the retention period must be more than zero (it would delete every record)")
     cutoff = (now or timezone.now()) - older_than
-    expired = deliveries_received_before(cutoff)
-    if dry_run:
-        return PurgeResult(count=expired.count(), cutoff=cutoff, dry_run=True)
-    total = 0
-    while ids := list(expired.order_by("pk").values_list("pk", flat=True)[:PURGE_BATCH]):
-        deleted, _ = WebhookDelivery.objects.filter(pk__in=ids).delete()
-        total += deleted
-    logger.info("purged %d webhook deliveries received before %s", total, cutoff.isoformat())
-    return PurgeResult(count=total, cutoff=cutoff, dry_run=False)
+    result = purge_in_batches(deliveries_received_before(cutoff), cutoff=cutoff, dry_run=dry_run)
+    if not dry_run:
+        logger.info("purged %d webhook deliveries received before %s", result.count, cutoff.isoformat())
+    return result

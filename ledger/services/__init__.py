@@ -9,10 +9,11 @@ from ledger.services.reconciliation import (
     operations_abandon_for_run,
     operations_reconcile,
 )
-from ledger.services.records import PurgeResult, record_create, record_purge
+from ledger.services.records import PurgeResult, purge_in_batches, record_create, record_purge
 
 __all__ = [
     "PurgeResult",
+    "purge_in_batches",
     "ReconcileResult",
     "check_operation",
     "operation_perform",

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from ledger.conf import conf
@@ -73,12 +74,20 @@ def record_purge(
     if older_than <= timedelta(0):
         raise InvalidOperation("the retention period must be more than zero (it would delete every record)")
     cutoff = (now or timezone.now()) - older_than
-    expired = OperationalRecord.objects.filter(created_at__lt=cutoff)
+    result = purge_in_batches(OperationalRecord.objects.filter(created_at__lt=cutoff), cutoff=cutoff, dry_run=dry_run)
+    if not dry_run:
+        logger.info("purged %d operational records created before %s", result.count, cutoff.isoformat())
+    return result
+
+
+def purge_in_batches(expired: QuerySet[Any], *, cutoff: datetime, dry_run: bool) -> PurgeResult:
+    """Delete the rows of ``expired`` (those before ``cutoff``) in batches of PURGE_BATCH, each its
+    own short transaction, so a large purge never holds locks on the whole table; with ``dry_run``,
+    count them. The retention purges of the ledger, the webhooks and the schedules share it."""
     if dry_run:
         return PurgeResult(count=expired.count(), cutoff=cutoff, dry_run=True)
     total = 0
     while ids := list(expired.order_by("pk").values_list("pk", flat=True)[:PURGE_BATCH]):
-        deleted, _ = OperationalRecord.objects.filter(pk__in=ids).delete()
+        deleted, _ = expired.model.objects.filter(pk__in=ids).delete()
         total += deleted
-    logger.info("purged %d operational records created before %s", total, cutoff.isoformat())
     return PurgeResult(count=total, cutoff=cutoff, dry_run=False)
