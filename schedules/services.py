@@ -36,7 +36,7 @@ from agents.registry import get_agent_class
 from agents.selectors import NAME_MAX, reachable_name
 from agents.services import AgentUnavailable, agent_open
 from agents.submissions import submission_create
-from ledger.services import PurgeResult, purge_in_batches
+from ledger.services import PurgeResult, purge_in_batches, retention_cutoff
 from schedules.models import Action, Outcome, Schedule, ScheduleFiring, Trigger
 from schedules.spec import SpecError
 from workflows.exceptions import UnknownWorkflow
@@ -278,10 +278,7 @@ def firing_purge(
     stay. Safe for the once-per-due-time promise: a schedule fires only at or after its stored next
     due time, which never goes back, so an old due time whose record is gone is never fired again
     (and its work's idempotency key, from the due time, would find the work it started)."""
-    older_than = timedelta(days=settings.SCHEDULES_RETENTION_DAYS) if older_than is None else older_than
-    if older_than <= timedelta(0):
-        raise ValueError("the retention period must be more than zero (it would delete every record)")
-    cutoff = (now or timezone.now()) - older_than
+    cutoff = retention_cutoff(older_than, default_days=settings.SCHEDULES_RETENTION_DAYS, now=now)
     result = purge_in_batches(ScheduleFiring.objects.filter(due_at__lt=cutoff), cutoff=cutoff, dry_run=dry_run)
     if not dry_run:
         logger.info("purged %d schedule firings due before %s", result.count, cutoff.isoformat())

@@ -23,10 +23,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from ledger.redaction import REDACTED, redact
-from ledger.services import PurgeResult, purge_in_batches
+from ledger.services import PurgeResult, purge_in_batches, retention_cutoff
 from webhooks.actions import ActionDeferred, ActionRefused, Event, action_perform
 from webhooks.conf import Source
 from webhooks.metrics import DELIVERIES
@@ -225,10 +224,7 @@ def delivery_purge(
     Deleting an accepted row lets the same event id be accepted again: a sender that replays an
     event older than the retention period starts its work again (a workflow start still answers
     with the run its idempotency key already has; a settled operation stays as it is)."""
-    older_than = timedelta(days=settings.WEBHOOKS_RETENTION_DAYS) if older_than is None else older_than
-    if older_than <= timedelta(0):
-        raise ValueError("the retention period must be more than zero (it would delete every record)")
-    cutoff = (now or timezone.now()) - older_than
+    cutoff = retention_cutoff(older_than, default_days=settings.WEBHOOKS_RETENTION_DAYS, now=now)
     result = purge_in_batches(deliveries_received_before(cutoff), cutoff=cutoff, dry_run=dry_run)
     if not dry_run:
         logger.info("purged %d webhook deliveries received before %s", result.count, cutoff.isoformat())

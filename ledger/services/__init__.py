@@ -9,11 +9,12 @@ from ledger.services.reconciliation import (
     operations_abandon_for_run,
     operations_reconcile,
 )
-from ledger.services.records import PurgeResult, purge_in_batches, record_create, record_purge
+from ledger.services.records import PurgeResult, purge_in_batches, record_create, record_purge, retention_cutoff
 
 __all__ = [
     "PurgeResult",
     "purge_in_batches",
+    "retention_cutoff",
     "ReconcileResult",
     "check_operation",
     "operation_perform",

@@ -70,14 +70,27 @@ def record_purge(
     """Delete operational records created before now - ``older_than`` (default LEDGER
     RETENTION_DAYS), and only those. In batches, each its own short transaction, so a large
     purge never holds locks on the whole table."""
-    older_than = timedelta(days=conf()["RETENTION_DAYS"]) if older_than is None else older_than
-    if older_than <= timedelta(0):
-        raise InvalidOperation("the retention period must be more than zero (it would delete every record)")
-    cutoff = (now or timezone.now()) - older_than
+    try:
+        cutoff = retention_cutoff(older_than, default_days=conf()["RETENTION_DAYS"], now=now)
+    except ValueError as exc:
+        raise InvalidOperation(str(exc)) from None
     result = purge_in_batches(OperationalRecord.objects.filter(created_at__lt=cutoff), cutoff=cutoff, dry_run=dry_run)
     if not dry_run:
         logger.info("purged %d operational records created before %s", result.count, cutoff.isoformat())
     return result
+
+
+def retention_cutoff(older_than: timedelta | None, *, default_days: int, now: datetime | None = None) -> datetime:
+    """Where a retention purge stops: ``now - older_than`` (default ``default_days`` days).
+    ValueError for a period of zero or less (it would delete every record) or one reaching before
+    the year 1."""
+    older_than = timedelta(days=default_days) if older_than is None else older_than
+    if older_than <= timedelta(0):
+        raise ValueError("the retention period must be more than zero (it would delete every record)")
+    try:
+        return (now or timezone.now()) - older_than
+    except OverflowError:
+        raise ValueError("the retention period reaches before the year 1") from None
 
 
 def purge_in_batches(expired: QuerySet[Any], *, cutoff: datetime, dry_run: bool) -> PurgeResult:

@@ -125,3 +125,6 @@ def test_purge_deletes_old_firings_and_a_dry_run_only_counts() -> None:
     assert "Deleted 1 " in run("purge", "--older-than", "12h")
     with pytest.raises(CommandError, match="more than zero"):
         run("purge", "--older-than", "0d")
+    with pytest.raises(CommandError, match="before the year 1"):
+        run("purge", "--older-than", "999999w")
+    assert list(ScheduleFiring.objects.values_list("idempotency_key", flat=True)) == []

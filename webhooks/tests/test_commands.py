@@ -56,6 +56,8 @@ def test_purge_refuses_a_bad_or_zero_duration() -> None:
         run("purge", "--older-than", "soon")
     with pytest.raises(CommandError, match="more than zero"):
         run("purge", "--older-than", "0d")
+    with pytest.raises(CommandError, match="before the year 1"):  # a cutoff no date can hold
+        run("purge", "--older-than", "999999w")
     assert WebhookDelivery.objects.count() == 1
 
 
