@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
-from argparse import ArgumentTypeError
-from datetime import timedelta
+from argparse import ArgumentParser, ArgumentTypeError
+from datetime import datetime, timedelta
+
+from django.utils import timezone
 
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$", re.IGNORECASE)
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -44,3 +46,29 @@ def describe(duration: timedelta) -> str:
         if seconds and seconds % size == 0:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
+
+
+def add_retention_arguments(parser: ArgumentParser, *, which: str, setting: str, days: int) -> None:
+    """A purge command's ``--older-than DURATION`` and ``--dry-run``; ``which`` says what goes
+    (``"records received"``), ``setting`` and ``days`` the default."""
+    parser.add_argument(
+        "--older-than",
+        type=duration_argument,
+        metavar="DURATION",
+        help=f"Delete {which} longer ago than this, e.g. 30d, 12w, 36h (default {setting}, now {days}d).",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
+
+
+def purge_report(
+    *, deleted: str, cutoff: datetime, dry_run: bool, older_than: timedelta | None, default_days: int
+) -> list[str]:
+    """What a purge command prints: ``Deleted 3 webhook delivery record(s) received before
+    2026-12-01 04:00:00 (older than 30d).`` (``deleted``: what went, counted, up to "before"), and
+    that a dry run deleted nothing."""
+    age = describe(older_than) if older_than is not None else f"{default_days}d"
+    when = timezone.localtime(cutoff).strftime("%Y-%m-%d %H:%M:%S")
+    lines = [f"{'Would delete' if dry_run else 'Deleted'} {deleted} before {when} (older than {age})."]
+    if dry_run:
+        lines.append("Dry run: nothing was deleted.")
+    return lines

@@ -11,12 +11,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
 from agents.models import Fiber, FiberStatus
 from agents.registry import agent_kinds, get_agent_class
 from agents.services import TooManyQueuedTurns, chunks_purge
-from ledger.durations import describe, duration_argument
+from ledger.durations import add_retention_arguments, purge_report
 from workflows.apis.common import IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_MAX
 from workflows.storable import json_loads_strict
 
@@ -37,14 +36,10 @@ class Command(BaseCommand):
             "purge-chunks",
             help="Delete the stored streams of turns that ended before the cutoff; their answers stay.",
         )
-        purge.add_argument(
-            "--older-than",
-            type=duration_argument,
-            metavar="DURATION",
-            help="Turns ended longer ago than this, e.g. 30d, 12w, 36h (default AGENTS_CHUNK_RETENTION_DAYS, "
-            f"now {settings.AGENTS_CHUNK_RETENTION_DAYS}d).",
+        days = settings.AGENTS_CHUNK_RETENTION_DAYS
+        add_retention_arguments(
+            purge, which="the streams of turns ended", setting="AGENTS_CHUNK_RETENTION_DAYS", days=days
         )
-        purge.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
         submit = sub.add_parser("submit", help="Hand an agent a message, as another system would (a submission).")
         submit.add_argument("--account", required=True, help="The account's slug.")
         submit.add_argument("--kind", required=True, help="The agent's kind.")
@@ -84,14 +79,14 @@ class Command(BaseCommand):
             result = chunks_purge(older_than=older_than, dry_run=dry_run)
         except OverflowError:
             raise CommandError("--older-than reaches before the year 1") from None
-        age = describe(older_than) if older_than is not None else f"{settings.AGENTS_CHUNK_RETENTION_DAYS}d"
-        cutoff = timezone.localtime(result.cutoff).strftime("%Y-%m-%d %H:%M:%S")
-        verb = "Would delete" if result.dry_run else "Deleted"
-        self.stdout.write(
-            f"{verb} {result.chunks} chunk(s) of {result.turns} turn(s) ended before {cutoff} (older than {age})."
-        )
-        if result.dry_run:
-            self.stdout.write("Dry run: nothing was deleted.")
+        for line in purge_report(
+            deleted=f"{result.chunks} chunk(s) of {result.turns} turn(s) ended",
+            cutoff=result.cutoff,
+            dry_run=result.dry_run,
+            older_than=older_than,
+            default_days=settings.AGENTS_CHUNK_RETENTION_DAYS,
+        ):
+            self.stdout.write(line)
 
     def submit(self, options: dict[str, Any]) -> None:
         from agents.services import AgentUnavailable, agent_open

@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from ledger.durations import describe, duration_argument
+from ledger.durations import add_retention_arguments, duration_argument, purge_report
 from schedules.models import Action, Schedule, ScheduleFiring
 from schedules.services import firing_purge, schedule_fire, schedule_save, schedules_enable, schedules_tick
 from workflows.storable import json_loads_strict
@@ -55,14 +55,8 @@ class Command(BaseCommand):
         add.add_argument("--description", default="")
         add.add_argument("--disabled", action="store_true", help="Add it disabled.")
         purge = sub.add_parser("purge", help="Delete firing records older than the retention period.")
-        purge.add_argument(
-            "--older-than",
-            type=duration_argument,
-            metavar="DURATION",
-            help="Delete firings due before this long ago, e.g. 30d, 12w, 36h (default "
-            f"SCHEDULES_RETENTION_DAYS, now {settings.SCHEDULES_RETENTION_DAYS}d).",
-        )
-        purge.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
+        days = settings.SCHEDULES_RETENTION_DAYS
+        add_retention_arguments(purge, which="firings due", setting="SCHEDULES_RETENTION_DAYS", days=days)
 
     def handle(self, *args: Any, **options: Any) -> None:
         command = options["subcommand"]
@@ -121,13 +115,14 @@ class Command(BaseCommand):
             result = firing_purge(older_than=options["older_than"], dry_run=options["dry_run"])
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        age = describe(options["older_than"]) if options["older_than"] is not None else None
-        age = age or f"{settings.SCHEDULES_RETENTION_DAYS}d"
-        cutoff = timezone.localtime(result.cutoff).strftime("%Y-%m-%d %H:%M:%S")
-        verb = "Would delete" if result.dry_run else "Deleted"
-        self.stdout.write(f"{verb} {result.count} schedule firing record(s) due before {cutoff} (older than {age}).")
-        if result.dry_run:
-            self.stdout.write("Dry run: nothing was deleted.")
+        for line in purge_report(
+            deleted=f"{result.count} schedule firing record(s) due",
+            cutoff=result.cutoff,
+            dry_run=result.dry_run,
+            older_than=options["older_than"],
+            default_days=settings.SCHEDULES_RETENTION_DAYS,
+        ):
+            self.stdout.write(line)
 
     def fire(self, schedule: Schedule) -> None:
         firing = schedule_fire(schedule=schedule)
