@@ -357,7 +357,7 @@ class Step:
         try:
             # The heartbeat renews the lease only until the timeout plus a grace: a body stuck past
             # it (StepTimeout swallowed, C code with signals blocked) lets another worker recover
-            # the run, and Celery's hard time limit replaces this process.
+            # the run, and after another grace the watchdog (workflows/watchdog.py) ends this process.
             heartbeat.step_started(run_id, limit)
             try:
                 if atomic:

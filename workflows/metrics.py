@@ -34,7 +34,8 @@ RECOVERIES = Counter(
     "Runs recovered, by reason: lease_expired (a claim took over a run whose worker died), "
     "lost_enqueue (the sweeper sent a queued run's lost message again), step_overran (a step body "
     "ran past its timeout and grace: its lease is left to expire), database_error (the engine left "
-    "a run to recovery after losing the database).",
+    "a run to recovery after losing the database), process_ended (a worker process ended itself, its "
+    "step body stuck past its timeout and twice the grace).",
     ["reason"],
 )
 RUNS_FINISHED = Counter(

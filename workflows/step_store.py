@@ -23,6 +23,7 @@ from workflows.conf import conf
 from workflows.exceptions import NotSerializable, ResultTooLarge, StepTimeout
 from workflows.models import StepResult, StepStatus
 from workflows.storable import json_problem, text_problem
+from workflows.watchdog import watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ def time_limit(seconds: float, message: str) -> Iterator[None]:
     ran where the handler could not: another thread, C code with SIGALRM blocked) also ends in
     StepTimeout when it returns, so its late result is never stored (inside ``atomic=True`` its
     writes are rolled back). Stuck for good, it is left to the heartbeat (which stops renewing the
-    run's lease) and to Celery's hard time limit.
+    run's lease after a grace) and to the watchdog (which ends the worker process after another).
     """
     if not seconds > 0:  # 0 would disable the timer; a negative one fails inside setitimer
         raise ValueError(f"a step timeout must be more than 0 seconds, not {seconds}")
@@ -191,7 +192,8 @@ def time_limit(seconds: float, message: str) -> Iterator[None]:
         try:
             if alarm:
                 signal.setitimer(signal.ITIMER_REAL, seconds)
-            yield
+            with watchdog.watching(seconds, message):
+                yield
         finally:
             if alarm:
                 signal.setitimer(signal.ITIMER_REAL, 0)
