@@ -12,6 +12,7 @@ the run before its hooks run, and the turn's last step share-locks the run befor
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,8 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import IntegrityError, transaction
-from django.db.models import Count, Q
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from accounts.models import Account
@@ -140,51 +140,94 @@ def lock_agent(agent: Agent) -> Agent:
 def message_send(*, agent: Agent, user: User | None, text: str, source: str = "chat") -> Turn:
     """Write the user's message and its turn; start the turn now if no turn of the agent is open,
     else leave it queued behind them (FIFO). Pushes ``agent.message`` and ``agent.turn``.
-    TooManyQueuedTurns, with nothing stored, past AGENTS_MAX_QUEUED_TURNS queued turns."""
+    TooManyQueuedTurns, with nothing stored, past AGENTS_MAX_OPEN_TURNS_PER_USER open turns of the
+    user or AGENTS_MAX_QUEUED_TURNS queued turns of the agent.
+
+    The customer waits for this (a socket's ack, the API's 202), and every statement is a round
+    trip: the user's and the agent's locks, one query for what is open, the run, the turn, the
+    message (``agents/tests/test_services.py`` counts them)."""
     text = check_message(text)
     with transaction.atomic():
         if user is not None:
-            check_open_turns_of(user)  # the user's row first, then the agent's
+            lock_user(user)  # the user's row first, then the agent's
         agent = lock_agent(agent)
-        queue = queue_locked(agent)
+        queue = queue_locked(agent, user=user)
+        check_open_turns(queue)
         check_queued_turns(queue)
-        turn = Turn.objects.create(agent=agent, number=next_number(agent), requested_by=user, source=source)
+        turn = turn_add_locked(agent=agent, queue=queue, user=user, source=source)
         message = Message.objects.create(agent=agent, turn=turn, role=MessageRole.USER, text=text, author=user)
         push_message(message)
         push_turn(turn)
-        start_new_locked(turn, queue)
+        if turn.status == TurnStatus.QUEUED and not queue.active:
+            start_oldest_locked(agent)  # turns were queued with none active: a start that never happened
     return turn
 
 
 @dataclass(frozen=True)
 class Queue:
-    """An agent's open turns, counted in one query (with its row locked)."""
+    """What is open when a new turn joins an agent's queue, counted in one query after the locks."""
 
-    active: int  # running or waiting: at most one
+    active: int  # the agent's running or waiting turns: at most one
     queued: int
     queued_chat: int  # the chat's own queued turns (submissions have their own cap)
+    last_number: int  # the agent's highest turn number (0: none yet)
+    user_open: int  # the user's open turns over every agent (0 unless asked for and capped)
 
 
-def queue_locked(agent: Agent) -> Queue:
-    """The agent's queue before a new turn joins it (inside atomic(), the agent row locked), once
-    any active turn whose run ended without ending it is repaired (``repair_locked``): a turn it
-    ends lets the queue move before the queue is counted. One query on the common path: the open
-    turns only (an index of the agent's turns by status), however many ended."""
-    counts = Turn.objects.filter(agent=agent, status__in=TURN_OPEN).aggregate(
-        active=Count("pk", filter=Q(status__in=TURN_ACTIVE)),
-        queued=Count("pk", filter=Q(status=TurnStatus.QUEUED)),
-        queued_chat=Count("pk", filter=Q(status=TurnStatus.QUEUED, source="chat")),
-        stuck=Count("pk", filter=Q(status__in=TURN_ACTIVE, run__status__in=RUN_ENDED)),
-    )
-    if counts.pop("stuck"):
+def queue_locked(agent: Agent, *, user: User | None = None) -> Queue:
+    """The agent's queue before a new turn joins it (inside atomic(), the agent row locked, and the
+    user's if ``user`` is given: ``lock_user``), once any active turn whose run ended without ending
+    it is repaired (``repair_locked``): a turn it ends lets the queue move before it is counted.
+
+    One statement, after the locks (so it sees what the transactions it waited for committed): the
+    agent's open turns only (the index of the agent's turns by status, however many ended), its
+    last number, and the user's open turns when their cap is on."""
+    capped = user is not None and int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER) > 0
+    with connection.cursor() as cursor:
+        cursor.execute(QUEUE_SQL, [agent.pk, user.pk if capped and user is not None else None, agent.pk])
+        active, queued, queued_chat, stuck, last_number, user_open = cursor.fetchone()
+    if stuck:
         repair_locked(agent)
-        return queue_locked(agent)
-    return Queue(**counts)
+        return queue_locked(agent, user=user)
+    return Queue(active, queued, queued_chat, last_number or 0, user_open or 0)
 
 
-def next_number(agent: Agent) -> int:
-    last = Turn.objects.filter(agent=agent).order_by("-number").values_list("number", flat=True).first()
-    return (last or 0) + 1
+def _in(values: list[TurnStatus] | list[RunStatus]) -> str:
+    return ", ".join(f"'{value}'" for value in values)  # the enums' own values: no input reaches SQL
+
+
+# A turn's run in one of these and the turn still active: the run ended without ending it.
+RUN_ENDED = [RunStatus.FAILED, RunStatus.COMPLETED]
+TURNS, RUNS = Turn._meta.db_table, WorkflowRun._meta.db_table
+# Aggregates without GROUP BY give one row even for no open turn; the scalar subqueries run once.
+QUEUE_SQL = f"""
+SELECT count(*) FILTER (WHERE t.status IN ({_in(TURN_ACTIVE)})),
+       count(*) FILTER (WHERE t.status = '{TurnStatus.QUEUED}'),
+       count(*) FILTER (WHERE t.status = '{TurnStatus.QUEUED}' AND t.source = 'chat'),
+       count(*) FILTER (WHERE t.status IN ({_in(TURN_ACTIVE)}) AND r.status IN ({_in(RUN_ENDED)})),
+       (SELECT max(number) FROM {TURNS} WHERE agent_id = %s),
+       (SELECT count(*) FROM {TURNS} WHERE requested_by_id = %s AND status IN ({_in(TURN_OPEN)}))
+FROM {TURNS} t LEFT JOIN {RUNS} r ON r.id = t.run_id
+WHERE t.agent_id = %s AND t.status IN ({_in(TURN_OPEN)})
+"""
+
+
+def turn_add_locked(*, agent: Agent, queue: Queue, user: User | None, source: str) -> Turn:
+    """The agent's next turn (inside atomic(), the agent row locked, ``queue`` as it was before it):
+    inserted as it is, running with its run, if no turn is open; else queued behind them (FIFO).
+    Not pushed: the caller pushes it after the rows that come with it."""
+    fields: dict[str, Any] = {
+        "id": uuid.uuid4(),
+        "agent": agent,
+        "number": queue.last_number + 1,
+        "requested_by": user,
+        "source": source,
+    }
+    if not (queue.active or queue.queued):
+        # Its run first (the payload names the turn), so the turn's row is written once.
+        run, _ = run_start(workflow=TURN_WORKFLOW, payload={"turn": str(fields["id"])}, owner=user)
+        fields.update(status=TurnStatus.RUNNING, run=run, started_at=timezone.now())
+    return Turn.objects.create(**fields)
 
 
 def start_new_locked(turn: Turn, queue: Queue) -> None:
@@ -200,32 +243,24 @@ def start_new_locked(turn: Turn, queue: Queue) -> None:
     turn.refresh_from_db()
 
 
-def check_open_turns_of(user: User) -> None:
-    """TooManyQueuedTurns if ``user`` has AGENTS_MAX_OPEN_TURNS_PER_USER turns not ended, over all
-    the agents they reach: one member opening agent after agent must not take every worker from
-    every other tenant. Locks the user's row, so messages sent together are counted in turn."""
-    lock_user(user)
-    count_open_turns_of(user)
-
-
 def lock_user(user: User) -> None:
     """Lock the user's row (before any agent's: the lock order), when their open turns are capped."""
     if not int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER):
         return
     # FOR NO KEY UPDATE: the inserts that reference the user (a turn, a run) take KEY SHARE on its row,
     # which a plain FOR UPDATE would block, and a message holding the agent's lock would deadlock.
-    get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).first()  # user may be lazy
+    get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).values_list("pk").first()
 
 
-def count_open_turns_of(user: User) -> None:
-    """The cap of ``check_open_turns_of``, with the user's row locked already (``lock_user``)."""
+def check_open_turns(queue: Queue) -> None:
+    """TooManyQueuedTurns if the user has AGENTS_MAX_OPEN_TURNS_PER_USER turns not ended, over all
+    the agents they reach: one member opening agent after agent must not take every worker from
+    every other tenant. ``queue`` counted with the user's row locked (``lock_user``), so messages
+    sent together are counted one after the other."""
     limit = int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER)
-    if not limit:
-        return
-    open_turns = Turn.objects.filter(requested_by=user, status__in=TURN_OPEN).count()
-    if open_turns >= limit:
+    if limit and queue.user_open >= limit:
         raise TooManyQueuedTurns(
-            f"you have {open_turns} messages waiting for an answer already (the limit is {limit}); "
+            f"you have {queue.user_open} messages waiting for an answer already (the limit is {limit}); "
             "send more once some have been answered"
         )
 
@@ -245,8 +280,6 @@ def check_queued_turns(queue: Queue) -> None:
 
 
 RUN_FAILED_MESSAGE = "Sorry: something went wrong and this answer could not be finished. Please try again."
-# A turn's run in one of these and the turn still active: the run ended without ending it.
-RUN_ENDED = [RunStatus.FAILED, RunStatus.COMPLETED]
 
 
 def repair_locked(agent: Agent) -> None:

@@ -25,10 +25,9 @@ from agents.services import (
     SUBMISSION_SOURCE,
     TooManyQueuedTurns,
     check_message,
-    count_open_turns_of,
+    check_open_turns,
     lock_agent,
     lock_user,
-    next_number,
     push_turn,
     queue_locked,
     start_new_locked,
@@ -113,11 +112,12 @@ def submission_create(
                         f"the Idempotency-Key {key!r} was used for another submission to this agent"
                     )
                 return SubmissionResult(earlier, accepted=False)
-        if user is not None:
-            count_open_turns_of(user)  # a member's submissions count as their messages do
-        queue = queue_locked(agent)
+        queue = queue_locked(agent, user=user)
+        check_open_turns(queue)  # a member's submissions count as their messages do
         check_pending(agent)
-        turn = Turn.objects.create(agent=agent, number=next_number(agent), requested_by=user, source=SUBMISSION_SOURCE)
+        turn = Turn.objects.create(
+            agent=agent, number=queue.last_number + 1, requested_by=user, source=SUBMISSION_SOURCE
+        )
         submission = Submission.objects.create(
             agent=agent,
             turn=turn,

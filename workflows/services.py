@@ -127,7 +127,9 @@ def run_start(
         if existing is not None:
             return _same_start(existing, payload), False
     try:
-        with transaction.atomic():
+        # A savepoint only where a concurrent start with the same key can make the insert fail: a
+        # turn's run starts inside the message's transaction, and each savepoint is two round trips.
+        with transaction.atomic(savepoint=dedupe_key is not None):
             if quota and owner is not None:
                 check_run_quota(owner=owner)
             run = WorkflowRun.objects.create(
@@ -144,6 +146,8 @@ def run_start(
             enqueue_run(run.id, queue=run.queue)
             log_run(run, "created", later=True)
     except IntegrityError:
+        if dedupe_key is None:
+            raise
         # A concurrent start with the same key won the insert.
         existing = WorkflowRun.objects.get(dedupe_key=dedupe_key)
         return _same_start(existing, payload), False

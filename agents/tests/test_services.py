@@ -68,11 +68,12 @@ def test_a_message_costs_few_statements(
     users: Users, no_enqueue: NoEnqueue, django_assert_max_num_queries: DjangoAssertNumQueries
 ) -> None:
     # The customer waits for message_send (a socket's ack, the API's 202): each statement is a round
-    # trip. The agent's open turns are counted in one query, and the new turn is started as it is.
+    # trip. What is open is counted in one query, and the new turn is inserted as it is, running.
+    # (Inside the test's transaction, message_send's own is a savepoint and its release.)
     agent = chat_agent(users.alice)
-    with django_assert_max_num_queries(14):  # the user's and agent's locks, the queue, the rows, the run
+    with django_assert_max_num_queries(9):  # the locks (2), the queue, the run (2), the turn, the message
         first = message_send(agent=agent, user=users.alice, text="one")
-    with django_assert_max_num_queries(9):  # queued behind it: nothing to start
+    with django_assert_max_num_queries(7):  # queued behind it: the locks (2), the queue, the turn, the message
         second = message_send(agent=agent, user=users.alice, text="two")
     assert (first.status, second.status) == (TurnStatus.RUNNING, TurnStatus.QUEUED)
     assert Turn.objects.get(pk=first.pk).run_id == first.run_id is not None
