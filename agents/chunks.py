@@ -30,7 +30,8 @@ from uuid import UUID
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Max
+from django.db.models import BooleanField, Exists, Max
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from agents import streams
@@ -74,6 +75,18 @@ def fence(run_id: UUID, owner: str) -> None:
         raise FencedOut(f"run {run_id}: the lease is not {owner!r}'s")
 
 
+def fenced(run_id: UUID, owner: str) -> Exists | RawSQL:
+    """The fence as a filter for another query: its rows exist only while this worker holds the run's
+    lease, and on PostgreSQL the run's row is share-locked first (before any row the query locks)."""
+    if not _postgresql():
+        return Exists(
+            WorkflowRun.objects.filter(
+                pk=run_id, lease_owner=owner, lease_expires_at__gt=timezone.now(), status=RunStatus.RUNNING
+            ).exclude(lease_owner="")
+        )
+    return RawSQL(_fence_sql(), [run_id, owner], output_field=BooleanField())
+
+
 def _postgresql() -> bool:
     return connection.vendor == "postgresql"
 
@@ -92,20 +105,24 @@ def _holds_lease(run_id: UUID, owner: str) -> bool:
 class ChunkWriter:
     """The stream of one turn, written by the worker holding its run's lease (``owner``)."""
 
-    def __init__(self, *, turn: Turn, run_id: UUID, owner: str) -> None:
+    def __init__(self, *, turn: Turn, run_id: UUID, owner: str, seq: int | None = None) -> None:
         self.turn = turn
         self.turn_id: UUID = turn.pk
         self.run_id = run_id
         self.owner = owner
-        self.seq = last_seq(self.turn_id)  # the last stored seq; the next chunk is seq + 1
+        # The last stored seq (the next chunk is seq + 1), unless the caller read it with the turn.
+        self.seq = last_seq(self.turn_id) if seq is None else seq
         self._buffer: list[tuple[str, Any]] = []
         self._last_flush = 0.0  # monotonic; 0: the first chunk goes out at once
         self.flush_count = int(settings.AGENTS_CHUNK_FLUSH_COUNT)
         self.flush_seconds = float(settings.AGENTS_CHUNK_FLUSH_MS) / 1000
 
-    def add(self, type_: str, data: Any) -> None:
-        """Buffer a chunk; store the buffer if it is full or the last batch is old enough."""
+    def add(self, type_: str, data: Any, *, hold: bool = False) -> None:
+        """Buffer a chunk; store the buffer if it is full or the last batch is old enough, unless
+        ``hold``: then it goes with the next chunk's batch (a turn's ``start`` with its first delta)."""
         self._buffer.append((type_, data))
+        if hold:
+            return
         if len(self._buffer) >= self.flush_count or time.monotonic() - self._last_flush >= self.flush_seconds:
             self.flush()
 
@@ -138,7 +155,9 @@ class ChunkWriter:
         params: list[Any] = [self.turn_id, key, rows, self.run_id, self.owner]
         try:
             if _postgresql():
-                with transaction.atomic(), connection.cursor() as cursor:
+                # Inside a step's own transaction (a turn's end) no savepoint: a failure raises and
+                # rolls that back whole.
+                with transaction.atomic(savepoint=False), connection.cursor() as cursor:
                     cursor.execute(sql, params)
                     written = len(cursor.fetchall())
             else:

@@ -2,17 +2,23 @@
 
 Steps, in order (each name once per turn, so replay finds them):
 
-- ``load``: the conversation up to this turn's user message, and the stream's last ``seq``.
 - ``model 1``, ``model 2``, …: a model round. The body streams the provider's events as chunks
   (``start`` at the first round, ``text-delta`` per delta, ``tool-input-available`` per call) and
-  returns the round's text and tool calls.
+  returns the round's text and tool calls. The first round reads the conversation up to this
+  turn's user message and returns it with its result, for the rounds after it. A round that
+  answers without a tool call ends the turn itself, in one transaction with its last chunks: the
+  turn's messages, text and status, the ``finish`` chunk, the start of the next turn.
 - per tool call: ``tool <call id>``, which runs the tool (atomic, so a database-only tool happens
   once) or, for an ``Effect`` tool, ``ledger.perform`` with a key made of agent, turn and call (so a
   recovered worker never repeats the effect), and writes the ``tool-output-available`` chunk once.
   A tool with ``needs_approval`` first asks (``approval <call id>: ask``, the turn ``waiting``, a
   ``data-notice`` saying so), waits through ``approvals.wait_for_approval`` on the exact arguments,
   and records the answer (``approval <call id>: answer``); a rejection or expiry is the tool's result.
-- ``finish`` (atomic): the turn's messages, text and status, the ``finish`` chunk, the next turn.
+- ``finish`` (atomic): the same end for a turn that did not end in its last round (sealed, out of
+  rounds, or a round whose end was fenced out).
+
+Runs started at version 1 (before the first round read the conversation and the last one ended the
+turn) keep their steps: a ``load`` step first, and always a ``finish`` step.
 
 Recovery. A model round's body that runs again (its worker died, or the model failed) finds the
 chunks its earlier try streamed: those after the ``seq`` the step before it ended with. None: it
@@ -30,18 +36,19 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from agents.chunks import ChunkWriter, FencedOut, dumps, fence, last_seq
-from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Chunk, Message, MessageRole, Turn, TurnStatus
+from agents.chunks import ChunkWriter, FencedOut, dumps, fence, fenced, last_seq
+from agents.models import TURN_ACTIVE, TURN_OPEN, Chunk, Message, MessageRole, Turn, TurnStatus
 from agents.registry import RECOVERY_CHOICES, RecoveryContext, Tool, ToolContext, agent_of, get_agent_class
 from agents.services import end_locked, push_message, push_turn
 from approvals import ApprovalExpired, ApprovalRejected, wait_for_approval
@@ -69,7 +76,10 @@ ROUNDS_MESSAGE = "Sorry: this question needed more steps than I may take in one 
 class TurnWorkflow(Workflow):
     """Private: ``agents.services`` starts it when a turn's time comes (payload ``{"turn": uuid}``)."""
 
-    version = "1"
+    # 2: no ``load`` step (the first round reads the conversation) and no ``finish`` step after a
+    # round that answers (it ends the turn itself): a turn that needs no tool is one step, where it
+    # was three.
+    version = "2"
 
     @classmethod
     def validate_payload(cls, payload: dict[str, Any]) -> dict[str, Any]:
@@ -84,7 +94,7 @@ class TurnWorkflow(Workflow):
     def run(self, event: Event, step: Step) -> dict[str, Any]:
         turn_id = str(event.payload["turn"])
         try:
-            return self.converse(step, turn_id)
+            return self.converse(step, turn_id, legacy=event.version == "1")
         except StepError as exc:
             if exc.error_type == ForeignTurn.__name__:
                 raise  # not this run's turn: the run fails and the turn is left as it is
@@ -93,18 +103,28 @@ class TurnWorkflow(Workflow):
             step.do("fail", turn_fail, turn_id, f"{exc.error_type}: {exc.message}", atomic=True)
             return {"status": TurnStatus.FAILED}
 
-    def converse(self, step: Step, turn_id: str) -> dict[str, Any]:
-        loaded: dict[str, Any] = step.do("load", load_turn, turn_id)
-        if loaded.get("ended"):
-            return {"status": loaded["ended"]}
-        history: list[dict[str, Any]] = loaded["messages"]
-        seq = int(loaded["seq"])
+    def converse(self, step: Step, turn_id: str, *, legacy: bool) -> dict[str, Any]:
+        loaded: dict[str, Any] = {}  # the agent's kind, who asked, the conversation before the turn
+        history: list[dict[str, Any]] | None = None  # None: the first round reads it
+        seq = 0
+        if legacy:
+            loaded = step.do("load", load_turn, turn_id)
+            if loaded.get("ended"):
+                return {"status": loaded["ended"]}
+            history, seq = loaded["messages"], int(loaded["seq"])
         added: list[dict[str, Any]] = []  # what this turn adds to the conversation
         texts: list[str] = []
         for number in range(1, int(settings.AGENTS_MAX_ROUNDS) + 1):
+            messages = None if history is None else history + added
+            ends = None if legacy else added  # a round may end the turn: with what the turn adds
             out: dict[str, Any] = step.do(
-                f"model {number}", model_round, turn_id, number, history + added, seq, retries=MODEL_RETRIES
+                f"model {number}", model_round, turn_id, number, messages, seq, ends, retries=MODEL_RETRIES
             )
+            if out.get("loaded"):
+                loaded = out["loaded"]
+                history = loaded["messages"]
+            if out.get("finished"):
+                return {"status": out["finished"]}
             seq = int(out["seq"])
             if out["text"]:
                 texts.append(out["text"])
@@ -216,11 +236,11 @@ def approval_summary(tool: Tool, call: dict[str, Any]) -> str:
 
 
 # --- step bodies ------------------------------------------------------------------------------------
-def _writer(turn: Turn) -> ChunkWriter:
+def _writer(turn: Turn, *, seq: int | None = None) -> ChunkWriter:
     ctx = current_step()
     if ctx is None or not ctx.owner:
         raise FencedOut("a turn's chunks are written only from its run's steps, by the lease holder")
-    return ChunkWriter(turn=turn, run_id=ctx.run_id, owner=ctx.owner)
+    return ChunkWriter(turn=turn, run_id=ctx.run_id, owner=ctx.owner, seq=seq)
 
 
 def _fence() -> None:
@@ -234,20 +254,38 @@ def _turn(turn_id: str) -> Turn:
     return Turn.objects.select_related("agent").get(pk=turn_id)
 
 
+def _turn_with_seq(turn_id: str) -> tuple[Turn, int]:
+    """The turn, its agent, and the last ``seq`` of its stream (``last_seq``), in one query."""
+    last = Chunk.objects.filter(turn=OuterRef("pk")).order_by("-seq").values("seq")[:1]
+    turn = Turn.objects.select_related("agent").annotate(last_seq=Coalesce(Subquery(last), 0)).get(pk=turn_id)
+    return turn, int(getattr(turn, "last_seq"))  # noqa: B009  # an annotation: no attribute to mypy
+
+
 class ForeignTurn(NonRetryableError):
     """A run was started for a turn that is not its own (only ``agents.services`` starts a turn's
     run; a schedule or a webhook source naming ``agents.turn`` must not answer someone's turn)."""
 
 
-def load_turn(turn_id: str) -> dict[str, Any]:
-    """The conversation as the model sees it in this turn: every message of the turns before it and
-    this turn's user message (later turns' messages are queued behind it)."""
-    turn = _turn(turn_id)
+def _check_own(turn: Turn) -> None:
     context = current_step()
     if context is not None and turn.run_id != context.run_id:
-        raise ForeignTurn(f"turn {turn_id} is answered by another run")
+        raise ForeignTurn(f"turn {turn.pk} is answered by another run")
+
+
+def load_turn(turn_id: str) -> dict[str, Any]:
+    """The ``load`` step of a run started at version 1: the conversation (``conversation``) and the
+    stream's last ``seq``."""
+    turn = _turn(turn_id)
+    _check_own(turn)
     if turn.status not in TURN_OPEN:
         return {"ended": turn.status}
+    return {**conversation(turn), "seq": last_seq(turn.pk)}
+
+
+def conversation(turn: Turn) -> dict[str, Any]:
+    """The conversation as the model sees it in this turn: every message of the turns before it and
+    this turn's user message (later turns' messages are queued behind it; this turn's own answer is
+    written when it ends), with the agent's kind and who asked."""
     newest = (
         Message.objects.filter(agent_id=turn.agent_id, turn__number__lte=turn.number)
         .order_by("-turn__number", "-id")
@@ -257,7 +295,6 @@ def load_turn(turn_id: str) -> dict[str, Any]:
         "kind": turn.agent.kind,
         "user": turn.requested_by_id,
         "messages": recent_history([message_for_model(m) for m in reversed(newest)]),
-        "seq": last_seq(turn.pk),
     }
 
 
@@ -326,17 +363,34 @@ def _is_stale(turn: Turn, base_seq: int, now: Any) -> bool:
     return bool((now - _stale_since(turn, base_seq)).total_seconds() > limit)
 
 
-def model_round(turn_id: str, number: int, messages: list[dict[str, Any]], base_seq: int) -> dict[str, Any]:
-    """One model round: stream the provider's events as chunks; return the text and tool calls."""
+def model_round(
+    turn_id: str,
+    number: int,
+    messages: list[dict[str, Any]] | None,
+    base_seq: int,
+    ends: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One model round: stream the provider's events as chunks; return the text and tool calls.
+
+    ``messages`` None (the first round): read the conversation, and return it as ``loaded``.
+    ``ends`` (what the turn added before this round; None for a run started at version 1): a round
+    that answers without a tool call ends the turn (``finished``: its status)."""
     from agents.providers.base import Finish, ModelRequest, TextDelta, ToolCall, ToolSpec
 
-    turn = _turn(turn_id)
-    writer = _writer(turn)
+    turn, seq = _turn_with_seq(turn_id)
+    _check_own(turn)
+    writer = _writer(turn, seq=seq)
     if turn.status not in TURN_ACTIVE:
         return {"text": "", "tool_calls": [], "seq": writer.seq, "end": f"the turn is {turn.status}"}
     agent = agent_of(turn.agent)
-    if number == 1:
+    loaded = conversation(turn) if messages is None else None
+    if loaded is not None:
+        messages = loaded["messages"]
+    assert messages is not None
+    if number == 1 and ends is None:
         writer.add_once("start", {}, key="start")
+    elif number == 1 and writer.seq == 0:
+        writer.add("start", {}, hold=True)  # stored with the first delta (an earlier try's stays)
     now = timezone.now()
 
     def seal(partial: str, reason: str, notice: str) -> dict[str, Any]:
@@ -344,9 +398,10 @@ def model_round(turn_id: str, number: int, messages: list[dict[str, Any]], base_
         writer.close()
         return {"text": partial, "tool_calls": [], "seq": writer.seq, "end": reason}
 
-    earlier = list(
-        Chunk.objects.filter(turn=turn, seq__gt=base_seq).order_by("seq").values_list("type", "data", "created_at")
-    )
+    earlier: list[tuple[str, Any, datetime]] = []  # nothing stored after the base: no earlier try streamed
+    if writer.seq > base_seq:
+        after = Chunk.objects.filter(turn=turn, seq__gt=base_seq).order_by("seq")
+        earlier = list(after.values_list("type", "data", "created_at"))
     prefix = ""
     if any(t in STREAMED for t, _, _ in earlier):
         partial = ""
@@ -400,12 +455,34 @@ def model_round(turn_id: str, number: int, messages: list[dict[str, Any]], base_
                 writer.add_once("tool-input-available", data, key=f"input:{event.id}")
             elif isinstance(event, Finish):
                 break
+        if ends is not None and not calls:
+            if (finished := answered(turn, writer, ends, text)) is not None:
+                return {"text": text, "tool_calls": [], "seq": writer.seq, "finished": finished}
     finally:
         try:
             writer.close()  # what was streamed is the customer's, whatever happens next
         except FencedOut:
             pass
-    return {"text": text, "tool_calls": calls, "seq": writer.seq}
+    out = {"text": text, "tool_calls": calls, "seq": writer.seq}
+    return {**out, "loaded": loaded} if loaded is not None else out
+
+
+def answered(turn: Turn, writer: ChunkWriter, added: list[dict[str, Any]], text: str) -> str | None:
+    """End the turn the round answered, in one transaction with its last chunks; its status. None if
+    the run's lease is gone (the run's next boundary finds it so, or the ``finish`` step ends it)."""
+    outcome = {
+        "status": TurnStatus.COMPLETED,
+        "text": "\n\n".join([m["content"] for m in added if m["role"] == "assistant" and m["content"]] + [text]),
+        "reason": "answered",
+        "messages": [*added, {"role": "assistant", "content": text, "tool_calls": []}],
+        "finish": "stop",
+        "notice": "",
+    }
+    try:
+        with transaction.atomic():
+            return str(end_turn(str(turn.pk), outcome, writer)["status"])
+    except FencedOut:
+        return None
 
 
 def run_tool(turn_id: str, call: dict[str, Any], denied: str) -> dict[str, Any]:
@@ -497,24 +574,50 @@ def approval_answer(turn_id: str, call_id: str, denied: str) -> dict[str, Any]:
 
 
 def turn_finish(turn_id: str, outcome: dict[str, Any]) -> dict[str, Any]:
-    """The turn's end, in one transaction with the step's result: its messages, text, status and
-    ``finish`` chunk, and the start of the next queued turn."""
-    _fence()  # the run's row first (the lock order), then the agent's
-    Agent.objects.select_for_update().filter(pk=Turn.objects.filter(pk=turn_id).values("agent_id")[:1]).first()
-    turn = Turn.objects.select_for_update().select_related("agent").get(pk=turn_id)
+    """The ``finish`` step (atomic): ``end_turn``, in one transaction with the step's result."""
+    return end_turn(turn_id, outcome)
+
+
+def _lock_for_end(turn_id: str) -> Turn:
+    """In one statement, inside atomic(): the run's row (its lease: FencedOut if it is not this
+    worker's), then the agent's row, the queue's lock (the lock order), and the turn read.
+
+    The turn is read, not locked: while this worker's lease is share-locked nothing else can end an
+    active turn (a stop, a terminate and the failure hooks lock its run first, and the queue's
+    services only start queued turns)."""
+    ctx = current_step()
+    if ctx is None or not ctx.owner:
+        raise FencedOut("not inside a step of the turn's run")
+    turn = (
+        Turn.objects.select_related("agent")
+        .select_for_update(of=("agent",))
+        .filter(fenced(ctx.run_id, ctx.owner), pk=turn_id)
+        .first()
+    )
+    if turn is None:
+        raise FencedOut(f"run {ctx.run_id}: the lease is not {ctx.owner!r}'s")
+    return turn
+
+
+def end_turn(turn_id: str, outcome: dict[str, Any], writer: ChunkWriter | None = None) -> dict[str, Any]:
+    """The turn's end (inside atomic()): its messages, text, status and ``finish`` chunk, and the
+    start of the next queued turn. ``writer``: a round's, whose last chunks go in the same INSERT."""
+    turn = _lock_for_end(turn_id)
     if turn.status not in TURN_OPEN:
         return {"status": turn.status}
+    rows = []
     for m in outcome["messages"]:
         if m["role"] == "assistant":
             parts = {"tool_calls": m["tool_calls"]} if m.get("tool_calls") else {}
-            row = Message.objects.create(
-                agent_id=turn.agent_id, turn=turn, role=MessageRole.ASSISTANT, text=m["content"], parts=parts
+            rows.append(
+                Message(agent_id=turn.agent_id, turn=turn, role=MessageRole.ASSISTANT, text=m["content"], parts=parts)
             )
         else:
             parts = {"tool_call_id": m["tool_call_id"], "name": m["name"], "result": m["content"]}
-            row = Message.objects.create(agent_id=turn.agent_id, turn=turn, role=MessageRole.TOOL, parts=parts)
+            rows.append(Message(agent_id=turn.agent_id, turn=turn, role=MessageRole.TOOL, parts=parts))
+    for row in Message.objects.bulk_create(rows):
         push_message(row)
-    writer = _writer(turn)
+    writer = writer or _writer(turn)
     if outcome.get("notice"):
         writer.add("data-notice", {"text": outcome["notice"]})
     writer.add("finish", {"reason": outcome["finish"]})
@@ -525,9 +628,7 @@ def turn_finish(turn_id: str, outcome: dict[str, Any]) -> dict[str, Any]:
 
 def turn_fail(turn_id: str, message: str) -> dict[str, Any]:
     """The turn failed: the customer reads that it could not be finished; staff read why."""
-    _fence()
-    Agent.objects.select_for_update().filter(pk=Turn.objects.filter(pk=turn_id).values("agent_id")[:1]).first()
-    turn = Turn.objects.select_for_update().select_related("agent").get(pk=turn_id)
+    turn = _lock_for_end(turn_id)
     if turn.status not in TURN_OPEN:
         return {"status": turn.status}
     writer = _writer(turn)

@@ -655,9 +655,9 @@ def overhead(args: argparse.Namespace, world: World) -> Overhead:
             "name", "started_at", "finished_at"
         ):
             if started is not None and finished is not None:
-                seconds = (finished - started).total_seconds()
-                out.steps[name].append(seconds)
-                bodies += seconds
+                out.steps[name].append((finished - started).total_seconds())
+                # The round that answers ends the turn inside its body: only up to then counts.
+                bodies += max(0.0, (min(finished, turn.finished_at) - started).total_seconds())
         out.gaps.append((turn.finished_at - run.started_at).total_seconds() - bodies)
         time.sleep(0.02)  # one at a time, with the worker idle in between
     return out
@@ -898,7 +898,7 @@ def report(args: argparse.Namespace, res: Results) -> None:
             Row("  message_send's own call p50", ms(percentile(o.send_calls, 0.5))),
             Row("  send -> run started (commit, queue, claim)", ms(percentile(o.to_start, 0.5))),
         ]
-        for name in ("load", "model 1", "finish"):
+        for name in ("load", "model 1", "finish"):  # load and finish: runs of agents.turn version 1
             if name in o.steps:
                 rows.append(Row(f"  step {name!r} body p50", ms(percentile(o.steps[name], 0.5))))
         rows.append(Row("  run started -> turn finished, not in bodies", ms(percentile(o.gaps, 0.5))))

@@ -127,9 +127,11 @@ def run_start(
         if existing is not None:
             return _same_start(existing, payload), False
     try:
-        # A savepoint only where a concurrent start with the same key can make the insert fail: a
-        # turn's run starts inside the message's transaction, and each savepoint is two round trips.
-        with transaction.atomic(savepoint=dedupe_key is not None):
+        # A savepoint only where something inside may refuse the start (the quota) or make it fail
+        # (a concurrent start with the same key), so that a caller inside a transaction can go on
+        # after the refusal: a turn's run starts inside its message's transaction, with neither, and
+        # a savepoint is two round trips.
+        with transaction.atomic(savepoint=quota or dedupe_key is not None):
             if quota and owner is not None:
                 check_run_quota(owner=owner)
             run = WorkflowRun.objects.create(

@@ -147,6 +147,15 @@ def _sql(vendor: str) -> dict[str, str]:
         # would see the new row, so it asks with a SELECT of its own first (claim_run).
         + (f", (SELECT lease_owner <> '' FROM {RUNS} WHERE id = %s)" if vendor == "postgresql" else ""),
         "extend": extend,
+        # A boundary with no result to store: the lease and the step's name are all it writes, and a
+        # PostgreSQL crash that lost them loses nothing a run needs (a shorter lease is recovered
+        # like any lost one), so its commit does not wait for the WAL flush. The next commit that
+        # does wait flushes it too, in order.
+        "extend_async": f"""
+            WITH extended AS ({extend}),
+                 async_commit AS (SELECT set_config('synchronous_commit', 'off', true))
+            SELECT (SELECT count(*) FROM extended), (SELECT count(*) FROM async_commit)
+        """,
         "upsert": upsert_sql(vendor),
         "store_and_extend": f"""
             WITH stored AS ({upsert_sql(vendor)}), extended AS ({extend})
@@ -231,6 +240,10 @@ def checkpoint(
     extend_params = [adapt(db, lease_until), current_step, adapt(db, run_id), owner]
     if write is None:
         with _cursor(db) as cursor:
+            # Not inside a transaction of the caller's: the setting would last to its commit.
+            if db.vendor == "postgresql" and not db.in_atomic_block:
+                cursor.execute(sql["extend_async"], extend_params)
+                return bool(cursor.fetchone()[0]), True
             cursor.execute(sql["extend"], extend_params)
             return cursor.fetchone() is not None, True
     if db.vendor == "postgresql":
