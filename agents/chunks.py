@@ -3,8 +3,8 @@
 A model step yields a chunk per token or so; a commit per chunk would make the database the
 bottleneck. ``ChunkWriter`` buffers them and stores a batch with one INSERT when it holds
 ``AGENTS_CHUNK_FLUSH_COUNT`` chunks, when ``AGENTS_CHUNK_FLUSH_MS`` have passed since the last
-batch began to be stored (so a slow model's chunks go out one by one, at once, however long a
-batch's commit takes), and when the step ends (``close``). A batch is one INSERT whatever its
+batch began to be stored or the writer started (so a slow model's chunks go out one by one, at
+once, however long a batch's commit takes), and when the step ends (``close``). A batch is one INSERT whatever its
 size: its rows travel as one JSON parameter, so the statement's text is the same every time.
 
 Each INSERT is fenced: it writes only while the run's row says this worker holds the lease (the
@@ -113,7 +113,11 @@ class ChunkWriter:
         # The last stored seq (the next chunk is seq + 1), unless the caller read it with the turn.
         self.seq = last_seq(self.turn_id) if seq is None else seq
         self._buffer: list[tuple[str, Any]] = []
-        self._last_flush = 0.0  # monotonic; 0: the first chunk goes out at once
+        # The writer's start counts as a batch: the first chunk of a model that takes longer than
+        # the interval to begin (any model behind a network) goes out at once, and an answer given
+        # whole within it (a rules model, a cache) is stored in the round's last batch (with the
+        # turn's end when the round answers) instead of one transaction early.
+        self._last_flush = time.monotonic()
         self.flush_count = int(settings.AGENTS_CHUNK_FLUSH_COUNT)
         self.flush_seconds = float(settings.AGENTS_CHUNK_FLUSH_MS) / 1000
 

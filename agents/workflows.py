@@ -289,12 +289,12 @@ def conversation(turn: Turn) -> dict[str, Any]:
     newest = (
         Message.objects.filter(agent_id=turn.agent_id, turn__number__lte=turn.number)
         .order_by("-turn__number", "-id")
-        .only("role", "text", "parts")[: settings.AGENTS_HISTORY_MESSAGES]
+        .values_list("role", "text", "parts")[: settings.AGENTS_HISTORY_MESSAGES]
     )
     return {
         "kind": turn.agent.kind,
         "user": turn.requested_by_id,
-        "messages": recent_history([message_for_model(m) for m in reversed(newest)]),
+        "messages": recent_history([message_for_model(*m) for m in reversed(newest)]),
     }
 
 
@@ -314,18 +314,19 @@ def recent_history(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return messages[start:]
 
 
-def message_for_model(m: Message) -> dict[str, Any]:
-    if m.role == MessageRole.ASSISTANT:
-        return {"role": "assistant", "content": m.text, "tool_calls": (m.parts or {}).get("tool_calls", [])}
-    if m.role == MessageRole.TOOL:
-        parts = m.parts or {}
+def message_for_model(role: str, text: str, parts: dict[str, Any] | None) -> dict[str, Any]:
+    """A stored message (its role, text and parts) as the model reads it."""
+    parts = parts or {}
+    if role == MessageRole.ASSISTANT:
+        return {"role": "assistant", "content": text, "tool_calls": parts.get("tool_calls", [])}
+    if role == MessageRole.TOOL:
         return {
             "role": "tool",
             "tool_call_id": parts.get("tool_call_id", ""),
             "name": parts.get("name", ""),
             "content": parts.get("result"),
         }
-    return {"role": "user", "content": m.text}
+    return {"role": "user", "content": text}
 
 
 def _chat_messages(messages: list[dict[str, Any]]) -> tuple[Any, ...]:

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 import pytest
 from django.contrib.auth.models import Group
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agents import chunks as chunk_store
@@ -104,8 +106,9 @@ def test_a_writer_without_the_lease_cannot_append(
 
     # when a writer that is not the lease holder appends, it is fenced out and stores nothing
     writer = ChunkWriter(turn=turn, run_id=run.pk, owner="me")
+    writer.add("text-delta", {"delta": "late"})
     with pytest.raises(FencedOut):
-        writer.add("text-delta", {"delta": "late"})
+        writer.close()
     with pytest.raises(FencedOut):
         writer.add_once("tool-output-available", {"output": 1}, key="output:x")
     assert not Chunk.objects.filter(turn=turn).exists()
@@ -160,6 +163,34 @@ def test_a_chunk_as_slow_as_the_flush_interval_is_stored_at_once_however_long_a_
 
         # then it is stored then and there, not held until the next one
         assert Chunk.objects.filter(turn=turn).count() == i
+
+
+@pytest.mark.django_db
+def test_an_answer_given_whole_within_the_flush_interval_is_one_batch(users: Users, settings: Any) -> None:
+    # given a 50 ms flush interval, and a writer that has just started (a model round)
+    settings.AGENTS_CHUNK_FLUSH_MS = 50
+    agent = chat_agent(users.alice)
+    later = timezone.now() + timedelta(minutes=1)
+    run = make_run(workflow="agents.turn", status=RunStatus.RUNNING, lease_owner="me", lease_expires_at=later)
+    turn = Turn.objects.create(agent=agent, number=1, run=run)
+    writer = ChunkWriter(turn=turn, run_id=run.pk, owner="me")
+
+    # when a model yields its whole answer at once
+    for word in ("all", " at", " once"):
+        writer.add("text-delta", {"delta": word})
+
+    # then nothing is stored until the round's end stores it, in one batch
+    assert not Chunk.objects.filter(turn=turn).exists()
+    with CaptureQueriesContext(connection) as queries:
+        writer.close()
+    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["INSERT"]
+    assert list(Chunk.objects.filter(turn=turn).values_list("seq", flat=True).order_by("seq")) == [1, 2, 3]
+
+    # and a model slower to begin than the interval has its first chunk stored at once
+    slower = ChunkWriter(turn=turn, run_id=run.pk, owner="me")
+    time.sleep(0.06)
+    slower.add("text-delta", {"delta": "late"})
+    assert Chunk.objects.filter(turn=turn).count() == 4
 
 
 def test_a_tool_schema_comes_from_its_signature_and_docstring() -> None:
