@@ -158,6 +158,10 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
 # The ASGI app serves static files itself; turn off behind a web server that serves STATIC_ROOT.
 SERVE_STATIC = envbool("SERVE_STATIC", True)
+# Threads an ASGI server process serves HTTP requests' Django code in (config/handlers.py): the
+# requests in progress at once beyond it wait. Above DATABASE_POOL_MAX_SIZE they would wait for a
+# connection anyway.
+ASGI_REQUEST_THREADS = envint("ASGI_REQUEST_THREADS", 16)
 # Customers and staff sign in at /accounts/login/ (portal); the admin keeps its own login for staff.
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from asgiref import testing
 from asgiref.sync import SyncToAsync
+from django.core import signals
+from django.http import HttpRequest, StreamingHttpResponse
+from django.urls import path
 
 from config.handlers import ASGIHandler
 
@@ -32,6 +35,19 @@ def hops(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
     monkeypatch.setattr(SyncToAsync, "__call__", counting)
     yield handed
+
+
+@pytest.fixture
+def finished() -> Iterator[list[object]]:
+    """The senders of ``request_finished``, each time a response is closed."""
+    sent: list[object] = []
+
+    def receiver(sender: object, **kwargs: Any) -> None:
+        sent.append(sender)
+
+    signals.request_finished.connect(receiver)
+    yield sent
+    signals.request_finished.disconnect(receiver)
 
 
 communicator_class: Any = testing.ApplicationCommunicator  # asgiref's test driver, untyped
@@ -70,12 +86,43 @@ def request(method: str, path: str, body: bytes = b"", headers: dict[str, str] |
     return asyncio.run(exchange())
 
 
-def test_a_request_enters_the_chain_from_the_event_loop_once(hops: list[str]) -> None:
+def test_a_request_enters_the_chain_from_the_event_loop_once(hops: list[str], finished: list[object]) -> None:
     status, body = request("GET", "/healthz")
 
     assert (status, json.loads(body)) == (200, {"status": "ok"})
-    # The request_started receivers, the chain (every middleware, the view middleware and the sync
-    # view, in one thread), and closing the response (request_finished). Django's own chain takes 16:
-    # each middleware's process_request and process_response, process_view and the view apart.
-    assert len(hops) == 3, hops
-    assert "convert_exception_to_response.<locals>.inner" in hops
+    # One hop: the request_started receivers, the chain (every middleware, the view middleware and
+    # the sync view), and closing the response (request_finished: the database connection goes back)
+    # before it is sent. Django's own handler takes 16: each middleware's process_request and
+    # process_response, process_view and the view, and the signals, apart.
+    assert hops == ["ASGIHandler.respond"], hops
+    assert len(finished) == 1
+
+
+def streamed(request: HttpRequest) -> StreamingHttpResponse:
+    async def parts() -> AsyncIterator[bytes]:  # as the SSE streams send theirs
+        yield b"one "
+        yield b"two"
+
+    return StreamingHttpResponse(parts(), content_type="text/plain")
+
+
+urlpatterns = [path("streamed", streamed)]
+
+
+@pytest.mark.urls("tests.test_middleware_chain")
+def test_a_streaming_response_is_sent_by_the_loop_then_closed_in_a_second_hop(
+    hops: list[str], finished: list[object]
+) -> None:
+    status, body = request("GET", "/streamed")
+
+    assert (status, body) == (200, b"one two")
+    assert hops[0] == "ASGIHandler.respond" and len(hops) == 2, hops
+    assert len(finished) == 1  # closed once, after the last part was sent
+
+
+def test_a_refusal_is_answered_and_logged_as_django_does(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="django.request"):
+        status, body = request("GET", "/api/no-such-thing")
+
+    assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
+    assert any(r.name == "django.request" and r.levelname == "WARNING" for r in caplog.records)
