@@ -53,7 +53,7 @@ from django.http import QueryDict
 from django.urls.converters import UUIDConverter
 
 from agents import selectors, services, streams
-from agents.models import TURN_OPEN, Agent, Turn
+from agents.models import FIBER_ENDED, TURN_OPEN, Agent, FiberStatus, Turn
 from agents.registry import get_agent_class
 from agents.selectors import AgentSnapshot, ChunkData
 from workflows.consumers import (
@@ -114,6 +114,7 @@ class AgentConsumer(StreamConsumer):
             return
         self.agent = agent
         self.cursors: dict[str, Cursor] = {}
+        self.fibers: dict[str, tuple[bool, int, bool]] = {}  # fiber id -> the order of its last change sent
         # Turns that had ended at the snapshot: their answers are in its messages, so their late
         # pushes are dropped (a resume still replays them on request).
         self.ended: set[str] = set()
@@ -274,9 +275,17 @@ class AgentConsumer(StreamConsumer):
             await self.send_json({"type": "state", "version": message["version"], "state": message["state"]})
 
     async def agent_fiber(self, message: dict[str, Any]) -> None:
-        """A fiber of the agent changed status (``agents.fibers``): forwarded as it is."""
-        if self.ready:
-            await self.send_json({"type": "fiber", **message["fiber"]})
+        """A fiber of the agent changed status (``agents.fibers``). A change older than one already
+        sent is dropped: the process that started the fiber pushes ``pending`` and the worker that
+        runs it ``running``, and pushes from two processes can cross."""
+        if not self.ready:
+            return
+        fiber = message["fiber"]
+        order = fiber_order(fiber)
+        if order <= self.fibers.get(fiber["id"], (False, -1, False)):
+            return
+        self.fibers[fiber["id"]] = order
+        await self.send_json({"type": "fiber", **fiber})
 
     def _cursor(self, key: str, number: int) -> Cursor | None:
         """The turn's cursor; a turn met for the first time starts one from seq 0 if it started after
@@ -336,6 +345,12 @@ def _check_turn_id(value: Any) -> UUID:
     if not isinstance(value, str) or re.fullmatch(UUIDConverter.regex, value) is None:
         raise ClientError("'turn' must be a turn's id")
     return UUID(value)
+
+
+def fiber_order(fiber: dict[str, Any]) -> tuple[bool, int, bool]:
+    """Where a change of a fiber's status comes in its life: pending, then running once per
+    attempt, then ended."""
+    return (fiber["status"] in FIBER_ENDED, int(fiber["attempts"]), fiber["status"] != FiberStatus.PENDING)
 
 
 def _check_since(value: str | None) -> int | None:

@@ -421,6 +421,23 @@ def test_turn_message_and_state_pushes_are_forwarded_and_an_older_state_is_dropp
     ]
 
 
+def test_a_fiber_change_older_than_one_sent_is_dropped(asgi_server: AsgiServer, world: World) -> None:
+    def fiber(status: str, attempts: int) -> dict[str, object]:
+        data = {"id": "f1", "name": "count", "status": status, "stash_version": 0, "attempts": attempts}
+        return {"type": "agent.fiber", "fiber": {**data, "end_reason": ""}}
+
+    with open_chat(asgi_server, world.users.alice) as ws:
+        assert receive(ws)["type"] == "snapshot"
+        # the worker's pushes overtake the starting process's 'pending', and a recovery's
+        with transaction.atomic():
+            for status, attempts in [("running", 1), ("pending", 0), ("running", 2), ("running", 1), ("completed", 2)]:
+                push_later(world.agent.pk, fiber(status, attempts))
+        assert publisher.flush(TIMEOUT)
+        frames = [receive(ws) for _ in range(3)]
+
+    assert [(f["status"], f["attempts"]) for f in frames] == [("running", 1), ("running", 2), ("completed", 2)]
+
+
 # --- bad input ------------------------------------------------------------------------------------------
 def test_bad_client_messages_get_an_error_the_socket_stays_open_and_nothing_is_stored(
     asgi_server: AsgiServer, world: World

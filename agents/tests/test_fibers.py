@@ -145,7 +145,9 @@ def test_a_fiber_runs_in_a_worker_its_result_is_stored_and_the_agents_clients_ar
     assert not (tmp_path / "items.recovered").exists()
     # and the agent's clients were told each change of its status, as fiber frames
     assert all(f["type"] == "fiber" and f["id"] == str(fiber.pk) and f["name"] == "count" for f in frames)
-    assert [f["status"] for f in frames] == ["pending", "running", "completed"]
+    # ('pending' comes from this process and 'running' from the worker: when they cross, the socket
+    # drops the older, test_consumers.py)
+    assert [f["status"] for f in frames] in (["pending", "running", "completed"], ["running", "completed"])
 
 
 def test_a_fiber_whose_function_raises_fails_with_the_error_and_is_not_retried(users: Users, worker: Worker) -> None:
