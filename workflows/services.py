@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from django.contrib.auth import get_user_model
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils import timezone
 from django_fsm import TransitionNotAllowed as FSMTransitionNotAllowed
 
-from workflows import hooks
+from workflows import hooks, statements
 from workflows.conf import conf
 from workflows.exceptions import (
     IdempotencyConflict,
@@ -123,36 +123,35 @@ def run_start(
     dedupe_key = None
     if idempotency_key:
         dedupe_key = f"{owner.pk if owner is not None else '-'}:{workflow}:{idempotency_key}"
-        existing = WorkflowRun.objects.filter(dedupe_key=dedupe_key).first()
-        if existing is not None:
-            return _same_start(existing, payload), False
-    try:
-        # A savepoint only where something inside may refuse the start (the quota) or make it fail
-        # (a concurrent start with the same key), so that a caller inside a transaction can go on
-        # after the refusal: a turn's run starts inside its message's transaction, with neither, and
-        # a savepoint is two round trips.
-        with transaction.atomic(savepoint=quota or dedupe_key is not None):
-            if quota and owner is not None:
-                check_run_quota(owner=owner)
-            run = WorkflowRun.objects.create(
-                workflow=workflow,
-                workflow_version=str(cls.version),
-                payload=payload,
-                owner=owner,
-                idempotency_key=idempotency_key or "",
-                dedupe_key=dedupe_key,
-                queue=queue or conf()["QUEUE"],
-                enqueued_at=timezone.now(),
-            )
-            RunAttempt.objects.create(run=run, number=1)
+        if quota:
+            # A replay answers even past the owner's quota, which is counted before the insert.
+            existing = WorkflowRun.objects.filter(dedupe_key=dedupe_key).first()
+            if existing is not None:
+                return _same_start(existing, payload), False
+    run = WorkflowRun(
+        workflow=workflow,
+        workflow_version=str(cls.version),
+        payload=payload,
+        owner=owner,
+        idempotency_key=idempotency_key or "",
+        dedupe_key=dedupe_key,
+        queue=queue or conf()["QUEUE"],
+        enqueued_at=timezone.now(),
+    )
+    # A savepoint only where the quota may refuse the start, so that a caller inside a transaction
+    # can go on after the refusal: a turn's run starts inside its message's transaction, and a
+    # savepoint is two round trips.
+    with transaction.atomic(savepoint=quota):
+        if quota and owner is not None:
+            check_run_quota(owner=owner)
+        # The insert is the key's check: a run with the key (committed, or being inserted by a
+        # concurrent start, which it waits for) makes it insert nothing.
+        created = statements.insert_run(run, RunAttempt(run=run, number=1))
+        if created:
             enqueue_run(run.id, queue=run.queue)
             log_run(run, "created", later=True)
-    except IntegrityError:
-        if dedupe_key is None:
-            raise
-        # A concurrent start with the same key won the insert.
-        existing = WorkflowRun.objects.get(dedupe_key=dedupe_key)
-        return _same_start(existing, payload), False
+    if not created:  # (a conflict raised here leaves a caller's transaction usable)
+        return _same_start(WorkflowRun.objects.get(dedupe_key=dedupe_key), payload), False
     return run, True
 
 

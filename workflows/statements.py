@@ -183,6 +183,71 @@ def _sql(vendor: str) -> dict[str, str]:
     }
 
 
+def _fields(model: type[Any]) -> list[Any]:
+    """The fields an insert of ``model`` writes: every concrete one but an auto id."""
+    return [f for f in model._meta.concrete_fields if not (f.primary_key and f.auto_created)]
+
+
+def _columns(fields: list[Any]) -> str:
+    return ", ".join(str(f.column) for f in fields)
+
+
+def _values(db: BaseDatabaseWrapper, obj: Any, fields: list[Any]) -> list[Any]:
+    """The fields' values as Django's own insert writes them (defaults, ``auto_now_add``)."""
+    return [f.get_db_prep_save(f.pre_save(obj, True), connection=db) for f in fields]
+
+
+RUN_FIELDS, ATTEMPT_FIELDS = _fields(WorkflowRun), _fields(RunAttempt)
+
+
+def _start_sql(db: BaseDatabaseWrapper) -> str:
+    """A new run and its first attempt, unless a run already has its idempotency key: then neither.
+    (The attempt's values are a SELECT's, typed: only an INSERT's VALUES take their columns' types.)"""
+    if (sql := _START_SQL.get(db.vendor)) is None:
+        sql = _START_SQL[db.vendor] = _start_sql_for(db)
+    return sql
+
+
+_START_SQL: dict[str, str] = {}
+
+
+def _start_sql_for(db: BaseDatabaseWrapper) -> str:
+    typed = ", ".join(f"%s::{f.db_type(db)}" for f in ATTEMPT_FIELDS)
+    return f"""
+        WITH run AS (
+            INSERT INTO {RUNS} ({_columns(RUN_FIELDS)}) VALUES ({", ".join(["%s"] * len(RUN_FIELDS))})
+            ON CONFLICT (dedupe_key) DO NOTHING RETURNING id
+        ), attempt AS (
+            INSERT INTO {ATTEMPTS} ({_columns(ATTEMPT_FIELDS)})
+            SELECT {typed} WHERE EXISTS (SELECT 1 FROM run) RETURNING 1
+        )
+        SELECT (SELECT count(*) FROM run), (SELECT count(*) FROM attempt)
+    """
+
+
+def insert_run(run: WorkflowRun, attempt: RunAttempt) -> bool:
+    """Store a new ``run`` and its first ``attempt`` (inside atomic()); False, storing neither, if a
+    run with the same ``dedupe_key`` exists (one a concurrent start is inserting is waited for).
+
+    One statement, where Django's ``create`` of each and the savepoint a possible conflict needs
+    made four round trips; every run starts here (an API start, a webhook, a schedule, a chat turn).
+    Every field is written as Django writes it, defaults included."""
+    db = _db()
+    if db.vendor != "postgresql":
+        if run.dedupe_key is not None and WorkflowRun.objects.filter(dedupe_key=run.dedupe_key).exists():
+            return False  # the SQLite demo: one writer at a time
+        run.save(force_insert=True)
+        attempt.save(force_insert=True)
+        return True
+    with _cursor(db) as cursor:
+        cursor.execute(_start_sql(db), _values(db, run, RUN_FIELDS) + _values(db, attempt, ATTEMPT_FIELDS))
+        inserted = bool(cursor.fetchone()[0])
+    if inserted:
+        for obj in (run, attempt):
+            obj._state.adding, obj._state.db = False, db.alias
+    return inserted
+
+
 def claim(run_id: UUID | str, owner: str, now: datetime, lease_until: datetime) -> WorkflowRun | None:
     """Take the lease of a run that is ready to advance and free; the claimed row, or None.
 

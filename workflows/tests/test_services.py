@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from django.db import connection
 
 from tests.factories import Users
 from tests.support import Worker, wait_for, wait_for_status, wait_for_terminal
@@ -161,3 +163,32 @@ class TestControls:
         assert attempts[2].status == RunStatus.COMPLETED
         steps = list(StepResult.objects.filter(run=run).values_list("attempt", "status"))
         assert steps == [(1, "failed"), (2, "completed")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_starts_with_one_key_at_the_same_instant_make_one_run() -> None:
+    # given eight threads, each with its own connection, released together
+    n = 8
+    barrier = threading.Barrier(n)
+    started: list[object] = [None] * n
+
+    def start(i: int) -> None:
+        try:
+            barrier.wait()
+            started[i] = wf.start("test.echo", {"a": 1}, idempotency_key="together").id
+        except BaseException as exc:
+            started[i] = exc
+        finally:
+            connection.close()
+
+    # when they start the same run
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    # then one run was made, with one attempt, and every start answers with it
+    [run] = WorkflowRun.objects.all()
+    assert started == [run.id] * n
+    assert list(RunAttempt.objects.values_list("run_id", "number")) == [(run.id, 1)]
