@@ -51,6 +51,7 @@ import httpx  # noqa: E402
 
 from bench.harness import (  # noqa: E402
     Row,
+    Session,
     add_session_arguments,
     bench_session,
     ms,
@@ -62,7 +63,7 @@ from bench.harness import (  # noqa: E402
     say,
     wait_until,
 )
-from tests.support import AsgiServer, Worker  # noqa: E402
+from tests.support import AsgiServer  # noqa: E402
 
 PHASES = {"floor", "webhooks", "submissions", "outcome"}
 SECRET = "whsec_" + "YmVuY2gtaW5ib3VuZC1zZWNyZXQ="  # base64 of "bench-inbound-secret"
@@ -91,6 +92,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--clients", "-C", type=int, default=16, help="requests in flight at once (default 16)")
     p.add_argument("--web", type=int, default=2, help="daphne processes, the clients spread over them (default 2)")
     p.add_argument("--replays", type=float, default=0.10, help="share of requests that replay an earlier one (0.10)")
+    p.add_argument(
+        "--worker",
+        choices=("after", "during"),
+        default="after",
+        help="when the worker runs the work a burst starts: after it (default: the burst measures the accept\n"
+        "path, as with workers on machines of their own), or during it, on the same two cores",
+    )
     p.add_argument(
         "--phases",
         default=",".join(sorted(PHASES)),
@@ -287,7 +295,21 @@ class Burst:
     drain_seconds: float
 
 
-def webhooks(args: argparse.Namespace, servers: list[AsgiServer], check: Callable[[], None]) -> Burst:
+def sent_with_worker(
+    args: argparse.Namespace, session: Session, servers: list[AsgiServer], requests: list[Request]
+) -> Sent:
+    """Send a burst; with ``--worker after`` the worker is stopped while it is sent and started again
+    for the drain (the work waits in the queue meanwhile: it is handed over, not yet done)."""
+    if args.worker == "after":
+        session.stop_worker()
+    try:
+        return asyncio.run(send_all(servers, requests, args.clients))
+    finally:
+        if session.worker is None:
+            session.start_worker()
+
+
+def webhooks(args: argparse.Namespace, session: Session, servers: list[AsgiServer], check: Callable[[], None]) -> Burst:
     from workflows.models import WorkflowRun
 
     rng = random.Random(1)
@@ -298,7 +320,7 @@ def webhooks(args: argparse.Namespace, servers: list[AsgiServer], check: Callabl
     ]
     requests = with_replays(firsts, args.replays, rng)
     say(f"webhooks: {len(requests):,} deliveries ({len(requests) - len(firsts):,} replays), {args.clients} at once")
-    sent = asyncio.run(send_all(servers, requests, args.clients))
+    sent = sent_with_worker(args, session, servers, requests)
     t0 = time.monotonic()
     runs = WorkflowRun.objects.filter(workflow="bench.noop", idempotency_key__startswith="bench-runs:")
     wait_until(
@@ -313,7 +335,9 @@ def webhooks(args: argparse.Namespace, servers: list[AsgiServer], check: Callabl
 
 
 # --- 2. submissions --------------------------------------------------------------------------------
-def submissions(args: argparse.Namespace, servers: list[AsgiServer], token: str, check: Callable[[], None]) -> Burst:
+def submissions(
+    args: argparse.Namespace, session: Session, servers: list[AsgiServer], token: str, check: Callable[[], None]
+) -> Burst:
     from agents.models import Submission, SubmissionStatus, Turn
 
     rng = random.Random(2)
@@ -332,7 +356,7 @@ def submissions(args: argparse.Namespace, servers: list[AsgiServer], token: str,
     ]
     requests = with_replays(firsts, args.replays, rng)
     say(f"submissions: {len(requests):,} requests ({len(requests) - len(firsts):,} replays) to {AGENTS} agents")
-    sent = asyncio.run(send_all(servers, requests, args.clients))
+    sent = sent_with_worker(args, session, servers, requests)
     t0 = time.monotonic()
     open_statuses = (SubmissionStatus.PENDING, SubmissionStatus.RUNNING)
     wait_until(
@@ -444,13 +468,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         servers = [AsgiServer() for _ in range(args.web)]
         ok, server_errors = False, False
         try:
-            worker: Worker = session.start_worker()
+            session.start_worker()
 
             def check() -> None:
                 for server in servers:
                     if server.process.poll() is not None:
                         raise RuntimeError(f"daphne exited:\n{Path(server.log.name).read_text()[-3000:]}")
-                if worker.process.poll() is not None:
+                worker = session.worker
+                if worker is not None and worker.process.poll() is not None:
                     raise RuntimeError(f"the worker exited:\n{worker.output()[-3000:]}")
 
             probes.append(probe_environment("before"))
@@ -459,11 +484,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 base = floor(args, servers)
                 rows += floor_rows(base)
             if "webhooks" in args.phases:
-                burst = webhooks(args, servers, check)
+                burst = webhooks(args, session, servers, check)
                 rows += burst_rows("webhooks", burst, base)
                 server_errors |= 500 in burst.sent.refusals
             if "submissions" in args.phases:
-                burst = submissions(args, servers, token, check)
+                burst = submissions(args, session, servers, token, check)
                 rows += burst_rows("submissions", burst, base)
                 server_errors |= 500 in burst.sent.refusals
             if "outcome" in args.phases:
