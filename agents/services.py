@@ -148,9 +148,7 @@ def message_send(*, agent: Agent, user: User | None, text: str, source: str = "c
     message (``agents/tests/test_services.py`` counts them)."""
     text = check_message(text)
     with transaction.atomic():
-        if user is not None:
-            lock_user(user)  # the user's row first, then the agent's
-        agent = lock_agent(agent)
+        lock_queue(agent, user)
         queue = queue_locked(agent, user=user)
         check_open_turns(queue)
         check_queued_turns(queue)
@@ -176,7 +174,7 @@ class Queue:
 
 def queue_locked(agent: Agent, *, user: User | None = None) -> Queue:
     """The agent's queue before a new turn joins it (inside atomic(), the agent row locked, and the
-    user's if ``user`` is given: ``lock_user``), once any active turn whose run ended without ending
+    user's if ``user`` is given: ``lock_queue``), once any active turn whose run ended without ending
     it is repaired (``repair_locked``): a turn it ends lets the queue move before it is counted.
 
     One statement, after the locks (so it sees what the transactions it waited for committed): the
@@ -243,19 +241,38 @@ def start_new_locked(turn: Turn, queue: Queue) -> None:
     turn.refresh_from_db()
 
 
-def lock_user(user: User) -> None:
-    """Lock the user's row (before any agent's: the lock order), when their open turns are capped."""
-    if not int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER):
+def lock_queue(agent: Agent, user: User | None) -> None:
+    """Lock what a new turn of ``agent`` sent by ``user`` is counted under (inside atomic()): the
+    user's row when their open turns are capped, then the agent's row, the queue's lock (the lock
+    order), in one statement: a statement locks the rows of its FROM list in order.
+
+    The user's row FOR NO KEY UPDATE: the inserts that reference the user (a turn, a run) take KEY
+    SHARE on it, which a plain FOR UPDATE would block, and a message holding the agent's lock would
+    deadlock. (SQLite, the demo, has no row locks: its transactions take the database's write lock
+    when they begin.)"""
+    if connection.vendor != "postgresql":
         return
-    # FOR NO KEY UPDATE: the inserts that reference the user (a turn, a run) take KEY SHARE on its row,
-    # which a plain FOR UPDATE would block, and a message holding the agent's lock would deadlock.
-    get_user_model().objects.select_for_update(no_key=True).filter(pk=user.pk).values_list("pk").first()
+    capped = user is not None and int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER) > 0
+    with connection.cursor() as cursor:
+        if capped and user is not None:
+            cursor.execute(LOCK_USER_AND_AGENT_SQL, [user.pk, agent.pk])
+        else:
+            cursor.execute(LOCK_AGENT_SQL, [agent.pk])
+        if cursor.fetchone() is None:
+            raise Agent.DoesNotExist(f"agent {agent.pk} is gone")
+
+
+USERS, AGENTS = get_user_model()._meta.db_table, Agent._meta.db_table
+LOCK_USER_AND_AGENT_SQL = (
+    f"SELECT 1 FROM {USERS} u, {AGENTS} a WHERE u.id = %s AND a.id = %s FOR NO KEY UPDATE OF u FOR UPDATE OF a"
+)
+LOCK_AGENT_SQL = f"SELECT 1 FROM {AGENTS} a WHERE a.id = %s FOR UPDATE"
 
 
 def check_open_turns(queue: Queue) -> None:
     """TooManyQueuedTurns if the user has AGENTS_MAX_OPEN_TURNS_PER_USER turns not ended, over all
     the agents they reach: one member opening agent after agent must not take every worker from
-    every other tenant. ``queue`` counted with the user's row locked (``lock_user``), so messages
+    every other tenant. ``queue`` counted with the user's row locked (``lock_queue``), so messages
     sent together are counted one after the other."""
     limit = int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER)
     if limit and queue.user_open >= limit:

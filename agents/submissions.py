@@ -26,8 +26,7 @@ from agents.services import (
     TooManyQueuedTurns,
     check_message,
     check_open_turns,
-    lock_agent,
-    lock_user,
+    lock_queue,
     push_turn,
     queue_locked,
     start_new_locked,
@@ -100,10 +99,9 @@ def submission_create(
     caller = caller or (f"user:{user.pk}" if user is not None else "system")
     print_ = fingerprint(checked, metadata)
     with transaction.atomic():
-        if user is not None:
-            lock_user(user)  # the user's row first (the lock order), then the agent's
-        # The agent's row: submissions with one key, and the queue's numbers, one at a time.
-        agent = lock_agent(agent)
+        # The user's row (the lock order), then the agent's: submissions with one key, and the
+        # queue's numbers, one at a time.
+        lock_queue(agent, user)
         if key:  # a retry is answered as the first was, whatever the caps say now
             earlier = Submission.objects.filter(agent=agent, caller=caller, idempotency_key=key).first()
             if earlier is not None:
