@@ -283,11 +283,13 @@ def claim_run(run_id: UUID | str, owner: str, now: datetime, lease_until: dateti
 
 
 def _run_from_row(db: BaseDatabaseWrapper, row: Any) -> WorkflowRun:
-    # Through the fields' converters, as a queryset would (SQLite returns text for some types).
+    # Through the backend's converters and the fields' own, as a queryset would: SQLite returns
+    # text for a UUID or a datetime, which only the backend's turn back into one.
     values = list(row)
     for i, field in enumerate(WorkflowRun._meta.concrete_fields):
-        for converter in field.get_db_converters(db):
-            values[i] = converter(values[i], None, db)
+        col = field.get_col(RUNS)
+        for converter in [*db.ops.get_db_converters(col), *field.get_db_converters(db)]:
+            values[i] = converter(values[i], col, db)
     return WorkflowRun.from_db(db.alias, RUN_ATTNAMES, values)
 
 
