@@ -275,15 +275,15 @@ class AgentConsumer(StreamConsumer):
             await self.send_json({"type": "state", "version": message["version"], "state": message["state"]})
 
     async def agent_fiber(self, message: dict[str, Any]) -> None:
-        """A fiber of the agent changed status (``agents.fibers``). A change older than one already
-        sent is dropped: the process that started the fiber pushes ``pending`` and the worker that
-        runs it ``running``, and pushes from two processes can cross."""
+        """A fiber of the agent changed status (``agents.fibers``). A change of an earlier stage of
+        its life than one already sent is dropped: the process that started the fiber pushes
+        ``pending`` and the worker that runs it ``running``, and pushes from two processes can cross."""
         if not self.ready:
             return
         fiber = message["fiber"]
         order = fiber_order(fiber)
-        if order <= self.fibers.get(fiber["id"], (False, -1, False)):
-            return
+        if order < self.fibers.get(fiber["id"], (False, -1, False)):
+            return  # (one of the same order goes on: a cancel's reason after its run's terminate)
         self.fibers[fiber["id"]] = order
         await self.send_json({"type": "fiber", **fiber})
 

@@ -93,8 +93,12 @@ class TurnWorkflow(Workflow):
 
     def run(self, event: Event, step: Step) -> dict[str, Any]:
         turn_id = str(event.payload["turn"])
+        # A restarted run's new attempt finds the stream of the attempts before it: it reads the
+        # stream's last seq first (the load step), so its first round starts after it instead of
+        # taking that stream for its own interrupted try.
+        legacy = event.version == "1" or event.attempt > 1
         try:
-            return self.converse(step, turn_id, legacy=event.version == "1")
+            return self.converse(step, turn_id, legacy=legacy)
         except StepError as exc:
             if exc.error_type == ForeignTurn.__name__:
                 raise  # not this run's turn: the run fails and the turn is left as it is
@@ -388,10 +392,12 @@ def model_round(
     if loaded is not None:
         messages = loaded["messages"]
     assert messages is not None
-    if number == 1 and ends is None:
+    if number == 1 and writer.seq == 0:
+        writer.add("start", {}, hold=True)  # stored with the first delta
+    elif number == 1 and ends is None and not Chunk.objects.filter(turn=turn, type="start").exists():
+        # A run of version 1, or a restarted attempt, on a stream without its start (an earlier try
+        # of this round may have stored it, keyed, then died).
         writer.add_once("start", {}, key="start")
-    elif number == 1 and writer.seq == 0:
-        writer.add("start", {}, hold=True)  # stored with the first delta (an earlier try's stays)
     now = timezone.now()
 
     def seal(partial: str, reason: str, notice: str) -> dict[str, Any]:
@@ -468,14 +474,20 @@ def model_round(
     return {**out, "loaded": loaded} if loaded is not None else out
 
 
+def answer_text(messages: list[dict[str, Any]]) -> str:
+    """A turn's answer: the text of each round that said something (a round may only call tools)."""
+    return "\n\n".join(m["content"] for m in messages if m["role"] == "assistant" and m["content"])
+
+
 def answered(turn: Turn, writer: ChunkWriter, added: list[dict[str, Any]], text: str) -> str | None:
     """End the turn the round answered, in one transaction with its last chunks; its status. None if
     the run's lease is gone (the run's next boundary finds it so, or the ``finish`` step ends it)."""
+    answer = [*added, {"role": "assistant", "content": text, "tool_calls": []}]
     outcome = {
         "status": TurnStatus.COMPLETED,
-        "text": "\n\n".join([m["content"] for m in added if m["role"] == "assistant" and m["content"]] + [text]),
+        "text": answer_text(answer),
         "reason": "answered",
-        "messages": [*added, {"role": "assistant", "content": text, "tool_calls": []}],
+        "messages": answer,
         "finish": "stop",
         "notice": "",
     }

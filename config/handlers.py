@@ -13,6 +13,7 @@ from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler as DjangoASGIHandler
 from django.core.handlers.asgi import get_script_prefix
+from django.db import close_old_connections
 from django.http import FileResponse
 from django.http.response import HttpResponseBase
 from django.urls import set_script_prefix
@@ -76,6 +77,11 @@ class ASGIHandler(DjangoASGIHandler):
             response.block_size = self.chunk_size  # the server chunks the body itself
         if not response.streaming:
             response.close()  # its content stays: only the request's resources and connection go
+        else:
+            # Streamed by the loop, and closed from another thread when it ends: what the chain
+            # used of the database in this thread goes back to the pool now, not at this thread's
+            # next request.
+            close_old_connections()
         return response
 
     async def stream(self, response: HttpResponseBase, receive: Any, send: Any) -> None:
@@ -89,12 +95,14 @@ class ASGIHandler(DjangoASGIHandler):
                 pass  # the client went away meanwhile
 
         tasks = [asyncio.create_task(self.listen_for_disconnect(receive)), asyncio.create_task(sending())]
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in tasks:
-            if not task.done():
-                task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, RequestAborted):
-                pass
-        await sync_to_async(response.close, thread_sensitive=True)()
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, RequestAborted):
+                    pass
+        finally:  # closed whatever happened to the stream (its generator may have raised)
+            await sync_to_async(response.close, thread_sensitive=True)()

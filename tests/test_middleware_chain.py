@@ -106,7 +106,15 @@ def streamed(request: HttpRequest) -> StreamingHttpResponse:
     return StreamingHttpResponse(parts(), content_type="text/plain")
 
 
-urlpatterns = [path("streamed", streamed)]
+def broken(request: HttpRequest) -> StreamingHttpResponse:
+    async def parts() -> AsyncIterator[bytes]:
+        yield b"one "
+        raise RuntimeError("the stream's source went away")
+
+    return StreamingHttpResponse(parts(), content_type="text/plain")
+
+
+urlpatterns = [path("streamed", streamed), path("broken", broken)]
 
 
 @pytest.mark.urls("tests.test_middleware_chain")
@@ -126,3 +134,10 @@ def test_a_refusal_is_answered_and_logged_as_django_does(caplog: pytest.LogCaptu
 
     assert status == 404 and json.loads(body)["error"]["code"] == "not_found"
     assert any(r.name == "django.request" and r.levelname == "WARNING" for r in caplog.records)
+
+
+@pytest.mark.urls("tests.test_middleware_chain")
+def test_a_stream_whose_source_fails_is_closed_all_the_same(finished: list[object]) -> None:
+    with pytest.raises(RuntimeError, match="went away"):
+        request("GET", "/broken")
+    assert len(finished) == 1

@@ -138,9 +138,26 @@ def run_start(
         queue=queue or conf()["QUEUE"],
         enqueued_at=timezone.now(),
     )
-    # A savepoint only where the quota may refuse the start, so that a caller inside a transaction
-    # can go on after the refusal: a turn's run starts inside its message's transaction, and a
-    # savepoint is two round trips.
+    try:
+        created = _insert_started(run, quota=quota, owner=owner)
+    except TooManyRuns:
+        # Starts with one key sent together all missed the lookup above, then waited for the
+        # owner's row: the first one's run exists now, and a replay is answered with it.
+        existing = WorkflowRun.objects.filter(dedupe_key=dedupe_key).first() if dedupe_key else None
+        if existing is None:
+            raise
+        return _same_start(existing, payload), False
+    if not created:  # (a conflict raised here leaves a caller's transaction usable)
+        return _same_start(WorkflowRun.objects.get(dedupe_key=dedupe_key), payload), False
+    return run, True
+
+
+def _insert_started(run: WorkflowRun, *, quota: bool, owner: User | None) -> bool:
+    """Insert a new run (``run_start``'s write); False if its key's run exists already.
+
+    A savepoint only where the quota may refuse the start, so that a caller inside a transaction
+    can go on after the refusal: a turn's run starts inside its message's transaction, and a
+    savepoint is two round trips."""
     with transaction.atomic(savepoint=quota):
         if quota and owner is not None:
             check_run_quota(owner=owner)
@@ -150,9 +167,7 @@ def run_start(
         if created:
             enqueue_run(run.id, queue=run.queue)
             log_run(run, "created", later=True)
-    if not created:  # (a conflict raised here leaves a caller's transaction usable)
-        return _same_start(WorkflowRun.objects.get(dedupe_key=dedupe_key), payload), False
-    return run, True
+    return created
 
 
 def _same_start(existing: WorkflowRun, payload: dict[str, Any]) -> WorkflowRun:

@@ -422,9 +422,9 @@ def test_turn_message_and_state_pushes_are_forwarded_and_an_older_state_is_dropp
 
 
 def test_a_fiber_change_older_than_one_sent_is_dropped(asgi_server: AsgiServer, world: World) -> None:
-    def fiber(status: str, attempts: int) -> dict[str, object]:
+    def fiber(status: str, attempts: int, reason: str = "") -> dict[str, object]:
         data = {"id": "f1", "name": "count", "status": status, "stash_version": 0, "attempts": attempts}
-        return {"type": "agent.fiber", "fiber": {**data, "end_reason": ""}}
+        return {"type": "agent.fiber", "fiber": {**data, "end_reason": reason}}
 
     with open_chat(asgi_server, world.users.alice) as ws:
         assert receive(ws)["type"] == "snapshot"
@@ -432,10 +432,21 @@ def test_a_fiber_change_older_than_one_sent_is_dropped(asgi_server: AsgiServer, 
         with transaction.atomic():
             for status, attempts in [("running", 1), ("pending", 0), ("running", 2), ("running", 1), ("completed", 2)]:
                 push_later(world.agent.pk, fiber(status, attempts))
+        # and a cancel pushes twice at one stage: its run's terminate, then who cancelled it
+        with transaction.atomic():
+            push_later(world.agent.pk, fiber("cancelled", 3, reason="its run was terminated"))
+            push_later(world.agent.pk, fiber("cancelled", 3, reason="cancelled by bob"))
         assert publisher.flush(TIMEOUT)
-        frames = [receive(ws) for _ in range(3)]
+        frames = [receive(ws) for _ in range(5)]
 
-    assert [(f["status"], f["attempts"]) for f in frames] == [("running", 1), ("running", 2), ("completed", 2)]
+    assert [(f["status"], f["attempts"]) for f in frames] == [
+        ("running", 1),
+        ("running", 2),
+        ("completed", 2),
+        ("cancelled", 3),
+        ("cancelled", 3),
+    ]
+    assert frames[-1]["end_reason"] == "cancelled by bob"
 
 
 # --- bad input ------------------------------------------------------------------------------------------

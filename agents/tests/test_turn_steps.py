@@ -3,7 +3,9 @@ a tool call adds its own and a round, and a run started at version 1 keeps the s
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -12,12 +14,13 @@ from django.test.utils import CaptureQueriesContext
 from agents.models import Message, Turn, TurnStatus
 from agents.services import message_send
 from agents.tests.support import assert_seq_complete, chat_agent, chunks, streamed_text
-from agents.workflows import TurnWorkflow
+from agents.workflows import TurnWorkflow, answer_text
 from tests.agents_fixtures import count
 from tests.factories import Users
 from tests.fixtures import NoEnqueue
 from workflows import engine
 from workflows.models import RunStatus, StepResult
+from workflows.services import run_restart
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -92,3 +95,45 @@ def test_a_run_started_at_version_1_keeps_its_load_and_finish_steps(
     assert streamed_text(turn) == turn.text == "You said: hello there"
     assert_seq_complete(turn)
     assert Message.objects.filter(turn=turn).count() == 2
+
+
+def test_a_restarted_turn_starts_its_first_round_after_the_stream_it_had(
+    users: Users, no_enqueue: NoEnqueue, tmp_path: Path, settings: Any
+) -> None:
+    # given a turn waiting for an approval, whose stream has been silent longer than the budget
+    # allows an interrupted round
+    settings.AGENTS_MAX_SILENCE_SECONDS = 0.2
+    turn = message_send(agent=chat_agent(users.alice), user=users.alice, text=f"refund 20.00 {tmp_path / 'r'}")
+    assert turn.run_id is not None
+    engine.advance(turn.run_id)
+    assert Turn.objects.get(pk=turn.pk).status == TurnStatus.WAITING
+    streamed = len(chunks(turn))
+    time.sleep(0.3)
+
+    # when staff restart its run
+    run_restart(run_id=turn.run_id)
+    engine.advance(turn.run_id)
+
+    # then the new attempt read the stream's last seq first and answered anew after it: no recovery
+    # of the attempt before it, no seal for its silence
+    turn = Turn.objects.get(pk=turn.pk)
+    assert (turn.status, turn.recoveries) == (TurnStatus.WAITING, 0), turn.end_reason
+    assert steps_of(turn, attempt=2)[:2] == ["load", "model 1"]
+    assert [c.type for c in chunks(turn)[streamed:]][:1] == ["text-delta"]  # no reset, no notice first
+    assert_seq_complete(turn)
+
+
+def steps_of(turn: Turn, *, attempt: int) -> list[str]:
+    named = StepResult.objects.filter(run_id=turn.run_id, attempt=attempt).order_by("position")
+    return list(named.values_list("name", flat=True))
+
+
+def test_the_answer_is_the_text_of_each_round_that_said_something() -> None:
+    added = [
+        {"role": "assistant", "content": "Let me look.", "tool_calls": [{"id": "1"}]},
+        {"role": "tool", "tool_call_id": "1", "name": "x", "content": {}},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "2"}]},
+        {"role": "tool", "tool_call_id": "2", "name": "y", "content": {}},
+    ]
+    assert answer_text([*added, {"role": "assistant", "content": "Done."}]) == "Let me look.\n\nDone."
+    assert answer_text([*added, {"role": "assistant", "content": ""}]) == "Let me look."

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -13,8 +14,15 @@ from tests.factories import Users
 from tests.support import Worker, wait_for, wait_for_status, wait_for_terminal
 from tests.workflows_fixtures import lines
 from workflows import public as wf
-from workflows.exceptions import IdempotencyConflict, InvalidPayload, TransitionNotAllowed, UnknownWorkflow
+from workflows.exceptions import (
+    IdempotencyConflict,
+    InvalidPayload,
+    TooManyRuns,
+    TransitionNotAllowed,
+    UnknownWorkflow,
+)
 from workflows.models import RunAttempt, RunEvent, RunStatus, StepResult, WorkflowRun
+from workflows.services import run_start
 
 
 @pytest.mark.django_db
@@ -192,3 +200,39 @@ def test_starts_with_one_key_at_the_same_instant_make_one_run() -> None:
     [run] = WorkflowRun.objects.all()
     assert started == [run.id] * n
     assert list(RunAttempt.objects.values_list("run_id", "number")) == [(run.id, 1)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_starts_with_one_key_sent_together_at_the_quota_all_get_its_run(users: Users, settings: Any) -> None:
+    # given alice one run short of her quota, and eight starts of one run with one key, released together
+    settings.WORKFLOWS = {**settings.WORKFLOWS, "MAX_ACTIVE_RUNS_PER_OWNER": 2}
+    run_start(workflow="test.echo", payload={"a": 0}, owner=users.alice, quota=True)
+    n = 8
+    barrier = threading.Barrier(n)
+    started: list[object] = [None] * n
+
+    def start(i: int) -> None:
+        try:
+            barrier.wait()
+            run, _ = run_start(
+                workflow="test.echo", payload={"a": 1}, idempotency_key="k", owner=users.alice, quota=True
+            )
+            started[i] = run.id
+        except BaseException as exc:
+            started[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    # then one of them made the run, and the others, past the quota once it was made, get it too
+    run = WorkflowRun.objects.get(idempotency_key="k")
+    assert started == [run.id] * n
+    assert WorkflowRun.objects.filter(owner=users.alice).count() == 2
+    # and a new key past the quota is still refused
+    with pytest.raises(TooManyRuns):
+        run_start(workflow="test.echo", payload={"a": 2}, idempotency_key="other", owner=users.alice, quota=True)
