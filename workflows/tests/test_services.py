@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from django.db import connection
 
 from tests.factories import Users
+from tests.fixtures import NoEnqueue
 from tests.support import Worker, wait_for, wait_for_status, wait_for_terminal
 from tests.workflows_fixtures import lines
 from workflows import public as wf
@@ -173,65 +175,57 @@ class TestControls:
         assert steps == [(1, "failed"), (2, "completed")]
 
 
-@pytest.mark.django_db(transaction=True)
-def test_starts_with_one_key_at_the_same_instant_make_one_run() -> None:
-    # given eight threads, each with its own connection, released together
-    n = 8
+def at_once(n: int, fn: Callable[[], Any]) -> list[Any]:
+    """``fn()`` in ``n`` threads released together, each on a connection of its own: what each
+    returned, or the exception it raised."""
     barrier = threading.Barrier(n)
-    started: list[object] = [None] * n
+    results: list[Any] = [None] * n
 
-    def start(i: int) -> None:
+    def call(i: int) -> None:
         try:
             barrier.wait()
-            started[i] = wf.start("test.echo", {"a": 1}, idempotency_key="together").id
+            results[i] = fn()
         except BaseException as exc:
-            started[i] = exc
+            results[i] = exc
         finally:
             connection.close()
 
-    # when they start the same run
-    threads = [threading.Thread(target=start, args=(i,)) for i in range(n)]
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
+    return results
+
+
+@pytest.mark.django_db(transaction=True)
+def test_starts_with_one_key_at_the_same_instant_make_one_run(no_enqueue: NoEnqueue) -> None:
+    # when eight threads start the same run with one key at once
+    started = at_once(8, lambda: wf.start("test.echo", {"a": 1}, idempotency_key="together").id)
 
     # then one run was made, with one attempt, and every start answers with it
     [run] = WorkflowRun.objects.all()
-    assert started == [run.id] * n
+    assert started == [run.id] * 8
     assert list(RunAttempt.objects.values_list("run_id", "number")) == [(run.id, 1)]
 
 
 @pytest.mark.django_db(transaction=True)
-def test_starts_with_one_key_sent_together_at_the_quota_all_get_its_run(users: Users, settings: Any) -> None:
-    # given alice one run short of her quota, and eight starts of one run with one key, released together
+def test_starts_with_one_key_sent_together_at_the_quota_all_get_its_run(
+    users: Users, settings: Any, no_enqueue: NoEnqueue
+) -> None:
+    # given alice one run short of her quota (no worker takes the runs: they stay unfinished)
     settings.WORKFLOWS = {**settings.WORKFLOWS, "MAX_ACTIVE_RUNS_PER_OWNER": 2}
     run_start(workflow="test.echo", payload={"a": 0}, owner=users.alice, quota=True)
-    n = 8
-    barrier = threading.Barrier(n)
-    started: list[object] = [None] * n
 
-    def start(i: int) -> None:
-        try:
-            barrier.wait()
-            run, _ = run_start(
-                workflow="test.echo", payload={"a": 1}, idempotency_key="k", owner=users.alice, quota=True
-            )
-            started[i] = run.id
-        except BaseException as exc:
-            started[i] = exc
-        finally:
-            connection.close()
+    # when eight starts of one run with one key come at once
+    def start() -> Any:
+        return run_start(workflow="test.echo", payload={"a": 1}, idempotency_key="k", owner=users.alice, quota=True)
 
-    threads = [threading.Thread(target=start, args=(i,)) for i in range(n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    started = [result[0].id if isinstance(result, tuple) else result for result in at_once(8, start)]
 
     # then one of them made the run, and the others, past the quota once it was made, get it too
     run = WorkflowRun.objects.get(idempotency_key="k")
-    assert started == [run.id] * n
+    assert started == [run.id] * 8
     assert WorkflowRun.objects.filter(owner=users.alice).count() == 2
     # and a new key past the quota is still refused
     with pytest.raises(TooManyRuns):
