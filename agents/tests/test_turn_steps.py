@@ -129,7 +129,7 @@ def steps_of(turn: Turn, *, attempt: int) -> list[str]:
 
 
 def test_the_answer_is_the_text_of_each_round_that_said_something() -> None:
-    added = [
+    added: list[dict[str, Any]] = [
         {"role": "assistant", "content": "Let me look.", "tool_calls": [{"id": "1"}]},
         {"role": "tool", "tool_call_id": "1", "name": "x", "content": {}},
         {"role": "assistant", "content": "", "tool_calls": [{"id": "2"}]},
