@@ -1,3 +1,4 @@
+import gc
 import os
 from typing import Any
 
@@ -52,3 +53,10 @@ application = ProtocolTypeRouter(
         "websocket": SameOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+# Everything loaded by now (Django, the apps, the URLconf, the consumers) lives as long as the
+# process. Taken out of the collector's generations, it is no longer walked by every full
+# collection: those paused a daphne here for tens of milliseconds at a time (two daphnes' GET
+# /healthz went from about 1,850 a second with a p99 of 80 to 130 ms, to about 2,150 with a p99 of
+# 30 to 50 ms, bench/inbound.py's floor in one hour).
+gc.freeze()

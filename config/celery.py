@@ -1,3 +1,4 @@
+import gc
 import os
 from typing import Any
 
@@ -25,6 +26,14 @@ def close_old_connections(task: Task | None = None, **kwargs: Any) -> None:
     from django.db import close_old_connections
 
     close_old_connections()
+
+
+@signals.worker_process_init.connect  # type: ignore[untyped-decorator]  # celery has no types
+def freeze_loaded_objects(**kwargs: Any) -> None:
+    """A worker process has loaded Django and the apps (a prefork child, after the fork): what it
+    holds now lives as long as it does, so the collector's full collections need not walk it (as in
+    config/asgi.py)."""
+    gc.freeze()
 
 
 @signals.worker_process_shutdown.connect  # type: ignore[untyped-decorator]  # celery has no types
