@@ -33,7 +33,7 @@ import ssl
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
@@ -78,6 +78,9 @@ class HttpAdapter:
         read_timeout: float | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        # What the outcomes' reasons (stored on the operation, logged) name the provider by: its
+        # address without credentials or a query.
+        self.where = _public_address(self.base_url)
         self.submit_path = submit_path
         self.lookup_path = lookup_path
         self.batch_lookup_path = batch_lookup_path
@@ -103,22 +106,22 @@ class HttpAdapter:
             response = self._send("POST", url, json=self.submit_body(op), headers={"Idempotency-Key": op.key})
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             # No connection, so no byte of the request reached the provider.
-            return NoEffect(f"could not connect to {self.base_url}: {_describe(exc)}")
+            return NoEffect(f"could not connect to {self.where}: {_describe(exc)}")
         except httpx.TimeoutException as exc:
             # Connected and (at least partly) sent: the provider may be acting on it right now.
-            return Unknown(f"no answer from {self.base_url} in time: {_describe(exc)}")
+            return Unknown(f"no answer from {self.where} in time: {_describe(exc)}")
         except httpx.HTTPError as exc:
-            return Unknown(f"the request to {self.base_url} failed after it was sent: {_describe(exc)}")
+            return Unknown(f"the request to {self.where} failed after it was sent: {_describe(exc)}")
         return self.submit_outcome(response)
 
     def lookup(self, op: ExternalOperation) -> LookupOutcome:
         if self.lookup_path is None:
-            return Unknown(f"{self.base_url} cannot look operations up")
+            return Unknown(f"{self.where} cannot look operations up")
         try:
             response = self._send("GET", self.url(self.lookup_path, op), reuse_connection=True)
         except httpx.HTTPError as exc:
             # A lookup changes nothing at the provider: whatever went wrong, we simply do not know.
-            return Unknown(f"the lookup at {self.base_url} failed: {_describe(exc)}")
+            return Unknown(f"the lookup at {self.where} failed: {_describe(exc)}")
         return self.lookup_outcome(response)
 
     def lookup_many(self, ops: list[ExternalOperation]) -> list[LookupOutcome]:
@@ -133,13 +136,13 @@ class HttpAdapter:
         try:
             response = self._send("POST", url, json={"keys": [op.key for op in ops]}, reuse_connection=True)
         except httpx.HTTPError as exc:
-            return [Unknown(f"the lookup at {self.base_url} failed: {_describe(exc)}")] * len(ops)
+            return [Unknown(f"the lookup at {self.where} failed: {_describe(exc)}")] * len(ops)
         if response.status_code in NO_BATCH_HTTP:
             self.batch_lookup_missing = True  # a plain flag: threads racing here at worst ask once each
             logger.warning(
                 "%s has no batch lookup (POST %s answered HTTP %s): looking keys up one at a time",
-                self.base_url,
-                url,
+                self.where,
+                _public_address(url),
                 response.status_code,
             )
             return [self.lookup(op) for op in ops]
@@ -259,6 +262,17 @@ def _error_code(body: Any) -> str | None:
     if isinstance(error, str) and error:
         return error
     return str(body["code"]) if body.get("code") else None
+
+
+def _public_address(url: str) -> str:
+    """``url`` without a user, a password or a query (``https://key:secret@pay.example/v1?x=1`` is
+    ``https://pay.example/v1``)."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address
+    netloc = f"{host}:{parts.port}" if parts.port else host
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _describe(exc: BaseException) -> str:

@@ -57,3 +57,26 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return json.dumps(line, default=str, ensure_ascii=False)
+
+
+class RequestPathFilter(logging.Filter):
+    """Django's request lines (``Not Found: /…``, ``Internal Server Error: /…``) name the route the
+    request matched, or say it matched none, instead of its path: a path and its query are what a
+    client typed, and may hold an email address or a token that must not reach the logs."""
+
+    LOGGERS = ("django.request", "django.server")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        request = getattr(record, "request", None)
+        args = record.args
+        if (
+            record.name in self.LOGGERS
+            and request is not None
+            and isinstance(args, tuple)
+            and len(args) == 2
+            and args[1] == getattr(request, "path", None)
+        ):
+            match = getattr(request, "resolver_match", None)
+            route = getattr(match, "route", None)
+            record.args = (args[0], f"route {route}" if route else "a path no route matches")
+        return True

@@ -164,3 +164,18 @@ def test_reconcile_resolves_everything_at_a_provider_without_the_batch_path(
     )
     assert statuses == {OperationStatus.SUCCEEDED}
     assert (provider.batch_lookups(), provider.lookups()) == (1, 6)
+
+
+def test_an_outcome_names_the_provider_without_its_credentials() -> None:
+    # given a provider whose address carries a key, and which no one answers at
+    adapter = HttpAdapter(base_url="http://user:s3cret@127.0.0.1:9/v1?token=t0ken", connect_timeout=0.5)
+    op = ExternalOperation(key="refund:1", system="payments", action="refund", request={"amount": "1.00"})
+
+    # when a refund is sent and a lookup made
+    outcomes = [adapter.submit(op), adapter.lookup(op)]
+
+    # then the reasons stored and logged name the provider by its address alone
+    for outcome in outcomes:
+        assert isinstance(outcome, (NoEffect, Unknown)), outcome
+        assert "http://127.0.0.1:9/v1" in outcome.reason
+        assert "s3cret" not in outcome.reason and "user" not in outcome.reason and "t0ken" not in outcome.reason

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import subprocess
@@ -11,9 +12,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.test import Client
 from django.utils import timezone
 
-from ops.logformat import JsonFormatter
+from ops.logformat import JsonFormatter, RequestPathFilter
 from tests.factories import make_run
 from tests.support import ROOT, service_env
 from workflows import engine
@@ -92,3 +94,21 @@ def test_log_format_json_makes_every_line_a_json_object() -> None:
         "attempt": 1,
     }
     assert "data" not in line and "a payload" not in done.stderr  # an extra not listed is not copied
+
+
+def test_request_lines_name_the_route_not_the_path_a_client_typed() -> None:
+    # given the logging configuration's filter on the handler a line is written through
+    handler = logging.StreamHandler(io.StringIO())
+    handler.addFilter(RequestPathFilter())
+    logging.getLogger("django.request").addHandler(handler)
+    try:
+        client = Client()
+        client.get("/jane.doe@example.com/?token=abc")  # no route
+        client.get("/api/runs/12345678")  # a route, a run nobody has
+    finally:
+        logging.getLogger("django.request").removeHandler(handler)
+
+    written = handler.stream.getvalue()
+    assert "Not Found: a path no route matches" in written
+    assert "Unauthorized: route api/runs/<" in written  # (no credentials: a 401, on its route)
+    assert "jane.doe" not in written and "abc" not in written and "12345678" not in written
