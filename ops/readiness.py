@@ -51,13 +51,12 @@ def check_redis() -> str | None:
 def check_broker() -> str | None:
     from kombu.connection import Connection
 
-    from config.broker import is_amqp
-
     timeout = float(settings.READYZ_TIMEOUT)
     url = settings.CELERY_BROKER_URL
     # Redis's transport reads with no timeout of its own: a server that accepts and never answers
     # would hold the check for ever.
-    options = {} if is_amqp(url) else {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    redis_transport = url.lower().startswith(("redis://", "rediss://"))
+    options = {"socket_timeout": timeout, "socket_connect_timeout": timeout} if redis_transport else {}
     try:
         # kombu leaves its constructor unannotated
         with Connection(url, connect_timeout=timeout, transport_options=options) as conn:  # type: ignore[no-untyped-call]
