@@ -6,8 +6,8 @@ nothing; ``delivery_receive`` records what became of it:
 - rejected: one rejected delivery row, nothing else (``delivery_reject``);
 - accepted: the accepted row and the action's work in ONE transaction (``delivery_accept``). The
   partial unique constraint on (source, event_id) for accepted rows makes a second delivery of the
-  same event wait for the first to commit and then fail: that transaction rolls back whole (its
-  action's work too) and a duplicate row is recorded after the rollback;
+  same event wait for the first to commit, and then not write its accepted row (an insert that
+  does nothing on that conflict, ``webhooks.statements``): it never runs the action;
 - duplicate: that row, nothing else.
 """
 
@@ -22,15 +22,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import transaction
 
 from ledger.redaction import REDACTED, redact
 from ledger.services import PurgeResult, purge_in_batches, retention_cutoff
 from webhooks.actions import ActionDeferred, ActionRefused, Event, action_perform
 from webhooks.conf import Source
 from webhooks.metrics import DELIVERIES
-from webhooks.models import ACCEPTED_ONCE, Outcome, WebhookDelivery
+from webhooks.models import Outcome, WebhookDelivery
 from webhooks.selectors import deliveries_received_before
+from webhooks.statements import insert_delivery, record_result
 from webhooks.verify import SCHEMES, MalformedEvent, SignatureRejected
 from workflows.storable import MAX_JSON_DEPTH, json_loads_strict, json_problem
 
@@ -183,8 +184,9 @@ def delivery_accept(*, source: Source, headers: Mapping[str, str], size: int, ch
     """Accept the event once: the accepted row and the action's work commit together.
 
     Raises ActionRefused (nothing kept) if the action cannot act on the event. A concurrent or
-    earlier acceptance of the same (source, event id) makes this one a duplicate: its transaction
-    rolls back (the action's work with it) and the duplicate is recorded after the rollback.
+    earlier acceptance of the same (source, event id) makes this one a duplicate: its accepted row
+    is not written (a concurrent one is waited for, and written only if that one rolls back), the
+    action does not run, and the duplicate row is recorded instead.
     """
     row = {
         "source": source.name,
@@ -193,22 +195,23 @@ def delivery_accept(*, source: Source, headers: Mapping[str, str], size: int, ch
         "body": redact(checked.body),
         "size": size,
     }
-    try:
-        with transaction.atomic():
-            # The row first: a second delivery of this event blocks here, on the unique index,
-            # until the first commits (then IntegrityError) or rolls back (then it goes on).
-            delivery = WebhookDelivery.objects.create(outcome=Outcome.ACCEPTED, **row)
+    with transaction.atomic():
+        # The row first: a second delivery of this event waits here, on the unique index, until
+        # the first commits (then it is a duplicate) or rolls back (then it goes on).
+        delivery = WebhookDelivery(outcome=Outcome.ACCEPTED, **row)
+        if not insert_delivery(delivery):
+            duplicate = WebhookDelivery(outcome=Outcome.DUPLICATE, **row)
+            insert_delivery(duplicate)
+        else:
+            duplicate = None
             event = Event(source=source.name, event_id=checked.event_id, body=checked.body)
             done = action_perform(source.action, event)
             delivery.run_id = done.get("run_id")
             delivery.operation_key = done.get("operation_key", "")
             delivery.submission_id = done.get("submission_id")
             delivery.result = json.loads(json.dumps(done.get("result"), default=str))
-            delivery.save(update_fields=["run", "operation_key", "submission", "result"])
-    except IntegrityError as exc:
-        if getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None) != ACCEPTED_ONCE:
-            raise
-        duplicate = WebhookDelivery.objects.create(outcome=Outcome.DUPLICATE, **row)
+            record_result(delivery)
+    if duplicate is not None:
         _delivered(duplicate, logging.INFO, "webhook %s %s: a duplicate", checked.event_id)
         return duplicate
     _delivered(delivery, logging.INFO, "webhook %s %s accepted (delivery %s)", checked.event_id, delivery.pk)

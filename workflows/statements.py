@@ -93,6 +93,12 @@ def _cursor(db: BaseDatabaseWrapper) -> Any:
     return cursor
 
 
+def prepared_cursor() -> Any:
+    """This thread's cursor for another app's hot statement, in Django's transaction: on PostgreSQL
+    the one that prepares what it runs, elsewhere one of Django's. Use it as a context manager."""
+    return _cursor(_db())
+
+
 def _in(values: list[RunStatus]) -> str:
     return ", ".join(f"'{v}'" for v in values)
 
