@@ -3,6 +3,7 @@
 (not a test: it prints).
 
     .venv/bin/python bench/inbound.py [--deliveries N] [--submissions N] [--outcomes N] [--clients C]
+                                      [--rate R] [--paced-seconds S]
 
 Self-contained like bench/chat.py (through bench/harness.py): its own PostgreSQL database (dropped at
 the end), Redis db 13, a private queue with one ``celery worker -P prefork -c 2``, and --web real
@@ -16,9 +17,12 @@ two cores little), on one asyncio loop, spread evenly over the daphnes.
    (printed as their ratio to it).
 1. webhooks: N signed deliveries (Standard Webhooks) to a source whose action starts a one-step
    ``bench.noop`` run keyed by the event id; 10% of them are replays of an earlier event (the same id
-   and body, signed again), sent while the original may still be in flight. Deliveries per second
-   (answered, all of them, over the wall time) and each request's latency. Then, once the worker has
-   run everything: runs started per event (duplicate effects: more than one; lost: an accepted event
+   and body, signed again), sent while the original may still be in flight. Two parts: N from C
+   clients each sending when answered (closed loop: the most the servers answer a second, at a
+   latency that is queueing by construction), then --rate a second for --paced-seconds, each sent
+   when due whatever the answers before it (open loop, as independent senders do), its latency
+   counted from when it was due: the latency at that rate. Then, once the worker has run
+   everything: runs started per event (duplicate effects: more than one; lost: an accepted event
    without a completed run).
 2. submissions: N ``POST /api/agents/bench.chat/<name>/submissions`` with an ``Idempotency-Key``
    (token auth), spread over 20 agents, 10% replays of an earlier key and body. The same figures;
@@ -91,6 +95,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--outcomes", type=int, default=50, help="outcome webhooks waking a waiting run (default 50)")
     p.add_argument("--clients", "-C", type=int, default=16, help="requests in flight at once (default 16)")
     p.add_argument("--web", type=int, default=2, help="daphne processes, the clients spread over them (default 2)")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=500,
+        help="the paced part of each burst offers this many requests a second (default 500, the target)",
+    )
+    p.add_argument("--paced-seconds", type=float, default=8, help="how long the paced part lasts (default 8)")
     p.add_argument("--replays", type=float, default=0.10, help="share of requests that replay an earlier one (0.10)")
     p.add_argument(
         "--worker",
@@ -109,6 +120,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.phases = parse_phases(p, args.phases, PHASES)
     if min(args.deliveries, args.submissions, args.outcomes, args.clients, args.web) < 1:
         p.error("--deliveries, --submissions, --outcomes, --clients and --web must be at least 1")
+    if args.rate <= 0 or args.paced_seconds <= 0:
+        p.error("--rate and --paced-seconds must be positive")
     if not 0 <= args.replays < 1:
         p.error("--replays is a share from 0 up to 1")
     return args
@@ -239,6 +252,47 @@ async def send_all(servers: list[AsgiServer], requests: list[Request], clients: 
     return sent
 
 
+PACED_CONNECTIONS = 64
+
+
+async def send_paced(servers: list[AsgiServer], requests: list[Request], rate: float) -> Sent:
+    """Send ``requests`` at ``rate`` a second, each when it is due whatever the answers before it
+    (open loop, as independent senders do), on up to PACED_CONNECTIONS kept-alive connections
+    spread over the servers. A request's latency counts from when it was due, so a server that
+    falls behind shows in it, and in the rate it answered at, not only in a client that waits."""
+    sent = Sent()
+    idle: asyncio.Queue[Connection] = asyncio.Queue()
+    connections = [Connection(servers[i % len(servers)].url) for i in range(PACED_CONNECTIONS)]
+    for connection in connections:
+        idle.put_nowait(connection)
+
+    async def one(r: Request, due: float) -> None:
+        connection = await idle.get()
+        try:
+            status, content = await connection.send(r.method, r.path, r.body, r.prepare())
+        finally:
+            idle.put_nowait(connection)
+        sent.latencies.append(time.perf_counter() - due)
+        sent.statuses.append(status)
+        if status not in OK:
+            sent.refusals.setdefault(status, content[:300].decode(errors="replace"))
+
+    start = time.perf_counter() + 0.05
+    tasks = []
+    for i, r in enumerate(requests):
+        due = start + i / rate
+        if (wait := due - time.perf_counter()) > 0:
+            await asyncio.sleep(wait)
+        tasks.append(asyncio.create_task(one(r, due)))
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for connection in connections:
+            await connection.close()
+    sent.seconds = time.perf_counter() - start
+    return sent
+
+
 OK = (200, 202)  # accepted, or a duplicate answered as the first was
 
 
@@ -254,15 +308,18 @@ def signed(event_id: str, body: bytes) -> Callable[[], dict[str, str]]:
     return headers
 
 
-def burst(sent: Sent, *, unique: int, done_keys: list[str], drained: float, more_effects: int = 0) -> Burst:
+def burst(
+    sent: Sent, paced: Sent, *, unique: int, done_keys: list[str], drained: float, more_effects: int = 0
+) -> Burst:
     """What a burst did: its answers, and from the keys of the work that was done (one per effect),
     the effects done twice (``more_effects`` added) and the events or keys never done."""
     return Burst(
         sent=sent,
+        paced=paced,
         unique=unique,
-        accepted=sent.count(202),
-        duplicates=sent.count(200),
-        refused=len(sent.statuses) - sent.count(200, 202),
+        accepted=sent.count(202) + paced.count(202),
+        duplicates=sent.count(200) + paced.count(200),
+        refused=len(sent.statuses) + len(paced.statuses) - sent.count(200, 202) - paced.count(200, 202),
         effects_twice=len(done_keys) - len(set(done_keys)) + more_effects,
         lost=unique - len(set(done_keys)),
         drain_seconds=drained,
@@ -285,7 +342,8 @@ def floor(args: argparse.Namespace, servers: list[AsgiServer]) -> Sent:
 # --- 1. webhooks -----------------------------------------------------------------------------------
 @dataclass
 class Burst:
-    sent: Sent
+    sent: Sent  # closed loop: --clients in flight, each sending when answered
+    paced: Sent  # open loop, at --rate
     unique: int
     accepted: int  # 202 answers
     duplicates: int  # 200 answers
@@ -296,31 +354,48 @@ class Burst:
 
 
 def sent_with_worker(
-    args: argparse.Namespace, session: Session, servers: list[AsgiServer], requests: list[Request]
-) -> Sent:
-    """Send a burst; with ``--worker after`` the worker is stopped while it is sent and started again
-    for the drain (the work waits in the queue meanwhile: it is handed over, not yet done)."""
+    args: argparse.Namespace,
+    session: Session,
+    servers: list[AsgiServer],
+    requests: list[Request],
+    paced: list[Request],
+) -> tuple[Sent, Sent]:
+    """Send a burst: ``requests`` from --clients connections, then ``paced`` at --rate. With
+    ``--worker after`` the worker is stopped while they are sent and started again for the drain
+    (the work waits in the queue meanwhile: it is handed over, not yet done)."""
     if args.worker == "after":
         session.stop_worker()
     try:
-        return asyncio.run(send_all(servers, requests, args.clients))
+        closed = asyncio.run(send_all(servers, requests, args.clients))
+        say(f"  then {len(paced):,} at {args.rate:,.0f} a second")
+        return closed, asyncio.run(send_paced(servers, paced, args.rate))
     finally:
         if session.worker is None:
             session.start_worker()
+
+
+def paced_count(args: argparse.Namespace) -> int:
+    """Requests in the paced part of a burst, replays included."""
+    return max(1, int(args.rate * args.paced_seconds + 0.5))
 
 
 def webhooks(args: argparse.Namespace, session: Session, servers: list[AsgiServer], check: Callable[[], None]) -> Burst:
     from workflows.models import WorkflowRun
 
     rng = random.Random(1)
-    firsts = [
-        Request("/webhooks/bench-runs/", body, signed(f"evt_{i}", body))
-        for i in range(round(args.deliveries * (1 - args.replays)))
-        for body in [json.dumps({"type": "order.paid", "data": {"steps": 1, "n": i}}).encode()]
-    ]
+
+    def deliveries(prefix: str, count: int) -> list[Request]:
+        return [
+            Request("/webhooks/bench-runs/", body, signed(f"{prefix}_{i}", body))
+            for i in range(round(count * (1 - args.replays)))
+            for body in [json.dumps({"type": "order.paid", "data": {"steps": 1, "n": i}}).encode()]
+        ]
+
+    firsts, paced_firsts = deliveries("evt", args.deliveries), deliveries("paced", paced_count(args))
     requests = with_replays(firsts, args.replays, rng)
+    paced = with_replays(paced_firsts, args.replays, rng)
     say(f"webhooks: {len(requests):,} deliveries ({len(requests) - len(firsts):,} replays), {args.clients} at once")
-    sent = sent_with_worker(args, session, servers, requests)
+    sent, paced_sent = sent_with_worker(args, session, servers, requests, paced)
     t0 = time.monotonic()
     runs = WorkflowRun.objects.filter(workflow="bench.noop", idempotency_key__startswith="bench-runs:")
     wait_until(
@@ -331,7 +406,8 @@ def webhooks(args: argparse.Namespace, session: Session, servers: list[AsgiServe
         interval=0.2,
     )
     keys = list(runs.filter(status="completed").values_list("idempotency_key", flat=True))
-    return burst(sent, unique=len(firsts), done_keys=keys, drained=time.monotonic() - t0)
+    unique = len(firsts) + len(paced_firsts)
+    return burst(sent, paced_sent, unique=unique, done_keys=keys, drained=time.monotonic() - t0)
 
 
 # --- 2. submissions --------------------------------------------------------------------------------
@@ -346,17 +422,21 @@ def submissions(
         fixed = {"Content-Type": "application/json", "Authorization": f"Token {token}", "Idempotency-Key": key}
         return lambda: fixed
 
-    firsts = [
-        Request(
-            f"/api/agents/{KIND}/inbox-{i % AGENTS}/submissions",
-            json.dumps({"messages": [{"role": "user", "content": "instant"}], "metadata": {"n": i}}).encode(),
-            headers(f"sub-{i}"),
-        )
-        for i in range(round(args.submissions * (1 - args.replays)))
-    ]
+    def requested(prefix: str, count: int) -> list[Request]:
+        return [
+            Request(
+                f"/api/agents/{KIND}/inbox-{i % AGENTS}/submissions",
+                json.dumps({"messages": [{"role": "user", "content": "instant"}], "metadata": {"n": i}}).encode(),
+                headers(f"{prefix}-{i}"),
+            )
+            for i in range(round(count * (1 - args.replays)))
+        ]
+
+    firsts, paced_firsts = requested("sub", args.submissions), requested("paced", paced_count(args))
     requests = with_replays(firsts, args.replays, rng)
+    paced = with_replays(paced_firsts, args.replays, rng)
     say(f"submissions: {len(requests):,} requests ({len(requests) - len(firsts):,} replays) to {AGENTS} agents")
-    sent = sent_with_worker(args, session, servers, requests)
+    sent, paced_sent = sent_with_worker(args, session, servers, requests, paced)
     t0 = time.monotonic()
     open_statuses = (SubmissionStatus.PENDING, SubmissionStatus.RUNNING)
     wait_until(
@@ -368,8 +448,9 @@ def submissions(
     )
     drained = time.monotonic() - t0
     keys = list(Submission.objects.filter(status=SubmissionStatus.COMPLETED).values_list("idempotency_key", flat=True))
-    extra_turns = max(0, Turn.objects.filter(source="submission").count() - len(firsts))
-    return burst(sent, unique=len(firsts), done_keys=keys, drained=drained, more_effects=extra_turns)
+    unique = len(firsts) + len(paced_firsts)
+    extra_turns = max(0, Turn.objects.filter(source="submission").count() - unique)
+    return burst(sent, paced_sent, unique=unique, done_keys=keys, drained=drained, more_effects=extra_turns)
 
 
 # --- 3. outcome ------------------------------------------------------------------------------------
@@ -433,18 +514,23 @@ def floor_rows(sent: Sent) -> list[Row]:
     ]
 
 
-def burst_rows(name: str, b: Burst, floor: Sent | None) -> list[Row]:
+def burst_rows(name: str, b: Burst, floor: Sent | None, args: argparse.Namespace) -> list[Row]:
     p50, p99 = percentile(b.sent.latencies, 0.5), percentile(b.sent.latencies, 0.99)
-    answered = f"{name}: answered/s ({len(b.sent.statuses):,}, 10% replays)"
+    paced50, paced99 = percentile(b.paced.latencies, 0.5), percentile(b.paced.latencies, 0.99)
+    replays = f"{args.replays:.0%} replays"
+    answered = f"{name}: answered/s, {args.clients} in flight ({len(b.sent.statuses):,}, {replays})"
+    offered = f"  offered {args.rate:,.0f}/s for {b.paced.seconds:.0f} s ({len(b.paced.statuses):,}): answered/s"
     answers = f"{b.accepted:,} / {b.duplicates:,} / {b.refused:,}"
     versus = [Row("  against the floor", f"{b.sent.rate / floor.rate:.2f}x")] if floor else []
     return [
         Row(answered, f"{b.sent.rate:,.0f}", ">= 500", b.sent.rate >= 500),
         *versus,
-        Row("  accepted/s (202, new work)", f"{b.accepted / b.sent.seconds:,.0f}"),
-        Row("  latency p50 / p99", f"{ms(p50)} / {ms(p99)}", "p99 <= 50 ms", p99 <= 0.050),
-        Row("  202 / 200 duplicate / other", answers, "other 0", b.refused == 0),
-        *(Row(f"    {status}", body[:60]) for status, body in sorted(b.sent.refusals.items())),
+        Row("  accepted/s (202, new work)", f"{b.sent.count(202) / b.sent.seconds:,.0f}"),
+        Row("  latency p50 / p99 (saturated: queueing)", f"{ms(p50)} / {ms(p99)}"),
+        Row(offered, f"{b.paced.rate:,.0f}", f">= {0.98 * args.rate:,.0f}", b.paced.rate >= 0.98 * args.rate),
+        Row("    latency from due, p50 / p99", f"{ms(paced50)} / {ms(paced99)}", "p99 <= 50 ms", paced99 <= 0.050),
+        Row("  202 / 200 duplicate / other (both parts)", answers, "other 0", b.refused == 0),
+        *(Row(f"    {status}", body[:60]) for status, body in sorted({**b.paced.refusals, **b.sent.refusals}.items())),
         Row("  duplicate effects", str(b.effects_twice), "0", b.effects_twice == 0),
         Row("  lost (accepted, never done)", str(b.lost), "0", b.lost == 0),
         Row("  then the worker drained in", f"{b.drain_seconds:.1f} s"),
@@ -485,12 +571,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows += floor_rows(base)
             if "webhooks" in args.phases:
                 burst = webhooks(args, session, servers, check)
-                rows += burst_rows("webhooks", burst, base)
-                server_errors |= 500 in burst.sent.refusals
+                rows += burst_rows("webhooks", burst, base, args)
+                server_errors |= 500 in burst.sent.refusals or 500 in burst.paced.refusals
             if "submissions" in args.phases:
                 burst = submissions(args, session, servers, token, check)
-                rows += burst_rows("submissions", burst, base)
-                server_errors |= 500 in burst.sent.refusals
+                rows += burst_rows("submissions", burst, base, args)
+                server_errors |= 500 in burst.sent.refusals or 500 in burst.paced.refusals
             if "outcome" in args.phases:
                 o = outcome(args, servers[0], check)
                 p50, p99 = percentile(o.to_resume, 0.5), percentile(o.to_resume, 0.99)
@@ -517,7 +603,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"""
 How: {args.web} real daphne processes (as a deployment runs one per core) and one celery worker
 (-c {args.concurrency}); {args.clients} kept-alive connections of this process on one asyncio loop,
-spread evenly over the daphnes. The floor is GET /healthz through the same stack. A webhook is
+spread evenly over the daphnes, then up to {PACED_CONNECTIONS} for the paced part of each burst
+(a request sent when due, its latency counted from then). The floor is GET /healthz through the same stack. A webhook is
 verified, deduplicated (the accepted row's unique index) and its work started (run_start, enqueued
 on commit) before its 202. A submission is authenticated by token and committed with its turn
 before its 202. Duplicate effects and lost work are counted from the database once the worker has
