@@ -54,7 +54,7 @@ def last_seq(turn_id: UUID | str) -> int:
     return int(Chunk.objects.filter(turn_id=turn_id).aggregate(m=Max("seq"))["m"] or 0)
 
 
-def _fence_sql() -> str:
+def fenced_sql() -> str:
     return (
         f"EXISTS (SELECT 1 FROM {RUNS} WHERE id = %s AND lease_owner = %s AND lease_owner <> '' "
         f"AND lease_expires_at > now() AND status = '{RunStatus.RUNNING}' FOR SHARE)"
@@ -69,7 +69,7 @@ def fence(run_id: UUID, owner: str) -> None:
             raise FencedOut(f"run {run_id}: the lease is not {owner!r}'s")
         return
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {_fence_sql()}", [run_id, owner])
+        cursor.execute(f"SELECT {fenced_sql()}", [run_id, owner])
         row = cursor.fetchone()
     if not (row and row[0]):
         raise FencedOut(f"run {run_id}: the lease is not {owner!r}'s")
@@ -84,7 +84,7 @@ def fenced(run_id: UUID, owner: str) -> Exists | RawSQL:
                 pk=run_id, lease_owner=owner, lease_expires_at__gt=timezone.now(), status=RunStatus.RUNNING
             ).exclude(lease_owner="")
         )
-    return RawSQL(_fence_sql(), [run_id, owner], output_field=BooleanField())
+    return RawSQL(fenced_sql(), [run_id, owner], output_field=BooleanField())
 
 
 def _postgresql() -> bool:
@@ -154,7 +154,7 @@ class ChunkWriter:
             f"INSERT INTO {CHUNKS} (turn_id, seq, type, data, key, created_at) "
             f"SELECT %s::uuid, v.seq, v.type, v.data, %s, now() "
             f"FROM jsonb_to_recordset(%s::jsonb) AS v(seq integer, type text, data jsonb) "
-            f"WHERE {_fence_sql()} {conflict} RETURNING seq"
+            f"WHERE {fenced_sql()} {conflict} RETURNING seq"
         )
         params: list[Any] = [self.turn_id, key, rows, self.run_id, self.owner]
         try:

@@ -50,10 +50,12 @@ from agents.selectors import (
     turn_partial_text,
     turn_stopped_messages,
 )
+from agents.statements import oldest_queued, save_end
 from workflows.exceptions import InvalidPayload, TransitionNotAllowed
 from workflows.models import RunStatus, WorkflowRun
 from workflows.outbox import on_commit
 from workflows.services import check_json_size, check_text, run_start, run_terminate
+from workflows.statements import insert_instance
 from workflows.storable import text_problem
 
 logger = logging.getLogger("agents")
@@ -153,7 +155,8 @@ def message_send(*, agent: Agent, user: User | None, text: str, source: str = "c
         check_open_turns(queue)
         check_queued_turns(queue)
         turn = turn_add_locked(agent=agent, queue=queue, user=user, source=source)
-        message = Message.objects.create(agent=agent, turn=turn, role=MessageRole.USER, text=text, author=user)
+        message = Message(agent=agent, turn=turn, role=MessageRole.USER, text=text, author=user)
+        insert_instance(message)
         push_message(message)
         push_turn(turn)
         if turn.status == TurnStatus.QUEUED and not queue.active:
@@ -225,7 +228,9 @@ def turn_add_locked(*, agent: Agent, queue: Queue, user: User | None, source: st
         # Its run first (the payload names the turn), so the turn's row is written once.
         run, _ = run_start(workflow=TURN_WORKFLOW, payload={"turn": str(fields["id"])}, owner=user)
         fields.update(status=TurnStatus.RUNNING, run=run, started_at=timezone.now())
-    return Turn.objects.create(**fields)
+    turn = Turn(**fields)
+    insert_instance(turn)
+    return turn
 
 
 def start_new_locked(turn: Turn, queue: Queue) -> None:
@@ -335,7 +340,7 @@ def start_next_locked(agent: Agent) -> Turn | None:
 def start_oldest_locked(agent: Agent) -> Turn | None:
     """Start the agent's oldest queued turn, knowing none is active (inside atomic(), the agent row
     locked). Returns the turn started, or None."""
-    turn = Turn.objects.filter(agent=agent, status=TurnStatus.QUEUED).order_by("number").first()
+    turn = oldest_queued(agent)
     return start_locked(turn) if turn is not None else None
 
 
@@ -403,7 +408,7 @@ def end_locked(turn: Turn, *, status: str, reason: str, text: str | None = None,
     if text is not None:
         turn.text = text
     turn.finished_at = timezone.now()
-    turn.save(update_fields=["status", "end_reason", "text", "finished_at"])
+    save_end(turn)
     if turn.source == SUBMISSION_SOURCE:
         submission_ended_locked(turn)
     if finish is not None:

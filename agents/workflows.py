@@ -47,10 +47,11 @@ from django.db.models import F, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from agents.chunks import ChunkWriter, FencedOut, dumps, fence, fenced, last_seq
+from agents.chunks import ChunkWriter, FencedOut, dumps, fence, last_seq
 from agents.models import TURN_ACTIVE, TURN_OPEN, Chunk, Message, MessageRole, Turn, TurnStatus
 from agents.registry import RECOVERY_CHOICES, RecoveryContext, Tool, ToolContext, agent_of, get_agent_class
 from agents.services import end_locked, push_message, push_turn
+from agents.statements import turn_locked_for_end
 from approvals import ApprovalExpired, ApprovalRejected, wait_for_approval
 from workflows import NonRetryableError, Retries, StepError, Workflow, current_step, workflow
 from workflows.exceptions import InvalidPayload
@@ -601,12 +602,7 @@ def _lock_for_end(turn_id: str) -> Turn:
     ctx = current_step()
     if ctx is None or not ctx.owner:
         raise FencedOut("not inside a step of the turn's run")
-    turn = (
-        Turn.objects.select_related("agent")
-        .select_for_update(of=("agent",))
-        .filter(fenced(ctx.run_id, ctx.owner), pk=turn_id)
-        .first()
-    )
+    turn = turn_locked_for_end(turn_id, run_id=ctx.run_id, owner=ctx.owner)
     if turn is None:
         raise FencedOut(f"run {ctx.run_id}: the lease is not {ctx.owner!r}'s")
     return turn

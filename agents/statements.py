@@ -1,0 +1,93 @@
+"""The hot statements of a turn's end on PostgreSQL, one prepared round trip each (through
+``workflows.statements.prepared_cursor``); the SQLite demo takes the ORM's.
+
+A turn's end runs the same few queries every time, and the ORM compiled each anew: about a third
+of the worker's time between a message and its answer went into building SQL whose text never
+changes.
+"""
+
+from __future__ import annotations
+
+import functools
+from uuid import UUID
+
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from agents.chunks import fenced, fenced_sql
+from agents.models import Agent, Turn, TurnStatus
+from workflows.statements import instance_from_row, prepared_cursor
+
+TURNS, AGENTS = Turn._meta.db_table, Agent._meta.db_table
+TURN_FIELDS = Turn._meta.concrete_fields
+AGENT_FIELDS = Agent._meta.concrete_fields
+END_FIELDS = [f for f in TURN_FIELDS if f.name in ("status", "end_reason", "text", "finished_at")]
+
+
+def _postgresql() -> bool:
+    return connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
+
+
+@functools.cache
+def _lock_sql() -> str:
+    turn = ", ".join(f"t.{f.column}" for f in TURN_FIELDS)
+    agent = ", ".join(f"a.{f.column}" for f in AGENT_FIELDS)
+    # As the ORM's select_related("agent").select_for_update(of=("agent",)) writes it: the fence
+    # (which share-locks the run's row) is evaluated before the agent's row is locked.
+    return (
+        f"SELECT {turn}, {agent} FROM {TURNS} t INNER JOIN {AGENTS} a ON t.agent_id = a.id "
+        f"WHERE {fenced_sql()} AND t.id = %s FOR UPDATE OF a"
+    )
+
+
+def turn_locked_for_end(turn_id: UUID | str, *, run_id: UUID, owner: str) -> Turn | None:
+    """Inside atomic(): the turn with its agent, the agent's row locked, if the run's lease is
+    ``owner``'s (its row share-locked first); None, locking nothing, if it is not."""
+    if not _postgresql():
+        return (
+            Turn.objects.select_related("agent")
+            .select_for_update(of=("agent",))
+            .filter(fenced(run_id, owner), pk=turn_id)
+            .first()
+        )
+    with prepared_cursor() as cursor:
+        cursor.execute(_lock_sql(), [run_id, owner, turn_id if isinstance(turn_id, UUID) else UUID(turn_id)])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    db = connections[DEFAULT_DB_ALIAS]
+    turn = instance_from_row(db, Turn, row[: len(TURN_FIELDS)])
+    turn.agent = instance_from_row(db, Agent, row[len(TURN_FIELDS) :])
+    return turn
+
+
+def oldest_queued(agent: Agent) -> Turn | None:
+    """The agent's oldest queued turn (inside atomic(), the agent row locked), or None."""
+    if not _postgresql():
+        return Turn.objects.filter(agent=agent, status=TurnStatus.QUEUED).order_by("number").first()
+    with prepared_cursor() as cursor:
+        columns = ", ".join(str(f.column) for f in TURN_FIELDS)
+        cursor.execute(
+            f"SELECT {columns} FROM {TURNS} WHERE agent_id = %s AND status = '{TurnStatus.QUEUED}' "
+            "ORDER BY number LIMIT 1",
+            [agent.pk],
+        )
+        row = cursor.fetchone()
+    return None if row is None else instance_from_row(connections[DEFAULT_DB_ALIAS], Turn, row)
+
+
+@functools.cache
+def _end_sql() -> str:
+    return f"UPDATE {TURNS} SET {', '.join(f'{f.column} = %s' for f in END_FIELDS)} WHERE id = %s"
+
+
+def save_end(turn: Turn) -> None:
+    """Write the turn's status, end_reason, text and finished_at as they are in memory, as
+    ``turn.save(update_fields=[...])`` would."""
+    if not _postgresql():
+        turn.save(update_fields=[f.name for f in END_FIELDS])
+        return
+    db = connections[DEFAULT_DB_ALIAS]
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            _end_sql(), [*(f.get_db_prep_save(getattr(turn, f.attname), connection=db) for f in END_FIELDS), turn.pk]
+        )
