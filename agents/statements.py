@@ -9,15 +9,18 @@ changes.
 from __future__ import annotations
 
 import functools
+from typing import Any
 from uuid import UUID
 
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.models import OuterRef, Subquery
+from django.db.models.functions import Coalesce
 
 from agents.chunks import fenced, fenced_sql
-from agents.models import Agent, Turn, TurnStatus
+from agents.models import Agent, Chunk, Message, Turn, TurnStatus
 from workflows.statements import instance_from_row, prepared_cursor
 
-TURNS, AGENTS = Turn._meta.db_table, Agent._meta.db_table
+TURNS, AGENTS, CHUNKS, MESSAGES = (m._meta.db_table for m in (Turn, Agent, Chunk, Message))
 TURN_FIELDS = Turn._meta.concrete_fields
 AGENT_FIELDS = Agent._meta.concrete_fields
 END_FIELDS = [f for f in TURN_FIELDS if f.name in ("status", "end_reason", "text", "finished_at")]
@@ -54,10 +57,7 @@ def turn_locked_for_end(turn_id: UUID | str, *, run_id: UUID, owner: str) -> Tur
         row = cursor.fetchone()
     if row is None:
         return None
-    db = connections[DEFAULT_DB_ALIAS]
-    turn = instance_from_row(db, Turn, row[: len(TURN_FIELDS)])
-    turn.agent = instance_from_row(db, Agent, row[len(TURN_FIELDS) :])
-    return turn
+    return _turn_and_agent(row)
 
 
 def oldest_queued(agent: Agent) -> Turn | None:
@@ -91,3 +91,66 @@ def save_end(turn: Turn) -> None:
         cursor.execute(
             _end_sql(), [*(f.get_db_prep_save(getattr(turn, f.attname), connection=db) for f in END_FIELDS), turn.pk]
         )
+
+
+def _turn_and_agent(row: Any) -> Turn:
+    db = connections[DEFAULT_DB_ALIAS]
+    turn = instance_from_row(db, Turn, row[: len(TURN_FIELDS)])
+    turn.agent = instance_from_row(db, Agent, row[len(TURN_FIELDS) : len(TURN_FIELDS) + len(AGENT_FIELDS)])
+    return turn
+
+
+@functools.cache
+def _turn_with_seq_sql() -> str:
+    turn = ", ".join(f"t.{f.column}" for f in TURN_FIELDS)
+    agent = ", ".join(f"a.{f.column}" for f in AGENT_FIELDS)
+    last = f"(SELECT c.seq FROM {CHUNKS} c WHERE c.turn_id = t.id ORDER BY c.seq DESC LIMIT 1)"
+    return (
+        f"SELECT {turn}, {agent}, COALESCE({last}, 0) FROM {TURNS} t "
+        f"INNER JOIN {AGENTS} a ON t.agent_id = a.id WHERE t.id = %s"
+    )
+
+
+def turn_with_seq(turn_id: UUID | str) -> tuple[Turn, int]:
+    """The turn, its agent, and the last ``seq`` of its stream (0: none yet), in one query;
+    Turn.DoesNotExist if there is no such turn."""
+    if not _postgresql():
+        last = Chunk.objects.filter(turn=OuterRef("pk")).order_by("-seq").values("seq")[:1]
+        found = Turn.objects.select_related("agent").annotate(last_seq=Coalesce(Subquery(last), 0)).get(pk=turn_id)
+        return found, int(getattr(found, "last_seq"))  # noqa: B009  # an annotation: no attribute to mypy
+    with prepared_cursor() as cursor:
+        cursor.execute(_turn_with_seq_sql(), [turn_id if isinstance(turn_id, UUID) else UUID(turn_id)])
+        row = cursor.fetchone()
+    if row is None:
+        raise Turn.DoesNotExist(f"no turn {turn_id}")
+    return _turn_and_agent(row), int(row[-1])
+
+
+PARTS = Message._meta.get_field("parts")
+
+
+def newest_messages(turn: Turn, limit: int) -> list[tuple[str, str, Any]]:
+    """The ``limit`` newest messages (role, text, parts) of the agent's turns up to ``turn``'s
+    number, newest first (a message without a turn is in none of them)."""
+    if not _postgresql():
+        return list(
+            Message.objects.filter(agent_id=turn.agent_id, turn__number__lte=turn.number)
+            .order_by("-turn__number", "-id")
+            .values_list("role", "text", "parts")[:limit]
+        )
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            f"SELECT m.role, m.text, m.parts FROM {MESSAGES} m INNER JOIN {TURNS} t ON m.turn_id = t.id "
+            "WHERE m.agent_id = %s AND t.number <= %s ORDER BY t.number DESC, m.id DESC LIMIT %s",
+            [turn.agent_id, turn.number, limit],
+        )
+        rows = cursor.fetchall()
+    db = connections[DEFAULT_DB_ALIAS]
+    col = PARTS.get_col(MESSAGES)
+    converters = [*db.ops.get_db_converters(col), *PARTS.get_db_converters(db)]
+    found = []
+    for role, text, parts in rows:
+        for converter in converters:
+            parts = converter(parts, col, db)
+        found.append((role, text, parts))
+    return found

@@ -43,15 +43,14 @@ from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, OuterRef, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models import F
 from django.utils import timezone
 
 from agents.chunks import ChunkWriter, FencedOut, dumps, fence, last_seq
 from agents.models import TURN_ACTIVE, TURN_OPEN, Chunk, Message, MessageRole, Turn, TurnStatus
 from agents.registry import RECOVERY_CHOICES, RecoveryContext, Tool, ToolContext, agent_of, get_agent_class
 from agents.services import end_locked, push_message, push_turn
-from agents.statements import turn_locked_for_end
+from agents.statements import newest_messages, turn_locked_for_end, turn_with_seq
 from approvals import ApprovalExpired, ApprovalRejected, wait_for_approval
 from workflows import NonRetryableError, Retries, StepError, Workflow, current_step, workflow
 from workflows.exceptions import InvalidPayload
@@ -259,13 +258,6 @@ def _turn(turn_id: str) -> Turn:
     return Turn.objects.select_related("agent").get(pk=turn_id)
 
 
-def _turn_with_seq(turn_id: str) -> tuple[Turn, int]:
-    """The turn, its agent, and the last ``seq`` of its stream (``last_seq``), in one query."""
-    last = Chunk.objects.filter(turn=OuterRef("pk")).order_by("-seq").values("seq")[:1]
-    turn = Turn.objects.select_related("agent").annotate(last_seq=Coalesce(Subquery(last), 0)).get(pk=turn_id)
-    return turn, int(getattr(turn, "last_seq"))  # noqa: B009  # an annotation: no attribute to mypy
-
-
 class ForeignTurn(NonRetryableError):
     """A run was started for a turn that is not its own (only ``agents.services`` starts a turn's
     run; a schedule or a webhook source naming ``agents.turn`` must not answer someone's turn)."""
@@ -291,11 +283,7 @@ def conversation(turn: Turn) -> dict[str, Any]:
     """The conversation as the model sees it in this turn: every message of the turns before it and
     this turn's user message (later turns' messages are queued behind it; this turn's own answer is
     written when it ends), with the agent's kind and who asked."""
-    newest = (
-        Message.objects.filter(agent_id=turn.agent_id, turn__number__lte=turn.number)
-        .order_by("-turn__number", "-id")
-        .values_list("role", "text", "parts")[: settings.AGENTS_HISTORY_MESSAGES]
-    )
+    newest = newest_messages(turn, int(settings.AGENTS_HISTORY_MESSAGES))
     return {
         "kind": turn.agent.kind,
         "user": turn.requested_by_id,
@@ -383,7 +371,7 @@ def model_round(
     that answers without a tool call ends the turn (``finished``: its status)."""
     from agents.providers.base import Finish, ModelRequest, TextDelta, ToolCall, ToolSpec
 
-    turn, seq = _turn_with_seq(turn_id)
+    turn, seq = turn_with_seq(turn_id)
     _check_own(turn)
     writer = _writer(turn, seq=seq)
     if turn.status not in TURN_ACTIVE:

@@ -75,6 +75,10 @@ class _PreparedCursor:
         with self._errors:
             return self._cursor.fetchone()
 
+    def fetchall(self) -> list[Any]:
+        with self._errors:
+            return self._cursor.fetchall()
+
 
 _prepared = threading.local()
 

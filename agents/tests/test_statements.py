@@ -1,0 +1,67 @@
+"""The turn's prepared statements (agents/statements.py) read what the ORM's queries read: the same
+rows, decoded the same way (a message's JSON parts as a dict, the agent's state, datetimes, UUIDs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agents.models import Chunk, Message, MessageRole, Turn, TurnStatus
+from agents.services import message_send
+from agents.statements import newest_messages, oldest_queued, save_end, turn_with_seq
+from agents.tests.support import chat_agent
+from tests.factories import Users
+from tests.fixtures import NoEnqueue
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_turn_with_its_agent_and_last_seq(users: Users, no_enqueue: NoEnqueue) -> None:
+    agent = chat_agent(users.alice)
+    agent.state = {"orders": [1042]}
+    agent.save()
+    turn = message_send(agent=agent, user=users.alice, text="hello")
+    Chunk.objects.bulk_create(Chunk(turn=turn, seq=seq, type="text-delta", data={"delta": "x"}) for seq in (1, 2, 7))
+
+    found, seq = turn_with_seq(str(turn.pk))
+
+    assert seq == 7
+    assert found == turn and found.agent == agent
+    assert found.agent.state == {"orders": [1042]}
+    assert found.created_at == Turn.objects.get(pk=turn.pk).created_at
+    assert found.status == TurnStatus.RUNNING
+    with pytest.raises(Turn.DoesNotExist):
+        turn_with_seq("00000000-0000-0000-0000-000000000000")
+
+
+def test_the_newest_messages_as_the_orm_reads_them(users: Users, no_enqueue: NoEnqueue) -> None:
+    agent = chat_agent(users.alice)
+    first = message_send(agent=agent, user=users.alice, text="refund 1042")
+    calls = [{"id": "c1", "name": "find_order", "arguments": {"order": "1042"}}]
+    Message.objects.create(agent=agent, turn=first, role=MessageRole.ASSISTANT, parts={"tool_calls": calls})
+    Message.objects.create(agent=agent, role=MessageRole.USER, text="no turn: in none of them")
+    second = message_send(agent=agent, user=users.alice, text="and now?")
+
+    expected = list(
+        Message.objects.filter(agent=agent, turn__number__lte=second.number)
+        .order_by("-turn__number", "-id")
+        .values_list("role", "text", "parts")[:2]
+    )
+    assert newest_messages(second, 2) == expected
+    assert newest_messages(second, 10)[1] == ("assistant", "", {"tool_calls": calls})
+    assert [m[1] for m in newest_messages(first, 10)] == ["", "refund 1042"]
+
+
+def test_the_oldest_queued_turn_and_the_end_written(users: Users, no_enqueue: NoEnqueue) -> None:
+    agent = chat_agent(users.alice)
+    running = message_send(agent=agent, user=users.alice, text="one")
+    queued = [message_send(agent=agent, user=users.alice, text=t) for t in ("two", "three")]
+    assert oldest_queued(agent) == queued[0]
+
+    running.complete()
+    running.end_reason, running.text = "answered", "the answer"
+    running.finished_at = running.started_at
+    save_end(running)
+
+    stored = Turn.objects.get(pk=running.pk)
+    assert (stored.status, stored.end_reason, stored.text) == (TurnStatus.COMPLETED, "answered", "the answer")
+    assert stored.finished_at == running.started_at
