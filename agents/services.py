@@ -55,7 +55,7 @@ from workflows.exceptions import InvalidPayload, TransitionNotAllowed
 from workflows.models import RunStatus, WorkflowRun
 from workflows.outbox import on_commit
 from workflows.services import check_json_size, check_text, run_start, run_terminate
-from workflows.statements import insert_instance
+from workflows.statements import insert_instance, prepared_cursor
 from workflows.storable import text_problem
 
 logger = logging.getLogger("agents")
@@ -184,7 +184,7 @@ def queue_locked(agent: Agent, *, user: User | None = None) -> Queue:
     agent's open turns only (the index of the agent's turns by status, however many ended), its
     last number, and the user's open turns when their cap is on."""
     capped = user is not None and int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER) > 0
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:  # planned once per connection: every message comes here
         cursor.execute(QUEUE_SQL, [agent.pk, user.pk if capped and user is not None else None, agent.pk])
         active, queued, queued_chat, stuck, last_number, user_open = cursor.fetchone()
     if stuck:
@@ -258,7 +258,7 @@ def lock_queue(agent: Agent, user: User | None) -> None:
     if connection.vendor != "postgresql":
         return
     capped = user is not None and int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER) > 0
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:  # planned once per connection: every message comes here
         if capped and user is not None:
             cursor.execute(LOCK_USER_AND_AGENT_SQL, [user.pk, agent.pk])
         else:
