@@ -12,7 +12,7 @@ import functools
 from typing import Any
 from uuid import UUID
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.models import OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
@@ -91,6 +91,8 @@ def save_end(turn: Turn) -> None:
         cursor.execute(
             _end_sql(), [*(f.get_db_prep_save(getattr(turn, f.attname), connection=db) for f in END_FIELDS), turn.pk]
         )
+        if cursor.rowcount != 1:
+            raise DatabaseError(f"turn {turn.pk} was not there to end")
 
 
 def _turn_and_agent(row: Any) -> Turn:

@@ -55,7 +55,7 @@ class _PreparedCursor:
             # Django turns preparing off for the connection; only cursors of this class ask
             # for it, and Django's client-side-binding cursors never prepare anyway.
             raw.prepare_threshold = 5
-        self.raw = raw
+        self.raw, self.db = raw, db
         # Errors come out as Django's, and mark the connection as Django's cursors do, so it is
         # checked and replaced if broken before the worker's next task (close_old_connections).
         self._errors = db.wrap_database_errors
@@ -79,6 +79,10 @@ class _PreparedCursor:
         with self._errors:
             return self._cursor.fetchall()
 
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
 
 _prepared = threading.local()
 
@@ -95,7 +99,9 @@ def _cursor(db: BaseDatabaseWrapper) -> Any:
     db.close_if_health_check_failed()  # as Django's cursors do: at most once per task or request
     db.ensure_connection()
     cursor = getattr(_prepared, "cursor", None)
-    if cursor is None or cursor.raw is not db.connection:
+    # A new one for another connection, or for another wrapper around one (an ASGI server's pool
+    # lends a connection to whichever thread asks): errors mark the wrapper that runs the statement.
+    if cursor is None or cursor.raw is not db.connection or cursor.db is not db:
         cursor = _prepared.cursor = _PreparedCursor(db)
     return cursor
 
@@ -116,7 +122,7 @@ def insert_instance(obj: Model) -> None:
         return
     model = type(obj)
     fields = _fields(model)
-    auto = model._meta.pk if model._meta.pk is not None and model._meta.pk.auto_created else None
+    auto = model._meta.pk if model._meta.pk is not None and _db_generated(model._meta.pk) else None
     with _cursor(db) as cursor:
         cursor.execute(_insert_sql(model), _values(db, obj, fields))
         if auto is not None:
@@ -128,7 +134,7 @@ def insert_instance(obj: Model) -> None:
 def _insert_sql(model: type[Model]) -> str:
     fields = _fields(model)
     pk = model._meta.pk
-    returning = f" RETURNING {pk.column}" if pk is not None and pk.auto_created else ""
+    returning = f" RETURNING {pk.column}" if pk is not None and _db_generated(pk) else ""
     placeholders = ", ".join(["%s"] * len(fields))
     return f"INSERT INTO {model._meta.db_table} ({_columns(fields)}) VALUES ({placeholders}){returning}"
 
@@ -224,8 +230,13 @@ def _sql(vendor: str) -> dict[str, str]:
 
 
 def _fields(model: type[Any]) -> list[Any]:
-    """The fields an insert of ``model`` writes: every concrete one but an auto id."""
-    return [f for f in model._meta.concrete_fields if not (f.primary_key and f.auto_created)]
+    """The fields an insert of ``model`` writes: every concrete one but an id the database makes."""
+    return [f for f in model._meta.concrete_fields if not (f.primary_key and _db_generated(f))]
+
+
+def _db_generated(field: Any) -> bool:
+    """An auto id, declared or implicit (``AutoField``s return their value from an INSERT)."""
+    return bool(getattr(field, "db_returning", False))
 
 
 def _columns(fields: list[Any]) -> str:

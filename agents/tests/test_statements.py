@@ -65,3 +65,27 @@ def test_the_oldest_queued_turn_and_the_end_written(users: Users, no_enqueue: No
     stored = Turn.objects.get(pk=running.pk)
     assert (stored.status, stored.end_reason, stored.text) == (TurnStatus.COMPLETED, "answered", "the answer")
     assert stored.finished_at == running.started_at
+
+
+def test_an_insert_reads_back_an_id_the_database_made(users: Users, no_enqueue: NoEnqueue) -> None:
+    from workflows.statements import insert_instance
+
+    turn = message_send(agent=chat_agent(users.alice), user=users.alice, text="hello")
+    chunk = Chunk(turn=turn, seq=1, type="text-delta", data={"delta": "hi"})  # a declared BigAutoField id
+    message = Message(agent=turn.agent, turn=turn, role=MessageRole.ASSISTANT, text="hi")  # an implicit one
+
+    insert_instance(chunk)
+    insert_instance(message)
+
+    assert Chunk.objects.get(pk=chunk.pk).data == {"delta": "hi"}
+    assert Message.objects.get(pk=message.pk).created_at == message.created_at
+
+
+def test_ending_a_turn_that_is_gone_is_an_error(users: Users, no_enqueue: NoEnqueue) -> None:
+    from django.db import DatabaseError
+
+    turn = message_send(agent=chat_agent(users.alice), user=users.alice, text="hello")
+    Turn.objects.filter(pk=turn.pk).delete()
+
+    with pytest.raises(DatabaseError):
+        save_end(turn)
