@@ -1,5 +1,5 @@
-"""The hot statements of a turn's end on PostgreSQL, one prepared round trip each (through
-``workflows.statements.prepared_cursor``); the SQLite demo takes the ORM's.
+"""The hot statements of a turn on PostgreSQL, one prepared round trip each (through
+``workflows.statements``); the SQLite demo takes the ORM's queries for the reads.
 
 A turn's end runs the same few queries every time, and the ORM compiled each anew: about a third
 of the worker's time between a message and its answer went into building SQL whose text never
@@ -12,32 +12,35 @@ import functools
 from typing import Any
 from uuid import UUID
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
 from agents.chunks import fenced, fenced_sql
 from agents.models import Agent, Chunk, Message, Turn, TurnStatus
-from workflows.statements import instance_from_row, prepared_cursor
+from workflows.statements import instance_from_row, prepared_cursor, update_instance, value_from_db
 
 TURNS, AGENTS, CHUNKS, MESSAGES = (m._meta.db_table for m in (Turn, Agent, Chunk, Message))
 TURN_FIELDS = Turn._meta.concrete_fields
 AGENT_FIELDS = Agent._meta.concrete_fields
-END_FIELDS = [f for f in TURN_FIELDS if f.name in ("status", "end_reason", "text", "finished_at")]
+END_FIELDS = ("status", "end_reason", "text", "finished_at")
 
 
 def _postgresql() -> bool:
     return connections[DEFAULT_DB_ALIAS].vendor == "postgresql"
 
 
+def _turn_and_agent_columns() -> str:
+    """The columns ``_turn_and_agent`` reads, of ``t`` (the turn) and ``a`` (its agent)."""
+    return ", ".join([*(f"t.{f.column}" for f in TURN_FIELDS), *(f"a.{f.column}" for f in AGENT_FIELDS)])
+
+
 @functools.cache
 def _lock_sql() -> str:
-    turn = ", ".join(f"t.{f.column}" for f in TURN_FIELDS)
-    agent = ", ".join(f"a.{f.column}" for f in AGENT_FIELDS)
     # As the ORM's select_related("agent").select_for_update(of=("agent",)) writes it: the fence
     # (which share-locks the run's row) is evaluated before the agent's row is locked.
     return (
-        f"SELECT {turn}, {agent} FROM {TURNS} t INNER JOIN {AGENTS} a ON t.agent_id = a.id "
+        f"SELECT {_turn_and_agent_columns()} FROM {TURNS} t INNER JOIN {AGENTS} a ON t.agent_id = a.id "
         f"WHERE {fenced_sql()} AND t.id = %s FOR UPDATE OF a"
     )
 
@@ -75,24 +78,10 @@ def oldest_queued(agent: Agent) -> Turn | None:
     return None if row is None else instance_from_row(connections[DEFAULT_DB_ALIAS], Turn, row)
 
 
-@functools.cache
-def _end_sql() -> str:
-    return f"UPDATE {TURNS} SET {', '.join(f'{f.column} = %s' for f in END_FIELDS)} WHERE id = %s"
-
-
 def save_end(turn: Turn) -> None:
     """Write the turn's status, end_reason, text and finished_at as they are in memory, as
     ``turn.save(update_fields=[...])`` would."""
-    if not _postgresql():
-        turn.save(update_fields=[f.name for f in END_FIELDS])
-        return
-    db = connections[DEFAULT_DB_ALIAS]
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            _end_sql(), [*(f.get_db_prep_save(getattr(turn, f.attname), connection=db) for f in END_FIELDS), turn.pk]
-        )
-        if cursor.rowcount != 1:
-            raise DatabaseError(f"turn {turn.pk} was not there to end")
+    update_instance(turn, END_FIELDS)
 
 
 def _turn_and_agent(row: Any) -> Turn:
@@ -104,11 +93,9 @@ def _turn_and_agent(row: Any) -> Turn:
 
 @functools.cache
 def _turn_with_seq_sql() -> str:
-    turn = ", ".join(f"t.{f.column}" for f in TURN_FIELDS)
-    agent = ", ".join(f"a.{f.column}" for f in AGENT_FIELDS)
     last = f"(SELECT c.seq FROM {CHUNKS} c WHERE c.turn_id = t.id ORDER BY c.seq DESC LIMIT 1)"
     return (
-        f"SELECT {turn}, {agent}, COALESCE({last}, 0) FROM {TURNS} t "
+        f"SELECT {_turn_and_agent_columns()}, COALESCE({last}, 0) FROM {TURNS} t "
         f"INNER JOIN {AGENTS} a ON t.agent_id = a.id WHERE t.id = %s"
     )
 
@@ -148,11 +135,4 @@ def newest_messages(turn: Turn, limit: int) -> list[tuple[str, str, Any]]:
         )
         rows = cursor.fetchall()
     db = connections[DEFAULT_DB_ALIAS]
-    col = PARTS.get_col(MESSAGES)
-    converters = [*db.ops.get_db_converters(col), *PARTS.get_db_converters(db)]
-    found = []
-    for role, text, parts in rows:
-        for converter in converters:
-            parts = converter(parts, col, db)
-        found.append((role, text, parts))
-    return found
+    return [(role, text, value_from_db(db, PARTS, parts)) for role, text, parts in rows]

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model
 
@@ -112,31 +112,59 @@ def prepared_cursor() -> Any:
     return _cursor(_db())
 
 
-def insert_instance(obj: Model) -> None:
-    """INSERT ``obj`` as ``save(force_insert=True)`` would write it (defaults, ``auto_now_add``;
-    an auto id read back), in one prepared statement on PostgreSQL, the ORM's save elsewhere.
+def insert_instance(obj: Model, *, on_conflict: str = "") -> bool:
+    """INSERT ``obj`` as ``save(force_insert=True)`` would write it (defaults, ``auto_now_add``; an
+    id the database makes read back), in one statement, prepared on PostgreSQL. ``on_conflict``:
+    what follows ON CONFLICT (``"(a, b) DO NOTHING"``); False, nothing stored, if it did nothing.
     Sends no model signals (nothing here listens to the models it is used for)."""
     db = _db()
-    if db.vendor != "postgresql":
-        obj.save(force_insert=True)
-        return
-    model = type(obj)
-    fields = _fields(model)
-    auto = model._meta.pk if model._meta.pk is not None and _db_generated(model._meta.pk) else None
+    pk = type(obj)._meta.pk
     with _cursor(db) as cursor:
-        cursor.execute(_insert_sql(model), _values(db, obj, fields))
-        if auto is not None:
-            setattr(obj, auto.attname, cursor.fetchone()[0])
+        cursor.execute(_insert_sql(type(obj), on_conflict), _values(db, obj, _fields(type(obj))))
+        if pk is not None and _db_generated(pk):
+            row = cursor.fetchone()
+            if row is None:
+                return False
+            setattr(obj, pk.attname, row[0])
+        elif cursor.rowcount != 1:
+            return False
     obj._state.adding, obj._state.db = False, db.alias
+    return True
 
 
 @functools.cache
-def _insert_sql(model: type[Model]) -> str:
+def _insert_sql(model: type[Model], on_conflict: str) -> str:
     fields = _fields(model)
     pk = model._meta.pk
+    conflict = f" ON CONFLICT {on_conflict}" if on_conflict else ""
     returning = f" RETURNING {pk.column}" if pk is not None and _db_generated(pk) else ""
     placeholders = ", ".join(["%s"] * len(fields))
-    return f"INSERT INTO {model._meta.db_table} ({_columns(fields)}) VALUES ({placeholders}){returning}"
+    return f"INSERT INTO {model._meta.db_table} ({_columns(fields)}) VALUES ({placeholders}){conflict}{returning}"
+
+
+def update_instance(obj: Model, names: tuple[str, ...]) -> None:
+    """UPDATE the fields ``names`` of ``obj``'s row to their values in memory, as
+    ``save(update_fields=names)`` would write them, in one statement, prepared on PostgreSQL;
+    DatabaseError if the row is not there, as that save raises."""
+    db = _db()
+    fields = [f for f in type(obj)._meta.concrete_fields if f.name in names]
+    with _cursor(db) as cursor:
+        cursor.execute(
+            _update_sql(type(obj), names),
+            [*(_db_value(db, f, getattr(obj, f.attname)) for f in fields), _db_value(db, type(obj)._meta.pk, obj.pk)],
+        )
+        if cursor.rowcount != 1:
+            raise DatabaseError(f"{type(obj).__name__} {obj.pk} is not there to update")
+
+
+@functools.cache
+def _update_sql(model: type[Model], names: tuple[str, ...]) -> str:
+    assignments = ", ".join(f"{f.column} = %s" for f in model._meta.concrete_fields if f.name in names)
+    return f"UPDATE {model._meta.db_table} SET {assignments} WHERE {model._meta.pk.column} = %s"
+
+
+def _db_value(db: BaseDatabaseWrapper, field: Any, value: Any) -> Any:
+    return field.get_db_prep_save(value, connection=db)
 
 
 def _in(values: list[RunStatus]) -> str:
@@ -245,7 +273,7 @@ def _columns(fields: list[Any]) -> str:
 
 def _values(db: BaseDatabaseWrapper, obj: Any, fields: list[Any]) -> list[Any]:
     """The fields' values as Django's own insert writes them (defaults, ``auto_now_add``)."""
-    return [f.get_db_prep_save(f.pre_save(obj, True), connection=db) for f in fields]
+    return [_db_value(db, f, f.pre_save(obj, True)) for f in fields]
 
 
 RUN_FIELDS, ATTEMPT_FIELDS = _fields(WorkflowRun), _fields(RunAttempt)
@@ -330,11 +358,7 @@ def claim_run(run_id: UUID | str, owner: str, now: datetime, lease_until: dateti
             row = cursor.fetchone()
             if row is None:
                 return None
-    return _run_from_row(db, row), bool(recovered)
-
-
-def _run_from_row(db: BaseDatabaseWrapper, row: Any) -> WorkflowRun:
-    return instance_from_row(db, WorkflowRun, row)
+    return instance_from_row(db, WorkflowRun, row), bool(recovered)
 
 
 def instance_from_row(db: BaseDatabaseWrapper, model: type[M], row: Any) -> M:
@@ -342,13 +366,17 @@ def instance_from_row(db: BaseDatabaseWrapper, model: type[M], row: Any) -> M:
 
     Through the backend's converters and the fields' own, as a queryset would: SQLite returns text
     for a UUID or a datetime, and PostgreSQL a JSON column's text, which only those turn back."""
-    values = list(row)
     fields = model._meta.concrete_fields
-    for i, field in enumerate(fields):
-        col = field.get_col(model._meta.db_table)
-        for converter in [*db.ops.get_db_converters(col), *field.get_db_converters(db)]:
-            values[i] = converter(values[i], col, db)
+    values = [value_from_db(db, field, value) for field, value in zip(fields, row, strict=True)]
     return model.from_db(db.alias, [f.attname for f in fields], values)
+
+
+def value_from_db(db: BaseDatabaseWrapper, field: Any, value: Any) -> Any:
+    """A raw statement's value of ``field``'s column as a queryset gives it (see instance_from_row)."""
+    col = field.get_col(field.model._meta.db_table)
+    for converter in [*db.ops.get_db_converters(col), *field.get_db_converters(db)]:
+        value = converter(value, col, db)
+    return value
 
 
 def checkpoint(

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from tests.factories import Users
 from tests.fixtures import NoEnqueue
-from tests.support import Worker, wait_for, wait_for_status, wait_for_terminal
+from tests.support import Worker, race, wait_for, wait_for_status, wait_for_terminal
 from tests.workflows_fixtures import lines
 from workflows import public as wf
 from workflows.exceptions import (
@@ -175,33 +172,10 @@ class TestControls:
         assert steps == [(1, "failed"), (2, "completed")]
 
 
-def at_once(n: int, fn: Callable[[], Any]) -> list[Any]:
-    """``fn()`` in ``n`` threads released together, each on a connection of its own: what each
-    returned, or the exception it raised."""
-    barrier = threading.Barrier(n)
-    results: list[Any] = [None] * n
-
-    def call(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = fn()
-        except BaseException as exc:
-            results[i] = exc
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return results
-
-
 @pytest.mark.django_db(transaction=True)
 def test_starts_with_one_key_at_the_same_instant_make_one_run(no_enqueue: NoEnqueue) -> None:
     # when eight threads start the same run with one key at once
-    started = at_once(8, lambda: wf.start("test.echo", {"a": 1}, idempotency_key="together").id)
+    started = race(lambda: wf.start("test.echo", {"a": 1}, idempotency_key="together").id, 8)
 
     # then one run was made, with one attempt, and every start answers with it
     [run] = WorkflowRun.objects.all()
@@ -221,7 +195,7 @@ def test_starts_with_one_key_sent_together_at_the_quota_all_get_its_run(
     def start() -> Any:
         return run_start(workflow="test.echo", payload={"a": 1}, idempotency_key="k", owner=users.alice, quota=True)
 
-    started = [result[0].id if isinstance(result, tuple) else result for result in at_once(8, start)]
+    started = [result[0].id if isinstance(result, tuple) else result for result in race(start, 8)]
 
     # then one of them made the run, and the others, past the quota once it was made, get it too
     run = WorkflowRun.objects.get(idempotency_key="k")
