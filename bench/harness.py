@@ -230,7 +230,7 @@ def server_settings(*names: str) -> list[str]:
 
 
 # --- CPU accounting: what a unit of work costs, whatever else this shared machine is doing -------
-CPU_PARTS = ("worker", "postgres", "redis", "bench")
+CPU_PARTS = ("worker", "postgres", "redis", "bench")  # what bench/engine.py prints
 _CLK = os.sysconf("SC_CLK_TCK")
 
 
@@ -263,11 +263,13 @@ def _process_tree(root: int) -> list[int]:
 
 
 class CpuMeter:
-    """CPU seconds used by the worker's processes, this database's PostgreSQL backends, the Redis
-    server (all its clients: shared) and this process. Differences of two snapshots are one round's cost."""
+    """CPU seconds used by the worker's processes, the given servers' (daphne), this database's
+    PostgreSQL backends, the Redis server (all its clients: shared) and this process. Differences of
+    two snapshots are one round's cost. A worker stopped at the time counts nothing."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Worker | None = None, servers: Sequence[Any] = ()) -> None:
         self.worker = worker
+        self.servers = servers  # objects with .process (tests.support.AsgiServer)
 
     def snapshot(self) -> dict[str, float]:
         from django.db import connection
@@ -279,8 +281,10 @@ class CpuMeter:
             backends = [row[0] for row in cursor.fetchall()]
         info: Any = redis_client().info("cpu")
         own = os.times()
+        worker = self.worker.process.pid if self.worker is not None and self.worker.process.poll() is None else None
         return {
-            "worker": sum(_proc_cpu(pid) for pid in _process_tree(self.worker.process.pid)),
+            "worker": sum(_proc_cpu(pid) for pid in _process_tree(worker)) if worker else 0.0,
+            "servers": sum(_proc_cpu(server.process.pid) for server in self.servers),
             "postgres": sum(_proc_cpu(pid) for pid in backends),
             "redis": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
             "bench": own.user + own.system,
@@ -288,7 +292,7 @@ class CpuMeter:
 
     @staticmethod
     def per_unit(before: dict[str, float], after: dict[str, float], units: int) -> dict[str, float]:
-        return {part: max(0.0, after[part] - before[part]) / units for part in CPU_PARTS}
+        return {part: max(0.0, after[part] - before[part]) / units for part in before}
 
 
 # --- output --------------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ sys.path[0] = str(Path(__file__).resolve().parent.parent)  # as in bench/engine.
 import httpx  # noqa: E402
 
 from bench.harness import (  # noqa: E402
+    CpuMeter,
     Row,
     Session,
     add_session_arguments,
@@ -67,7 +68,7 @@ from bench.harness import (  # noqa: E402
     say,
     wait_until,
 )
-from tests.support import AsgiServer  # noqa: E402
+from tests.support import AsgiServer, Worker  # noqa: E402
 
 PHASES = {"floor", "webhooks", "submissions", "outcome"}
 SECRET = "whsec_" + "YmVuY2gtaW5ib3VuZC1zZWNyZXQ="  # base64 of "bench-inbound-secret"
@@ -160,6 +161,7 @@ class Sent:
     refusals: dict[int, str] = field(default_factory=dict)  # a status other than 200/202 -> one body
     latencies: list[float] = field(default_factory=list)
     seconds: float = 0.0
+    cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds a request, by part (CpuMeter)
 
     @property
     def rate(self) -> float:
@@ -296,6 +298,17 @@ async def send_paced(servers: list[AsgiServer], requests: list[Request], rate: f
 OK = (200, 202)  # accepted, or a duplicate answered as the first was
 
 
+def metered(servers: list[AsgiServer], send: Callable[[], Sent], worker: Worker | None = None) -> Sent:
+    """``send()``, with the CPU each of its requests cost the servers, PostgreSQL, Redis, this
+    client and a running worker: what a request costs whatever else the machine does meanwhile
+    (this machine's speed swings by the hour; the costs swing much less)."""
+    meter = CpuMeter(worker, servers)
+    before = meter.snapshot()
+    sent = send()
+    sent.cpu = meter.per_unit(before, meter.snapshot(), len(sent.statuses))
+    return sent
+
+
 def signed(event_id: str, body: bytes) -> Callable[[], dict[str, str]]:
     from webhooks.verify import sign_standard
 
@@ -333,7 +346,7 @@ def floor(args: argparse.Namespace, servers: list[AsgiServer]) -> Sent:
     faster on this machine: the baseline the bursts are compared with."""
     requests = [Request("/healthz", b"", dict, method="GET") for _ in range(args.deliveries)]
     say(f"floor: {len(requests):,} GET /healthz, {args.clients} at once")
-    sent = asyncio.run(send_all(servers, requests, args.clients))
+    sent = metered(servers, lambda: asyncio.run(send_all(servers, requests, args.clients)))
     if sent.refusals:
         raise RuntimeError(f"/healthz answered {sent.refusals}")
     return sent
@@ -366,7 +379,7 @@ def sent_with_worker(
     if args.worker == "after":
         session.stop_worker()
     try:
-        closed = asyncio.run(send_all(servers, requests, args.clients))
+        closed = metered(servers, lambda: asyncio.run(send_all(servers, requests, args.clients)), session.worker)
         say(f"  then {len(paced):,} at {args.rate:,.0f} a second")
         return closed, asyncio.run(send_paced(servers, paced, args.rate))
     finally:
@@ -511,7 +524,14 @@ def floor_rows(sent: Sent) -> list[Row]:
     return [
         Row(f"floor: GET /healthz answered/s ({len(sent.statuses):,})", f"{sent.rate:,.0f}"),
         Row("  latency p50 / p99", f"{ms(p50)} / {ms(p99)}"),
+        cpu_row(sent),
     ]
+
+
+def cpu_row(sent: Sent) -> Row:
+    cost = " / ".join(f"{sent.cpu[part] * 1000:.2f}" for part in ("servers", "postgres", "redis", "bench"))
+    total = sum(sent.cpu.values()) * 1000
+    return Row("  CPU a request, ms: daphnes / PostgreSQL / Redis / client", f"{cost} (all {total:.2f})")
 
 
 def burst_rows(name: str, b: Burst, floor: Sent | None, args: argparse.Namespace) -> list[Row]:
@@ -527,6 +547,7 @@ def burst_rows(name: str, b: Burst, floor: Sent | None, args: argparse.Namespace
         *versus,
         Row("  accepted/s (202, new work)", f"{b.sent.count(202) / b.sent.seconds:,.0f}"),
         Row("  latency p50 / p99 (saturated: queueing)", f"{ms(p50)} / {ms(p99)}"),
+        cpu_row(b.sent),
         Row(offered, f"{b.paced.rate:,.0f}", f">= {0.98 * args.rate:,.0f}", b.paced.rate >= 0.98 * args.rate),
         Row("    latency from due, p50 / p99", f"{ms(paced50)} / {ms(paced99)}", "p99 <= 50 ms", paced99 <= 0.050),
         Row("  202 / 200 duplicate / other (both parts)", answers, "other 0", b.refused == 0),
