@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db.models import Max, OuterRef, QuerySet, Subquery
 
 from accounts.selectors import User, account_for, accounts_of
+from agents import statements
 from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Chunk, Message, Submission, Turn, TurnStatus
 from agents.registry import get_agent_class
 from workflows.apis.converters import NameConverter
@@ -96,12 +97,7 @@ def agent_get(*, user: User, kind: str, name: str, account: str | None = None) -
     if not kind_registered(kind):
         return None
     # The agent and its account in one query (every socket's connect asks); creating one takes more.
-    accounts = accounts_of(user) if account is None else accounts_of(user).filter(slug=account)
-    agent = (
-        Agent.objects.select_related("account")
-        .filter(account=Subquery(accounts.values("pk")[:1]), kind=kind, name=name)
-        .first()
-    )
+    agent = statements.member_agent(user=user, kind=kind, name=name, account=account)
     if agent is not None:
         return agent
     found = account_for(user, account)

@@ -9,20 +9,27 @@ changes.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.models import OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
+from accounts.models import Account, Membership
+from accounts.selectors import accounts_of
 from agents.chunks import fenced, fenced_sql
-from agents.models import Agent, Chunk, Message, Turn, TurnStatus
+from agents.models import Agent, Chunk, Message, Submission, SubmissionStatus, Turn, TurnStatus
 from workflows.statements import instance_from_row, prepared_cursor, update_instance, value_from_db
 
-TURNS, AGENTS, CHUNKS, MESSAGES = (m._meta.db_table for m in (Turn, Agent, Chunk, Message))
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+TURNS, AGENTS, CHUNKS, MESSAGES, SUBMISSIONS = (m._meta.db_table for m in (Turn, Agent, Chunk, Message, Submission))
+ACCOUNTS, MEMBERSHIPS = Account._meta.db_table, Membership._meta.db_table
 TURN_FIELDS = Turn._meta.concrete_fields
 AGENT_FIELDS = Agent._meta.concrete_fields
+ACCOUNT_FIELDS = Account._meta.concrete_fields
 END_FIELDS = ("status", "end_reason", "text", "finished_at")
 
 
@@ -136,3 +143,64 @@ def newest_messages(turn: Turn, limit: int) -> list[tuple[str, str, Any]]:
         rows = cursor.fetchall()
     db = connections[DEFAULT_DB_ALIAS]
     return [(role, text, value_from_db(db, PARTS, parts)) for role, text, parts in rows]
+
+
+@functools.cache
+def _member_agent_sql(by_slug: bool) -> str:
+    # The member's account: the one named, else their earliest membership (accounts.selectors.accounts_of).
+    named = f" INNER JOIN {ACCOUNTS} n ON n.id = m.account_id AND n.slug = %s" if by_slug else ""
+    account = (
+        f"SELECT m.account_id FROM {MEMBERSHIPS} m{named} WHERE m.user_id = %s ORDER BY m.created_at, m.id LIMIT 1"
+    )
+    columns = ", ".join([*(f"a.{f.column}" for f in AGENT_FIELDS), *(f"c.{f.column}" for f in ACCOUNT_FIELDS)])
+    return (
+        f"SELECT {columns} FROM {AGENTS} a INNER JOIN {ACCOUNTS} c ON c.id = a.account_id "
+        f"WHERE a.account_id = ({account}) AND a.kind = %s AND a.name = %s"
+    )
+
+
+def member_agent(*, user: User, kind: str, name: str, account: str | None) -> Agent | None:
+    """The agent ``(kind, name)`` of the user's account (the one whose slug is ``account``, else
+    their default), with its account read, if it exists; one prepared statement (every socket's
+    connect and every API call of an agent asks)."""
+    if not _postgresql():
+        accounts = accounts_of(user) if account is None else accounts_of(user).filter(slug=account)
+        return (
+            Agent.objects.select_related("account")
+            .filter(account=Subquery(accounts.values("pk")[:1]), kind=kind, name=name)
+            .first()
+        )
+    params = [user.pk, kind, name] if account is None else [account, user.pk, kind, name]
+    with prepared_cursor() as cursor:
+        cursor.execute(_member_agent_sql(account is not None), params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    db = connections[DEFAULT_DB_ALIAS]
+    agent = instance_from_row(db, Agent, row[: len(AGENT_FIELDS)])
+    agent.account = instance_from_row(db, Account, row[len(AGENT_FIELDS) :])
+    return agent
+
+
+@functools.cache
+def _submission_by_key_sql() -> str:
+    columns = ", ".join(f"s.{f.column}" for f in Submission._meta.concrete_fields)
+    pending = f"SELECT count(*) FROM {SUBMISSIONS} WHERE agent_id = %s AND status = '{SubmissionStatus.PENDING}'"
+    return (
+        f"SELECT ({pending}), {columns} FROM (SELECT 1) one LEFT JOIN {SUBMISSIONS} s "
+        "ON s.agent_id = %s AND s.caller = %s AND s.idempotency_key = %s"
+    )
+
+
+def submission_by_key(*, agent: Agent, caller: str, key: str) -> tuple[Submission | None, int]:
+    """The agent's submission with ``caller``'s idempotency ``key`` (None if none, or no key), and
+    how many of the agent's submissions are pending: one prepared statement (inside atomic(), the
+    agent's row locked, so both are as the transactions it waited for left them)."""
+    if not _postgresql():
+        earlier = Submission.objects.filter(agent=agent, caller=caller, idempotency_key=key).first() if key else None
+        return earlier, Submission.objects.filter(agent=agent, status=SubmissionStatus.PENDING).count()
+    with prepared_cursor() as cursor:
+        cursor.execute(_submission_by_key_sql(), [agent.pk, agent.pk, caller, key or None])
+        pending, *row = cursor.fetchone()
+    earlier = None if row[0] is None else instance_from_row(connections[DEFAULT_DB_ALIAS], Submission, row)
+    return earlier, int(pending)

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.db import transaction
 
-from agents.models import Agent, Submission, SubmissionStatus, Turn
+from agents import statements
+from agents.models import Agent, Submission, SubmissionStatus, Turn, TurnStatus
 from agents.services import (
     SUBMISSION_SOURCE,
     TooManyQueuedTurns,
@@ -34,6 +35,7 @@ from agents.services import (
 )
 from workflows.exceptions import IdempotencyConflict, InvalidPayload, TransitionNotAllowed
 from workflows.services import check_json_size
+from workflows.statements import insert_instance
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -102,21 +104,17 @@ def submission_create(
         # The user's row (the lock order), then the agent's: submissions with one key, and the
         # queue's numbers, one at a time.
         lock_queue(agent, user)
-        if key:  # a retry is answered as the first was, whatever the caps say now
-            earlier = Submission.objects.filter(agent=agent, caller=caller, idempotency_key=key).first()
-            if earlier is not None:
-                if earlier.fingerprint != print_:
-                    raise IdempotencyConflict(
-                        f"the Idempotency-Key {key!r} was used for another submission to this agent"
-                    )
-                return SubmissionResult(earlier, accepted=False)
+        earlier, pending = statements.submission_by_key(agent=agent, caller=caller, key=key)
+        if earlier is not None:  # a retry is answered as the first was, whatever the caps say now
+            if earlier.fingerprint != print_:
+                raise IdempotencyConflict(f"the Idempotency-Key {key!r} was used for another submission to this agent")
+            return SubmissionResult(earlier, accepted=False)
         queue = queue_locked(agent, user=user)
         check_open_turns(queue)  # a member's submissions count as their messages do
-        check_pending(agent)
-        turn = Turn.objects.create(
-            agent=agent, number=queue.last_number + 1, requested_by=user, source=SUBMISSION_SOURCE
-        )
-        submission = Submission.objects.create(
+        check_pending(pending)
+        turn = Turn(agent=agent, number=queue.last_number + 1, requested_by=user, source=SUBMISSION_SOURCE)
+        insert_instance(turn)
+        submission = Submission(
             agent=agent,
             turn=turn,
             idempotency_key=key,
@@ -126,16 +124,18 @@ def submission_create(
             metadata=metadata,
             submitted_by=user,
         )
+        insert_instance(submission)
         push_turn(turn)
         start_new_locked(turn, queue)
-    submission.refresh_from_db()
+    if turn.status != TurnStatus.QUEUED:
+        submission.refresh_from_db()  # its turn started: it is running, and delivered
     return SubmissionResult(submission, accepted=True)
 
 
-def check_pending(agent: Agent) -> None:
-    """TooManyQueuedTurns if the agent has AGENTS_MAX_PENDING_SUBMISSIONS submissions pending."""
+def check_pending(pending: int) -> None:
+    """TooManyQueuedTurns if the agent has AGENTS_MAX_PENDING_SUBMISSIONS submissions ``pending``
+    (counted with the agent's row locked)."""
     limit = int(settings.AGENTS_MAX_PENDING_SUBMISSIONS)
-    pending = Submission.objects.filter(agent=agent, status=SubmissionStatus.PENDING).count()
     if limit and pending >= limit:
         raise TooManyQueuedTurns(
             f"{pending} submissions are waiting already (the limit is {limit}); submit more once some have run"

@@ -339,3 +339,24 @@ def race(fn: Callable[[], Any], n: int = 2) -> list[Any]:
     for t in threads:
         t.join(timeout=60)
     return results
+
+
+@contextmanager
+def statements_sent() -> Iterator[list[str]]:
+    """The SQL of every statement this process sends meanwhile, through Django's cursors and the
+    prepared ones of ``workflows.statements`` alike (``django_assert_num_queries`` sees only
+    Django's): what a request waits for is one round trip each."""
+    import psycopg
+
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    psycopg.Cursor.execute = counted  # type: ignore[method-assign]
+    try:
+        yield sent
+    finally:
+        psycopg.Cursor.execute = execute  # type: ignore[method-assign]

@@ -327,6 +327,38 @@ def insert_run(run: WorkflowRun, attempt: RunAttempt) -> bool:
     return inserted
 
 
+@functools.cache
+def _token_sql() -> str:
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    tokens, users = Token._meta.db_table, get_user_model()._meta.db_table
+    columns = [f"t.{f.column}" for f in Token._meta.concrete_fields]
+    columns += [f"u.{f.column}" for f in get_user_model()._meta.concrete_fields]
+    return f"SELECT {', '.join(columns)} FROM {tokens} t INNER JOIN {users} u ON u.id = t.user_id WHERE t.key = %s"
+
+
+def token_with_user(key: str) -> tuple[Any, Any] | None:
+    """The API token ``key`` and its user (DRF's authtoken), as ``Token.objects.select_related(
+    "user").get(key=key)`` reads them, in one prepared statement; None if there is no such token."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    db = _db()
+    if db.vendor != "postgresql":
+        token = Token.objects.select_related("user").filter(key=key).first()
+        return None if token is None else (token, token.user)
+    with _cursor(db) as cursor:
+        cursor.execute(_token_sql(), [key])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    split = len(Token._meta.concrete_fields)
+    token, user = instance_from_row(db, Token, row[:split]), instance_from_row(db, get_user_model(), row[split:])
+    token.user = user
+    return token, user
+
+
 def claim(run_id: UUID | str, owner: str, now: datetime, lease_until: datetime) -> WorkflowRun | None:
     """Take the lease of a run that is ready to advance and free; the claimed row, or None.
 

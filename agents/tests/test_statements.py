@@ -1,11 +1,12 @@
-"""The turn's prepared statements (agents/statements.py) read what the ORM's queries read: the same
-rows, decoded the same way (a message's JSON parts as a dict, the agent's state, datetimes, UUIDs)."""
+"""The prepared statements of a turn, an agent's lookup and a submission (agents/statements.py) read
+what the ORM's queries read: the same rows, decoded the same way (a message's JSON parts as a dict,
+the agent's state, datetimes, UUIDs)."""
 
 from __future__ import annotations
 
 import pytest
 
-from agents.models import Chunk, Message, MessageRole, Turn, TurnStatus
+from agents.models import Agent, Chunk, Message, MessageRole, Submission, SubmissionStatus, Turn, TurnStatus
 from agents.services import message_send
 from agents.statements import newest_messages, oldest_queued, save_end, turn_with_seq
 from agents.tests.support import chat_agent
@@ -89,3 +90,44 @@ def test_ending_a_turn_that_is_gone_is_an_error(users: Users, no_enqueue: NoEnqu
 
     with pytest.raises(DatabaseError):
         save_end(turn)
+
+
+def test_a_members_agent_as_the_orm_reads_it(users: Users) -> None:
+    from accounts.services import account_ensure
+    from agents.statements import member_agent
+
+    # given alice in two accounts (acme first, her default), bob in acme, mallory in neither
+    acme = account_ensure(slug="acme", members=[users.alice, users.bob])
+    other = account_ensure(slug="other", members=[users.alice])
+    mine = Agent.objects.create(account=acme, kind="test.chat", name="help", state={"v": 1})
+    theirs = Agent.objects.create(account=other, kind="test.chat", name="help")
+
+    # then each reads the agent of the account it names, or of their default, with the account
+    found = member_agent(user=users.alice, kind="test.chat", name="help", account=None)
+    assert found == mine and found.state == {"v": 1} and found.account == acme
+    assert found.created_at == Agent.objects.get(pk=mine.pk).created_at
+    assert member_agent(user=users.alice, kind="test.chat", name="help", account="other") == theirs
+    assert member_agent(user=users.bob, kind="test.chat", name="help", account=None) == mine
+    assert member_agent(user=users.bob, kind="test.chat", name="help", account="other") is None
+    assert member_agent(user=users.mallory, kind="test.chat", name="help", account=None) is None
+    assert member_agent(user=users.alice, kind="test.chat", name="nobody", account=None) is None
+
+
+def test_a_submission_by_its_key_and_the_pending_count(users: Users, no_enqueue: NoEnqueue) -> None:
+    from agents.statements import submission_by_key
+    from agents.submissions import submission_create
+
+    agent = chat_agent(users.alice)
+    said = [{"role": "user", "content": "hi"}]
+    first = submission_create(agent=agent, user=users.alice, messages=said, idempotency_key="k1").submission
+    submission_create(agent=agent, user=users.alice, messages=said)  # no key: pending, found by none
+    submission_create(agent=agent, user=users.alice, messages=said, idempotency_key="k2")
+
+    found, pending = submission_by_key(agent=agent, caller=f"user:{users.alice.pk}", key="k1")
+
+    assert found == first and found.messages == said and found.metadata == {}
+    assert found.status == Submission.objects.get(pk=first.pk).status == SubmissionStatus.RUNNING
+    assert found.created_at == Submission.objects.get(pk=first.pk).created_at
+    assert pending == 2  # the first runs; the other two wait
+    assert submission_by_key(agent=agent, caller="webhook:crm", key="k1") == (None, 2)  # another caller's key
+    assert submission_by_key(agent=agent, caller=f"user:{users.alice.pk}", key="") == (None, 2)

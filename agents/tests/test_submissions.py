@@ -18,7 +18,7 @@ from agents.submissions import submission_create
 from agents.tests.support import chat_agent, streamed_text, wait_ended
 from tests.factories import Users, api_login
 from tests.fixtures import NoEnqueue
-from tests.support import Worker, wait_for
+from tests.support import Worker, statements_sent, wait_for
 
 BASE = "/api/agents/test.chat/t/submissions"
 
@@ -325,3 +325,23 @@ def test_the_command_refuses_bad_input_and_opens_no_agent(users: Users, no_enque
         call_command("agents", "submit", "--account", "acme", "--kind", "test.chat", *args, stdout=StringIO())
 
     assert Agent.objects.count() == before and not Submission.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_submission_costs_few_statements(users: Users, no_enqueue: NoEnqueue) -> None:
+    # Another system waits for each statement (a round trip): the locks are one, the key's earlier
+    # submission and the pending count one, what is open one, then the turn and the submission.
+    # (Inside the test's transaction, submission_create's own is a savepoint and its release.)
+    agent = chat_agent(users.alice)
+    said = [{"role": "user", "content": "hi"}]
+    submission_create(agent=agent, user=users.alice, messages=said, idempotency_key="first")  # starts at once
+
+    with statements_sent() as queued:
+        result = submission_create(agent=agent, user=users.alice, messages=said, idempotency_key="queued")
+    with statements_sent() as replayed:
+        again = submission_create(agent=agent, user=users.alice, messages=said, idempotency_key="queued")
+
+    assert result.accepted and result.submission.status == SubmissionStatus.PENDING
+    assert len(queued) == 7, queued
+    assert not again.accepted and again.submission == result.submission
+    assert len(replayed) == 4, replayed  # the locks and the key's submission

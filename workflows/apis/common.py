@@ -12,13 +12,14 @@ from uuid import UUID
 from django.contrib.auth.models import AbstractUser, AnonymousUser
 from django.utils.dateparse import parse_datetime
 from rest_framework import exceptions, serializers
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
+from workflows.apis.authentication import TokenAuthentication
 from workflows.models import WorkflowRun
 from workflows.selectors import can_control_run, run_get
 from workflows.storable import text_problem
