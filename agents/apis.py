@@ -159,6 +159,8 @@ class SnapshotQuerySerializer(AgentQuerySerializer):
 
 def query_params(request: Request, serializer: type[AgentQuerySerializer] = AgentQuerySerializer) -> dict[str, Any]:
     """The query string as ``serializer`` validates it (a 400 for an unknown or bad parameter)."""
+    if not request.query_params and serializer is AgentQuerySerializer:
+        return {}  # nothing to check, and nothing has a default: every API call of an agent comes here
     params = serializer(data=request.query_params.dict())
     params.is_valid(raise_exception=True)
     return dict(params.validated_data)

@@ -171,6 +171,7 @@ class Queue:
     active: int  # the agent's running or waiting turns: at most one
     queued: int
     queued_chat: int  # the chat's own queued turns (submissions have their own cap)
+    queued_submissions: int  # submissions' queued turns: the agent's pending submissions
     last_number: int  # the agent's highest turn number (0: none yet)
     user_open: int  # the user's open turns over every agent (0 unless asked for and capped)
 
@@ -181,21 +182,24 @@ def queue_locked(agent: Agent, *, user: User | None = None) -> Queue:
     it is repaired (``repair_locked``): a turn it ends lets the queue move before it is counted.
 
     One statement, after the locks (so it sees what the transactions it waited for committed): the
-    agent's open turns only (the index of the agent's turns by status, however many ended), its
+    agent's open turns only (the index of the agent's turns by status, however many ended; a
+    submission is pending exactly while its turn is queued), its
     last number, and the user's open turns when their cap is on."""
     capped = user is not None and int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER) > 0
     with prepared_cursor() as cursor:  # planned once per connection: every message comes here
         cursor.execute(QUEUE_SQL, [agent.pk, user.pk if capped and user is not None else None, agent.pk])
-        active, queued, queued_chat, stuck, last_number, user_open = cursor.fetchone()
+        active, queued, queued_chat, queued_submissions, stuck, last_number, user_open = cursor.fetchone()
     if stuck:
         repair_locked(agent)
         return queue_locked(agent, user=user)
-    return Queue(active, queued, queued_chat, last_number or 0, user_open or 0)
+    return Queue(active, queued, queued_chat, queued_submissions, last_number or 0, user_open or 0)
 
 
 def _in(values: list[TurnStatus] | list[RunStatus]) -> str:
     return ", ".join(f"'{value}'" for value in values)  # the enums' own values: no input reaches SQL
 
+
+SUBMISSION_SOURCE = "submission"  # a turn that answers a submission (its source)
 
 # A turn's run in one of these and the turn still active: the run ended without ending it.
 RUN_ENDED = [RunStatus.FAILED, RunStatus.COMPLETED]
@@ -205,6 +209,7 @@ QUEUE_SQL = f"""
 SELECT count(*) FILTER (WHERE t.status IN ({_in(TURN_ACTIVE)})),
        count(*) FILTER (WHERE t.status = '{TurnStatus.QUEUED}'),
        count(*) FILTER (WHERE t.status = '{TurnStatus.QUEUED}' AND t.source = 'chat'),
+       count(*) FILTER (WHERE t.status = '{TurnStatus.QUEUED}' AND t.source = '{SUBMISSION_SOURCE}'),
        count(*) FILTER (WHERE t.status IN ({_in(TURN_ACTIVE)}) AND r.status IN ({_in(RUN_ENDED)})),
        (SELECT max(number) FROM {TURNS} WHERE agent_id = %s),
        (SELECT count(*) FROM {TURNS} WHERE requested_by_id = %s AND status IN ({_in(TURN_OPEN)}))
@@ -356,9 +361,6 @@ def start_locked(turn: Turn) -> Turn:
         submission_started_locked(turn)
     push_turn(turn)
     return turn
-
-
-SUBMISSION_SOURCE = "submission"
 
 
 def submission_started_locked(turn: Turn) -> None:

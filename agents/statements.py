@@ -19,7 +19,7 @@ from django.db.models.functions import Coalesce
 from accounts.models import Account, Membership
 from accounts.selectors import accounts_of
 from agents.chunks import fenced, fenced_sql
-from agents.models import Agent, Chunk, Message, Submission, SubmissionStatus, Turn, TurnStatus
+from agents.models import Agent, Chunk, Message, Submission, Turn, TurnStatus
 from workflows.statements import instance_from_row, prepared_cursor, update_instance, value_from_db
 
 if TYPE_CHECKING:
@@ -184,23 +184,18 @@ def member_agent(*, user: User, kind: str, name: str, account: str | None) -> Ag
 
 @functools.cache
 def _submission_by_key_sql() -> str:
-    columns = ", ".join(f"s.{f.column}" for f in Submission._meta.concrete_fields)
-    pending = f"SELECT count(*) FROM {SUBMISSIONS} WHERE agent_id = %s AND status = '{SubmissionStatus.PENDING}'"
-    return (
-        f"SELECT ({pending}), {columns} FROM (SELECT 1) one LEFT JOIN {SUBMISSIONS} s "
-        "ON s.agent_id = %s AND s.caller = %s AND s.idempotency_key = %s"
-    )
+    columns = ", ".join(str(f.column) for f in Submission._meta.concrete_fields)
+    return f"SELECT {columns} FROM {SUBMISSIONS} WHERE agent_id = %s AND caller = %s AND idempotency_key = %s"
 
 
-def submission_by_key(*, agent: Agent, caller: str, key: str) -> tuple[Submission | None, int]:
-    """The agent's submission with ``caller``'s idempotency ``key`` (None if none, or no key), and
-    how many of the agent's submissions are pending: one prepared statement (inside atomic(), the
-    agent's row locked, so both are as the transactions it waited for left them)."""
+def submission_by_key(*, agent: Agent, caller: str, key: str) -> Submission | None:
+    """The agent's submission with ``caller``'s idempotency ``key``, or None (always None for no
+    key); one prepared statement (a retry is looked up before the queue is counted)."""
+    if not key:
+        return None
     if not _postgresql():
-        earlier = Submission.objects.filter(agent=agent, caller=caller, idempotency_key=key).first() if key else None
-        return earlier, Submission.objects.filter(agent=agent, status=SubmissionStatus.PENDING).count()
+        return Submission.objects.filter(agent=agent, caller=caller, idempotency_key=key).first()
     with prepared_cursor() as cursor:
-        cursor.execute(_submission_by_key_sql(), [agent.pk, agent.pk, caller, key or None])
-        pending, *row = cursor.fetchone()
-    earlier = None if row[0] is None else instance_from_row(connections[DEFAULT_DB_ALIAS], Submission, row)
-    return earlier, int(pending)
+        cursor.execute(_submission_by_key_sql(), [agent.pk, caller, key])
+        row = cursor.fetchone()
+    return None if row is None else instance_from_row(connections[DEFAULT_DB_ALIAS], Submission, row)

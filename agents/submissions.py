@@ -24,6 +24,7 @@ from agents import statements
 from agents.models import Agent, Submission, SubmissionStatus, Turn, TurnStatus
 from agents.services import (
     SUBMISSION_SOURCE,
+    Queue,
     TooManyQueuedTurns,
     check_message,
     check_open_turns,
@@ -104,14 +105,14 @@ def submission_create(
         # The user's row (the lock order), then the agent's: submissions with one key, and the
         # queue's numbers, one at a time.
         lock_queue(agent, user)
-        earlier, pending = statements.submission_by_key(agent=agent, caller=caller, key=key)
+        earlier = statements.submission_by_key(agent=agent, caller=caller, key=key)
         if earlier is not None:  # a retry is answered as the first was, whatever the caps say now
             if earlier.fingerprint != print_:
                 raise IdempotencyConflict(f"the Idempotency-Key {key!r} was used for another submission to this agent")
             return SubmissionResult(earlier, accepted=False)
         queue = queue_locked(agent, user=user)
         check_open_turns(queue)  # a member's submissions count as their messages do
-        check_pending(pending)
+        check_pending(queue)
         turn = Turn(agent=agent, number=queue.last_number + 1, requested_by=user, source=SUBMISSION_SOURCE)
         insert_instance(turn)
         submission = Submission(
@@ -132,10 +133,11 @@ def submission_create(
     return SubmissionResult(submission, accepted=True)
 
 
-def check_pending(pending: int) -> None:
-    """TooManyQueuedTurns if the agent has AGENTS_MAX_PENDING_SUBMISSIONS submissions ``pending``
-    (counted with the agent's row locked)."""
+def check_pending(queue: Queue) -> None:
+    """TooManyQueuedTurns if the agent has AGENTS_MAX_PENDING_SUBMISSIONS submissions pending (their
+    turns queued: ``queue`` counted with the agent's row locked, after any repair moved it on)."""
     limit = int(settings.AGENTS_MAX_PENDING_SUBMISSIONS)
+    pending = queue.queued_submissions
     if limit and pending >= limit:
         raise TooManyQueuedTurns(
             f"{pending} submissions are waiting already (the limit is {limit}); submit more once some have run"

@@ -529,9 +529,11 @@ def floor_rows(sent: Sent) -> list[Row]:
 
 
 def cpu_row(sent: Sent) -> Row:
-    cost = " / ".join(f"{sent.cpu[part] * 1000:.2f}" for part in ("servers", "postgres", "redis", "bench"))
-    total = sum(sent.cpu.values()) * 1000
-    return Row("  CPU a request, ms: daphnes / PostgreSQL / Redis / client", f"{cost} (all {total:.2f})")
+    """Each part's CPU a request, and the worker's when it ran meanwhile (``--worker during``)."""
+    parts = ["servers", "postgres", "redis", "bench"] + (["worker"] if sent.cpu.get("worker") else [])
+    names = "daphnes / PostgreSQL / Redis / client" + (" / worker" if "worker" in parts else "")
+    cost = " / ".join(f"{sent.cpu[part] * 1000:.2f}" for part in parts)
+    return Row(f"  CPU a request, ms: {names}", f"{cost} (all {sum(sent.cpu.values()) * 1000:.2f})")
 
 
 def burst_rows(name: str, b: Burst, floor: Sent | None, args: argparse.Namespace) -> list[Row]:

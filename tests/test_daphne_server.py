@@ -8,11 +8,13 @@ access-log line for a log daphne discards."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 
 import httpx
 import pytest
 
-from tests.support import AsgiServer
+from tests.support import ROOT, AsgiServer, service_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,10 +31,13 @@ def test_a_multipart_body_reaches_django_unparsed_by_twisted(asgi_server: AsgiSe
     assert response.status_code == 405, response.text
 
 
-def test_twisted_formats_no_access_line_daphne_would_discard() -> None:
+def test_twisted_formats_no_access_line_daphne_would_discard(monkeypatch: pytest.MonkeyPatch) -> None:
     from daphne.http_protocol import HTTPFactory
 
-    import config.asgi  # noqa: F401  # applies config/server.py, as loading the application does
+    from config.server import drop_twisted_access_log
+
+    monkeypatch.setattr(HTTPFactory, "log", HTTPFactory.log)  # put back after the test
+    drop_twisted_access_log()  # as config/asgi.py does when the application loads
 
     class Unreadable:
         def __getattr__(self, name: str) -> object:
@@ -44,3 +49,12 @@ def test_twisted_formats_no_access_line_daphne_would_discard() -> None:
     factory.log(Unreadable())  # Twisted's own formats a line from the request's method, path, status, ...
 
     assert factory._logFile.getvalue() == ""
+
+
+def test_loading_the_application_drops_twisteds_access_log() -> None:
+    # In a process of its own: loading config.asgi changes this one's environment and collector.
+    code = "import config.asgi; from daphne.http_protocol import HTTPFactory; print(HTTPFactory.log.__qualname__)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=service_env(), cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "drop_twisted_access_log.<locals>.log"

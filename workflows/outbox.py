@@ -47,7 +47,7 @@ def _send(task: str, args: tuple[Any, ...], options: dict[str, Any]) -> None:
     limit travels in each message; see CELERY_TASK_TIME_LIMIT). Written to a Redis broker directly
     (workflows.publish: a tenth of Celery's cost), else sent through Celery."""
     publisher = publisher_for(current_app._get_current_object())
-    if publisher is not None and options.keys() <= {"queue", "countdown"}:
+    if publisher is not None and "queue" in options and options.keys() <= {"queue", "countdown"}:
         publisher.send(task, args, queue=options["queue"], countdown=options.get("countdown"))
         return
     conf = current_app.conf

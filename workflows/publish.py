@@ -16,10 +16,11 @@ field, and every test with a worker consumes these). What kombu's Redis transpor
 message, this does too: a task's queue is a Redis list of that name (priority 0, the only one the
 engine sends, is the bare name), a message is LPUSHed on it, and workers BRPOP it.
 
-Used only where nothing else could see the difference (``publisher_for``): a ``redis://`` broker,
-no receivers of Celery's ``before_task_publish`` or ``after_task_publish`` signals (tracing
-integrations add headers there), no ``task_send_sent_event``, no ``global_keyprefix``. Otherwise,
-and on RabbitMQ, the outbox sends through Celery.
+Used only where nothing else could see the difference (``publisher_for``): one ``redis://`` broker
+without TLS, no receivers of Celery's publish signals (``before_task_publish``, ``after_task_publish``,
+``task_sent``: tracing integrations add headers there), no ``task_send_sent_event``, no
+``global_keyprefix``, no routes, declared queues or priorities. Otherwise, and on RabbitMQ, the
+outbox sends through Celery.
 """
 
 from __future__ import annotations
@@ -36,8 +37,6 @@ from celery import Celery, signals
 from celery._state import get_current_worker_task
 from celery.utils.nodenames import anon_nodename
 from celery.utils.saferepr import saferepr
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 # kombu's Redis transport options that shape its connections (kombu.transport.redis
 # Channel._connparams), taken over so that a published message travels as kombu's would.
@@ -59,15 +58,10 @@ class RedisPublisher:
     def __init__(self, app: Celery) -> None:
         conf = app.conf
         options = conf.broker_transport_options or {}
-        self.app = app
+        self._app = weakref.ref(app)  # not the app itself: it keys the cache of publishers
         self.client = redis.Redis(
             connection_pool=redis.ConnectionPool.from_url(
-                conf.broker_url,
-                # Once more at once on a new connection if the one taken had died (Redis restarted);
-                # a publish that still fails is logged by the outbox, and the sweeper sends the run
-                # again. Not after a timeout: 30 s more in a request's thread.
-                retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
-                **{name: options[name] for name in CONNECTION_OPTIONS if name in options},
+                conf.broker_url, **{name: options[name] for name in CONNECTION_OPTIONS if name in options}
             )
         )
         self.time_limit, self.soft_time_limit = conf.task_time_limit, conf.task_soft_time_limit
@@ -78,17 +72,24 @@ class RedisPublisher:
     def send(self, task: str, args: tuple[Any, ...], *, queue: str, countdown: float | None = None) -> str:
         """LPUSH the message that ``app.send_task(task, args, queue=queue, countdown=countdown,
         time_limit=..., soft_time_limit=..., ignore_result=...)`` sends, the last three as this
-        app's settings give them (as the outbox sends every task); the task's id."""
-        task_id, message = self.message(task, args, queue, countdown)
-        self.client.lpush(queue, message)
+        app's settings give them (as the outbox sends every task); the task's id.
+
+        A connection that died (Redis restarted) is tried once more at once, on a new one, with a
+        new delivery tag as kombu's retries have: should the first push have reached Redis after
+        all, the two copies are two messages to the broker, not one acknowledged twice (a worker
+        finds the run's lease taken by the other). A send that still fails raises: the outbox logs
+        it, and the sweeper sends the run again. Not after a timeout: 30 s more in a request's thread."""
+        task_id = str(uuid.uuid4())
+        try:
+            self.client.lpush(queue, self.message(task, args, queue, countdown, task_id=task_id))
+        except redis.ConnectionError:
+            self.client.lpush(queue, self.message(task, args, queue, countdown, task_id=task_id))
         return task_id
 
-    def message(
-        self, task: str, args: tuple[Any, ...], queue: str, countdown: float | None = None
-    ) -> tuple[str, bytes]:
+    def message(self, task: str, args: tuple[Any, ...], queue: str, countdown: float | None, *, task_id: str) -> bytes:
         """The message as kombu's Redis transport stores it (celery.app.amqp.AMQP.as_task_v2 inside
         kombu's envelope: the body JSON, then base64)."""
-        task_id = str(uuid.uuid4())
+        app = self._app()
         parent = get_current_worker_task()  # as send_task: a message sent from a task names it
         root_id = (parent.request.root_id or parent.request.id) if parent else None
         eta = (datetime.now(UTC) + timedelta(seconds=countdown)).isoformat() if countdown else None
@@ -121,7 +122,7 @@ class RedisPublisher:
             "headers": headers,
             "properties": {
                 "correlation_id": task_id,
-                "reply_to": self.app.thread_oid,
+                "reply_to": app.thread_oid if app is not None else "",
                 "delivery_mode": 2,
                 "delivery_info": {"exchange": "", "routing_key": queue},
                 "priority": 0,
@@ -129,7 +130,7 @@ class RedisPublisher:
                 "delivery_tag": str(uuid.uuid4()),
             },
         }
-        return task_id, json.dumps(envelope).encode()
+        return json.dumps(envelope).encode()
 
 
 _publishers: weakref.WeakKeyDictionary[Celery, RedisPublisher | None] = weakref.WeakKeyDictionary()
@@ -140,19 +141,31 @@ def publisher_for(app: Celery) -> RedisPublisher | None:
 
     Decided once per app, as Celery itself builds its broker connection pool once per app; the
     signals are looked at on every call, since a receiver may connect at any time."""
-    if signals.before_task_publish.receivers or signals.after_task_publish.receivers:
+    if signals.before_task_publish.receivers or signals.after_task_publish.receivers or signals.task_sent.receivers:
         return None
     try:
         return _publishers[app]
     except KeyError:
         pass
     conf = app.conf
+    url = conf.broker_url
     usable = (
-        str(conf.broker_url or "").lower().startswith("redis://")
+        isinstance(url, str)
+        and url.lower().startswith("redis://")
+        and ";" not in url  # failover URLs: Celery's connection picks among them
+        and not conf.broker_use_ssl
         and conf.task_serializer == "json"
         and not conf.task_compression
         and not conf.task_send_sent_event
         and not (conf.broker_transport_options or {}).get("global_keyprefix")
+        and conf.broker_write_url in (None, url)
+        # What would route or mark a message otherwise than "its queue, priority 0".
+        and conf.task_protocol == 2
+        and conf.task_default_priority is None
+        and not conf.task_inherit_parent_priority
+        and not conf.task_routes
+        and conf.task_queues is None
+        and conf.task_create_missing_queues
     )
     publisher = _publishers[app] = RedisPublisher(app) if usable else None
     return publisher

@@ -113,21 +113,19 @@ def test_a_members_agent_as_the_orm_reads_it(users: Users) -> None:
     assert member_agent(user=users.alice, kind="test.chat", name="nobody", account=None) is None
 
 
-def test_a_submission_by_its_key_and_the_pending_count(users: Users, no_enqueue: NoEnqueue) -> None:
+def test_a_submission_by_its_callers_key(users: Users, no_enqueue: NoEnqueue) -> None:
     from agents.statements import submission_by_key
     from agents.submissions import submission_create
 
     agent = chat_agent(users.alice)
     said = [{"role": "user", "content": "hi"}]
     first = submission_create(agent=agent, user=users.alice, messages=said, idempotency_key="k1").submission
-    submission_create(agent=agent, user=users.alice, messages=said)  # no key: pending, found by none
-    submission_create(agent=agent, user=users.alice, messages=said, idempotency_key="k2")
+    submission_create(agent=agent, user=users.alice, messages=said)  # no key: found by none
 
-    found, pending = submission_by_key(agent=agent, caller=f"user:{users.alice.pk}", key="k1")
+    found = submission_by_key(agent=agent, caller=f"user:{users.alice.pk}", key="k1")
 
     assert found == first and found.messages == said and found.metadata == {}
     assert found.status == Submission.objects.get(pk=first.pk).status == SubmissionStatus.RUNNING
     assert found.created_at == Submission.objects.get(pk=first.pk).created_at
-    assert pending == 2  # the first runs; the other two wait
-    assert submission_by_key(agent=agent, caller="webhook:crm", key="k1") == (None, 2)  # another caller's key
-    assert submission_by_key(agent=agent, caller=f"user:{users.alice.pk}", key="") == (None, 2)
+    assert submission_by_key(agent=agent, caller="webhook:crm", key="k1") is None  # another caller's key
+    assert submission_by_key(agent=agent, caller=f"user:{users.alice.pk}", key="") is None

@@ -13,12 +13,13 @@ import pytest
 from django.core.management import call_command
 
 from agents.models import Message, Submission, SubmissionStatus, Turn, TurnStatus
-from agents.services import message_send
+from agents.services import TooManyQueuedTurns, message_send
 from agents.submissions import submission_create
 from agents.tests.support import chat_agent, streamed_text, wait_ended
 from tests.factories import Users, api_login
 from tests.fixtures import NoEnqueue
 from tests.support import Worker, statements_sent, wait_for
+from workflows.models import RunStatus, WorkflowRun
 
 BASE = "/api/agents/test.chat/t/submissions"
 
@@ -345,3 +346,31 @@ def test_a_submission_costs_few_statements(users: Users, no_enqueue: NoEnqueue) 
     assert len(queued) == 7, queued
     assert not again.accepted and again.submission == result.submission
     assert len(replayed) == 4, replayed  # the locks and the key's submission
+
+
+@pytest.mark.django_db
+def test_past_the_pending_cap_a_submission_is_refused_until_one_runs(
+    settings: Any, users: Users, no_enqueue: NoEnqueue
+) -> None:
+    # given an agent allowed one pending submission, with one running and one pending
+    settings.AGENTS_MAX_PENDING_SUBMISSIONS = 1
+    agent = chat_agent(users.alice)
+    said = [{"role": "user", "content": "hi"}]
+    first = submission_create(agent=agent, user=users.alice, messages=said).submission
+    second = submission_create(agent=agent, user=users.alice, messages=said).submission
+    assert (first.status, second.status) == (SubmissionStatus.RUNNING, SubmissionStatus.PENDING)
+
+    # then a third is refused, and nothing of it is stored
+    with pytest.raises(TooManyQueuedTurns):
+        submission_create(agent=agent, user=users.alice, messages=said)
+    assert Submission.objects.count() == 2 and Turn.objects.count() == 2
+
+    # when the first's run ended without ending its turn (its hook never ran), the next submission
+    # repairs the queue first: the first fails, the second runs, and the third is taken
+    assert first.turn.run_id is not None
+    WorkflowRun.objects.filter(pk=first.turn.run_id).update(status=RunStatus.FAILED)
+    third = submission_create(agent=agent, user=users.alice, messages=said)
+
+    assert third.accepted and third.submission.status == SubmissionStatus.PENDING
+    assert Submission.objects.get(pk=second.pk).status == SubmissionStatus.RUNNING
+    assert Submission.objects.get(pk=first.pk).status == SubmissionStatus.ERROR

@@ -11,6 +11,7 @@ from django.test import Client
 
 from accounts.models import Account
 from agents.models import Agent, Submission, SubmissionStatus, Turn
+from agents.submissions import submission_cancel
 from webhooks.actions import Event, event_key
 from webhooks.models import WebhookDelivery
 from webhooks.tests.support import SECRET, encode, standard_headers
@@ -103,7 +104,8 @@ def test_a_full_queue_is_a_429_and_the_retry_is_accepted_once_there_is_room(sett
     assert full.json()["error"]["code"] == "too_many_pending"
     assert Submission.objects.count() == 2
     assert WebhookDelivery.objects.get(event_id="evt_3").outcome == "rejected"
-    Submission.objects.filter(status=SubmissionStatus.PENDING).update(status=SubmissionStatus.CANCELLED)
+    pending = Submission.objects.get(status=SubmissionStatus.PENDING)
+    submission_cancel(submission=pending, user=None)  # its turn is cancelled with it: room for one
 
     retried = deliver("evt_3", ticket("third"))
 

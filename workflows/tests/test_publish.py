@@ -6,8 +6,10 @@ with a worker's."""
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import uuid
+import weakref
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -56,10 +58,19 @@ def test_the_process_app_on_redis_publishes_directly() -> None:
     [
         {"broker_url": "amqp://guest:guest@127.0.0.1:5672//"},
         {"broker_url": "rediss://127.0.0.1:6380/0"},
+        {"broker_url": "redis://127.0.0.1:6379/0;redis://127.0.0.1:6380/0"},
+        {"broker_use_ssl": {"ssl_cert_reqs": "required"}},
         {"task_serializer": "pickle"},
         {"task_compression": "gzip"},
         {"task_send_sent_event": True},
         {"broker_transport_options": {"global_keyprefix": "tenant-a:"}},
+        {"broker_write_url": "redis://127.0.0.1:6380/0"},
+        {"task_protocol": 1},
+        {"task_default_priority": 5},
+        {"task_inherit_parent_priority": True},
+        {"task_routes": {"workflows.advance": {"queue": "elsewhere"}}},
+        {"task_queues": []},
+        {"task_create_missing_queues": False},
     ],
 )
 def test_celery_sends_where_the_direct_message_would_differ(conf: dict[str, Any]) -> None:
@@ -140,3 +151,49 @@ def test_a_publish_after_redis_restarted_goes_through_a_new_connection() -> None
         assert [json.loads(base64.b64decode(json.loads(m)["body"]))[0] for m in messages] == [["after"]]
     finally:
         server.shutdown()
+
+
+def test_a_push_on_a_dead_connection_is_sent_once_more_as_a_new_message(
+    queue: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    publisher = RedisPublisher(app_with())
+    pushed: list[bytes] = []
+    lpush = publisher.client.lpush
+
+    def flaky(name: str, message: bytes) -> Any:
+        pushed.append(message)
+        if len(pushed) == 1:
+            raise redis.ConnectionError("Connection closed by server.")
+        return lpush(name, message)
+
+    monkeypatch.setattr(publisher.client, "lpush", flaky)
+
+    task_id = publisher.send(outbox.ADVANCE_TASK, ("run",), queue=queue)
+
+    first, second = (json.loads(m) for m in pushed)
+    assert first["headers"]["id"] == second["headers"]["id"] == task_id
+    assert first["properties"]["delivery_tag"] != second["properties"]["delivery_tag"]
+    assert taken(queue)["properties"]["delivery_tag"] == second["properties"]["delivery_tag"]
+
+
+def test_a_push_that_fails_twice_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    publisher = RedisPublisher(app_with())
+
+    def dead(name: str, message: bytes) -> Any:
+        raise redis.ConnectionError("Connection refused.")
+
+    monkeypatch.setattr(publisher.client, "lpush", dead)
+
+    with pytest.raises(redis.ConnectionError):
+        publisher.send(outbox.ADVANCE_TASK, ("run",), queue="q")
+
+
+def test_an_app_gone_takes_its_publisher_with_it() -> None:
+    app = app_with()
+    assert publisher_for(app) is not None
+    gone = weakref.ref(app)
+
+    del app
+    gc.collect()
+
+    assert gone() is None
