@@ -12,6 +12,7 @@ from django.test import Client
 
 from ledger.models import ExternalOperation, OperationEvent
 from ledger.tests.support import make_operation
+from tests.support import statements_sent
 from webhooks.models import WebhookDelivery
 from webhooks.tests.support import (
     ROTATED,
@@ -85,6 +86,49 @@ def test_a_replayed_event_is_a_duplicate_and_nothing_else_happens() -> None:
     assert again.status_code == 200
     assert again.json() == {"status": "duplicate"}
     assert WorkflowRun.objects.count() == 1
+    assert sorted(WebhookDelivery.objects.values_list("outcome", flat=True)) == ["accepted", "duplicate"]
+
+
+def test_an_accepted_delivery_is_one_insert_after_its_work() -> None:
+    body = encode(EVENT)
+
+    with statements_sent() as sent:
+        assert post("runs", body, standard_headers(body, "msg_1")).status_code == 202
+
+    # the run (with its attempt), then the delivery with what the run did: no UPDATE after it
+    # (around them, the test's transaction makes the endpoint's a savepoint and its release)
+    assert [sql.split()[0] for sql in sent] == ["SAVEPOINT", "WITH", "INSERT", "RELEASE"], sent
+    assert "webhooks_webhookdelivery" in sent[2]
+    assert WebhookDelivery.objects.get().run_id == WorkflowRun.objects.get().id
+
+
+def test_a_replay_with_another_body_is_a_duplicate_and_changes_nothing() -> None:
+    # given an accepted event
+    body = encode(EVENT)
+    assert post("runs", body, standard_headers(body, "msg_1")).status_code == 202
+
+    # when its sender sends the same event id with another body (its run's key is taken by the
+    # first's run, with another payload: the run's start refuses it)
+    other = encode({"type": "order.paid", "data": {"order": "9999"}})
+    again = post("runs", other, standard_headers(other, "msg_1"))
+
+    # then it is a duplicate, and the first's run is as it was
+    assert again.status_code == 200 and again.json() == {"status": "duplicate"}
+    assert WorkflowRun.objects.get().payload == EVENT["data"]
+    assert sorted(WebhookDelivery.objects.values_list("outcome", flat=True)) == ["accepted", "duplicate"]
+
+
+def test_a_replayed_outcome_is_a_duplicate_and_settles_nothing_twice() -> None:
+    make_operation("refund:9:2")
+    body = encode(outcome_event("refund:9:2", "succeeded"))
+    assert post("sandbox", body, standard_headers(body, "evt_ok")).status_code == 202
+    events = OperationEvent.objects.count()
+
+    again = post("sandbox", body, standard_headers(body, "evt_ok"))
+
+    assert again.status_code == 200 and again.json() == {"status": "duplicate"}
+    assert ExternalOperation.objects.get(key="refund:9:2").status == "succeeded"
+    assert OperationEvent.objects.count() == events  # the replay's report was rolled back with it
     assert sorted(WebhookDelivery.objects.values_list("outcome", flat=True)) == ["accepted", "duplicate"]
 
 
