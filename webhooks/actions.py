@@ -248,5 +248,5 @@ def action_problems(action: Any) -> list[str]:
 
 
 def action_perform(action: dict[str, Any], event: Event) -> ActionResult:
-    """Call inside atomic(): the accepted delivery is inserted after it, in the same transaction."""
+    """Call inside atomic(), the accepted delivery inserted in the same transaction."""
     return ACTIONS[action["type"]].perform(action, event)

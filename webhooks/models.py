@@ -2,10 +2,10 @@
 
 A row is written once and never changes, so there is no state machine here: the outcome is what
 happened to that one HTTP request. The partial unique constraint on (source, event_id) for accepted
-rows is the deduplication: the endpoint inserts the accepted row at the end of the transaction that
-does the event's work, so a second delivery of the event waits for the first to commit and then
-finds the conflict (its insert does nothing, its transaction is rolled back with its work, and it
-is recorded as a duplicate) or, if the first rolled back, is accepted itself.
+rows is the deduplication: the endpoint inserts the accepted row in the transaction that does the
+event's work, so a second delivery of the event waits for the first to commit and then finds the
+conflict (its insert does nothing, and it is recorded as a duplicate) or, if the first rolled back,
+is accepted itself.
 """
 
 from __future__ import annotations

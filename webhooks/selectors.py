@@ -8,7 +8,7 @@ from typing import Any, TypedDict
 from django.db.models import QuerySet
 
 from webhooks.conf import raw_sources, source_problems
-from webhooks.models import Outcome, WebhookDelivery
+from webhooks.models import WebhookDelivery
 
 
 class SourceSummary(TypedDict):
@@ -53,8 +53,3 @@ def describe_action(action: dict[str, Any]) -> str:
 
 def deliveries_received_before(cutoff: datetime) -> QuerySet[WebhookDelivery]:
     return WebhookDelivery.objects.filter(received_at__lt=cutoff)
-
-
-def accepted_before(*, source: str, event_id: str) -> bool:
-    """Whether the event has an accepted delivery (its first acceptance, committed)."""
-    return WebhookDelivery.objects.filter(source=source, event_id=event_id, outcome=Outcome.ACCEPTED).exists()

@@ -4,15 +4,11 @@
 nothing; ``delivery_receive`` records what became of it:
 
 - rejected: one rejected delivery row, nothing else (``delivery_reject``);
-- accepted: the action's work and the accepted row, with what the action did, in ONE transaction
-  (``delivery_accept``): the row is inserted last, so that it is one INSERT and no UPDATE after.
-  The partial unique constraint on (source, event_id) for accepted rows makes that insert, for a
-  second delivery of the same event, wait for the first to commit and then do nothing (an insert
-  that does nothing on that conflict, ``webhooks.statements``): the second transaction is rolled
-  back whole, its action's work with it, so an event's effect is committed once;
-- duplicate: that row, nothing else. A replay whose action refuses (its run's key is taken by the
-  first's run with another body, its operation is settled, its agent's queue is full) is a
-  duplicate too when the event was accepted before.
+- accepted: the accepted row and the action's work in ONE transaction (``delivery_accept``). The
+  partial unique constraint on (source, event_id) for accepted rows makes a second delivery of the
+  same event wait for the first to commit, and then not write its accepted row (an insert that
+  does nothing on that conflict, ``webhooks.statements``): it never runs the action;
+- duplicate: that row, nothing else.
 """
 
 from __future__ import annotations
@@ -34,8 +30,8 @@ from webhooks.actions import ActionDeferred, ActionRefused, Event, action_perfor
 from webhooks.conf import Source
 from webhooks.metrics import DELIVERIES
 from webhooks.models import Outcome, WebhookDelivery
-from webhooks.selectors import accepted_before, deliveries_received_before
-from webhooks.statements import insert_delivery
+from webhooks.selectors import deliveries_received_before
+from webhooks.statements import insert_delivery, record_result
 from webhooks.verify import SCHEMES, MalformedEvent, SignatureRejected
 from workflows.storable import MAX_JSON_DEPTH, json_loads_strict, json_problem
 
@@ -139,9 +135,6 @@ def delivery_receive(
         # and a 500 tells the sender to try again later, when it may be accepted.
         logger.exception("webhook %s %s: the action failed", source.name, checked.event_id)
         rejection = Rejection(500, "action_failed", f"the event could not be acted on ({type(exc).__name__})")
-    if accepted_before(source=source.name, event_id=checked.event_id):
-        # A replay of an accepted event, whose action found its work done already and refused.
-        return _duplicate(source=source, headers=headers, size=len(body), checked=checked), None
     delivery = delivery_reject(
         source=source, headers=headers, size=len(body), rejection=rejection, event_id=checked.event_id
     )
@@ -187,58 +180,42 @@ def _delivered(delivery: WebhookDelivery, level: int, message: str, *args: Any) 
     )
 
 
-class _AcceptedBefore(Exception):
-    """The event's accepted row exists: this delivery's transaction is rolled back whole."""
-
-
 def delivery_accept(*, source: Source, headers: Mapping[str, str], size: int, checked: Checked) -> WebhookDelivery:
-    """Accept the event once: the action's work and the accepted row commit together.
+    """Accept the event once: the accepted row and the action's work commit together.
 
-    Raises ActionRefused or ActionDeferred (nothing kept) if the action cannot act on the event. An
-    earlier or concurrent acceptance of the same (source, event id) makes this one a duplicate:
-    its accepted row is not written (a concurrent one is waited for, and this one written only if
-    that one rolls back), its action's work is rolled back with it, and the duplicate row is
-    recorded instead."""
-    event = Event(source=source.name, event_id=checked.event_id, body=checked.body)
-    try:
-        with transaction.atomic():
-            done = action_perform(source.action, event)
-            delivery = WebhookDelivery(
-                outcome=Outcome.ACCEPTED,
-                run_id=done.get("run_id"),
-                operation_key=done.get("operation_key", ""),
-                submission_id=done.get("submission_id"),
-                result=json.loads(json.dumps(done.get("result"), default=str)),
-                **_row(source=source, headers=headers, size=size, checked=checked),
-            )
-            # Last, after the action's locks: a second delivery of this event waits here, on the
-            # unique index, until the first commits (then it is a duplicate) or rolls back.
-            if not insert_delivery(delivery):
-                raise _AcceptedBefore
-    except _AcceptedBefore:
-        return _duplicate(source=source, headers=headers, size=size, checked=checked)
-    _delivered(delivery, logging.INFO, "webhook %s %s accepted (delivery %s)", checked.event_id, delivery.pk)
-    return delivery
-
-
-def _row(*, source: Source, headers: Mapping[str, str], size: int, checked: Checked) -> dict[str, Any]:
-    """What every accepted or duplicate row of a verified delivery records of it."""
-    return {
+    Raises ActionRefused (nothing kept) if the action cannot act on the event. A concurrent or
+    earlier acceptance of the same (source, event id) makes this one a duplicate: its accepted row
+    is not written (a concurrent one is waited for, and written only if that one rolls back), the
+    action does not run, and the duplicate row is recorded instead.
+    """
+    row = {
         "source": source.name,
         "event_id": checked.event_id,
         "headers": redact_headers(headers),
         "body": redact(checked.body),
         "size": size,
     }
-
-
-def _duplicate(*, source: Source, headers: Mapping[str, str], size: int, checked: Checked) -> WebhookDelivery:
-    duplicate = WebhookDelivery(
-        outcome=Outcome.DUPLICATE, **_row(source=source, headers=headers, size=size, checked=checked)
-    )
-    insert_delivery(duplicate)
-    _delivered(duplicate, logging.INFO, "webhook %s %s: a duplicate", checked.event_id)
-    return duplicate
+    with transaction.atomic():
+        # The row first: a second delivery of this event waits here, on the unique index, until
+        # the first commits (then it is a duplicate) or rolls back (then it goes on).
+        delivery = WebhookDelivery(outcome=Outcome.ACCEPTED, **row)
+        if not insert_delivery(delivery):
+            duplicate = WebhookDelivery(outcome=Outcome.DUPLICATE, **row)
+            insert_delivery(duplicate)
+        else:
+            duplicate = None
+            event = Event(source=source.name, event_id=checked.event_id, body=checked.body)
+            done = action_perform(source.action, event)
+            delivery.run_id = done.get("run_id")
+            delivery.operation_key = done.get("operation_key", "")
+            delivery.submission_id = done.get("submission_id")
+            delivery.result = json.loads(json.dumps(done.get("result"), default=str))
+            record_result(delivery)
+    if duplicate is not None:
+        _delivered(duplicate, logging.INFO, "webhook %s %s: a duplicate", checked.event_id)
+        return duplicate
+    _delivered(delivery, logging.INFO, "webhook %s %s accepted (delivery %s)", checked.event_id, delivery.pk)
+    return delivery
 
 
 def delivery_purge(
