@@ -25,7 +25,7 @@ from agents.tests.support import chat_agent
 from tests.agents_fixtures import FiberAgent, broken_fiber, count, count_items
 from tests.factories import Users
 from tests.fixtures import NoEnqueue
-from tests.support import AsgiServer, Worker, wait_for
+from tests.support import AsgiServer, Worker, wait_for, wait_for_terminal
 from workflows.hooks import fire_run_failed
 from workflows.models import RunStatus, WorkflowRun
 from workflows.tests.test_consumers import TIMEOUT, receive, session_cookie
@@ -141,7 +141,8 @@ def test_a_fiber_runs_in_a_worker_its_result_is_stored_and_the_agents_clients_ar
     assert fiber.result == {"items": 3, "attempt": 1}
     assert lines(path) == ["item 1", "item 2", "item 3"]
     assert fiber.stash == {"done": 3} and fiber.stash_version == 3 and fiber.attempts == 1
-    assert fiber.run is not None and fiber.run.status == RunStatus.COMPLETED
+    # (its run ends in the commit after the step that ended the fiber: waited for, not raced)
+    assert fiber.run_id is not None and wait_for_terminal(fiber.run_id).status == RunStatus.COMPLETED
     assert not (tmp_path / "items.recovered").exists()
     # and the agent's clients were told each change of its status, as fiber frames
     assert all(f["type"] == "fiber" and f["id"] == str(fiber.pk) and f["name"] == "count" for f in frames)
@@ -224,7 +225,7 @@ def test_an_agent_may_cancel_a_recovered_fiber(users: Users, tmp_path: Path, que
     assert fiber.stash == {"done": 3}  # kept, for whoever looks
     assert lines(Path(f"{path}.attempts")) == ["1 0"]  # the function did not run again
     assert lines(path) == ["item 1", "item 2", "item 3"]
-    assert fiber.run is not None and fiber.run.status == RunStatus.COMPLETED
+    assert fiber.run_id is not None and wait_for_terminal(fiber.run_id).status == RunStatus.COMPLETED
 
 
 # --- cancel ------------------------------------------------------------------------------------------------
