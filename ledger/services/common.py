@@ -6,6 +6,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
 from django.utils import timezone
 
 from ledger import hooks
@@ -17,6 +18,22 @@ from ledger.redaction import redact
 
 # One logger for the whole ledger, so an operator can route it; it only ever sees redacted data.
 logger = logging.getLogger("ledger")
+
+
+def log_on_commit(
+    level: int, message: str, *args: Any, count: tuple[str, str, str] | None = None, **kwargs: Any
+) -> None:
+    """Log ``message`` (and count the event ``count``: system, kind, status) once the current
+    transaction commits, at once outside one. What the ledger logs and counts is what it recorded:
+    a settlement its transaction rolls back (a webhook's replay, a failed action, a raised step)
+    leaves no line and no count behind. The arguments are taken now, as they are now."""
+
+    def emit() -> None:
+        logger.log(level, message, *args, **kwargs)
+        if count is not None:
+            OPERATION_EVENTS.labels(*count).inc()
+
+    transaction.on_commit(emit, robust=True)
 
 
 def lock(operation_id: int) -> ExternalOperation:
@@ -110,7 +127,7 @@ def build_event(
     )
     level = logging.WARNING if op.status == OperationStatus.UNKNOWN or outcome == EventOutcome.UNKNOWN else logging.INFO
     # The line says what happened, never what was sent or answered (the event keeps that, redacted).
-    logger.log(
+    log_on_commit(
         level,
         "%s %s %s: %s answered %s; %s → %s%s",
         op.system,
@@ -133,8 +150,8 @@ def build_event(
             "run_id": str(op.run_id) if op.run_id else None,
             "step": op.step or None,
         },
+        count=(op.system, kind, op.status),
     )
-    OPERATION_EVENTS.labels(op.system, kind, op.status).inc()
     return event
 
 

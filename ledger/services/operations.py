@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -47,6 +48,7 @@ from ledger.services.common import (
     ago,
     apply_lookup,
     lock,
+    log_on_commit,
     logger,
     outcome_code,
     outcome_detail,
@@ -221,7 +223,7 @@ def _claim(op: ExternalOperation, *, now: datetime) -> ExternalOperation:
     op.submitted_at = now
     op.note = ""
     op.save()
-    logger.info("%s %s %s: claimed for submit #%d", op.system, op.action, op.key, op.submit_count)
+    log_on_commit(logging.INFO, "%s %s %s: claimed for submit #%d", op.system, op.action, op.key, op.submit_count)
     return op
 
 
@@ -296,7 +298,7 @@ def _record_submit(op: ExternalOperation, outcome: SubmitOutcome) -> Plan:
                 detail=outcome_detail(outcome),
                 note=note,
             )
-            logger.error("%s %s: %s; compare the events", current.system, current.key, note)
+            log_on_commit(logging.ERROR, "%s %s: %s; compare the events", current.system, current.key, note)
             return _settled(current)
         plan = _apply_submit(current, outcome, now=timezone.now())
         record_event(

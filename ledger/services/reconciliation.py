@@ -15,6 +15,7 @@ is recorded with the row locked, and only if nobody moved the operation in betwe
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -53,6 +54,7 @@ from ledger.services.common import (
     ago,
     apply_lookup,
     lock,
+    log_on_commit,
     logger,
     may_still_arrive,
     outcome_detail,
@@ -146,7 +148,7 @@ def _correct_failed(current: ExternalOperation, outcome: Succeeded, note: str) -
         note=note,
     )
     hooks.fire_operation_settled(current)
-    logger.error("%s %s %s: %s", current.system, current.action, current.key, note)
+    log_on_commit(logging.ERROR, "%s %s %s: %s", current.system, current.action, current.key, note)
     return _result(current, current.status, "flagged", note, before=OperationStatus.FAILED)
 
 

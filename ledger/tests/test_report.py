@@ -3,10 +3,12 @@ operation in doubt as a lookup would, and leaves everything else as it is."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.db import transaction
+from prometheus_client import REGISTRY
 
 from ledger import hooks
 from ledger.adapters import Failed, Succeeded
@@ -80,14 +82,15 @@ def test_a_key_of_another_system_or_nobodys_is_none(settled: list[str]) -> None:
 
 
 def test_a_success_reported_after_a_failure_corrects_it_and_flags_it(
-    settled: list[str], caplog: pytest.LogCaptureFixture
+    settled: list[str], caplog: pytest.LogCaptureFixture, django_capture_on_commit_callbacks: Callable[..., Any]
 ) -> None:
     # given a sent operation a first report failed (a provider's mistake, or events out of order)
     make_operation("k1")
     report("k1", Failed(reason="declined"))
 
     # when the provider then reports it succeeded
-    result = report("k1", Succeeded({"id": "re_1"}))
+    with django_capture_on_commit_callbacks(execute=True):
+        result = report("k1", Succeeded({"id": "re_1"}))
 
     # then the provider is believed: succeeded, flagged for a person, the hooks run again (a refund's
     # order counts the money as refunded), and an error is logged
@@ -110,3 +113,34 @@ def test_a_failure_never_sent_is_not_corrected(settled: list[str]) -> None:
 
     assert ExternalOperation.objects.get(key="k1").status == OperationStatus.FAILED
     assert result.verdict == "skipped" and settled == []
+
+
+def events_counted(status: str) -> float:
+    sample = REGISTRY.get_sample_value(
+        "ledger_operation_events_total", {"system": "payments", "kind": EventKind.LOOKUP, "status": status}
+    )
+    return sample or 0.0
+
+
+def test_a_settlement_rolled_back_is_neither_logged_nor_counted(
+    settled: list[str], caplog: pytest.LogCaptureFixture, django_capture_on_commit_callbacks: Callable[..., Any]
+) -> None:
+    # given an operation in doubt, and a report of its outcome whose transaction then fails (a
+    # webhook's action raising after it, a replay rolled back)
+    make_operation("k1")
+    counted = events_counted(OperationStatus.SUCCEEDED)
+    with django_capture_on_commit_callbacks(execute=True), pytest.raises(RuntimeError):
+        with transaction.atomic():
+            operation_report(key="k1", system="payments", outcome=Succeeded({}), reported_by="webhook sandbox")
+            raise RuntimeError("the caller's transaction fails")
+
+    # then nothing says it was settled: not the row, not the log, not the metric
+    assert ExternalOperation.objects.get(key="k1").status == OperationStatus.UNKNOWN
+    assert not [r for r in caplog.records if r.name == "ledger" and "k1" in r.getMessage()]
+    assert events_counted(OperationStatus.SUCCEEDED) == counted
+
+    # and the same report committed is logged and counted once
+    with django_capture_on_commit_callbacks(execute=True):
+        report("k1", Succeeded({}))
+    assert len([r for r in caplog.records if r.name == "ledger" and "k1" in r.getMessage()]) == 1
+    assert events_counted(OperationStatus.SUCCEEDED) == counted + 1
