@@ -21,10 +21,11 @@ os.environ["DATABASE_POOL"] = "1"
 django.setup(set_prefix=False)  # before the consumers are imported (as get_asgi_application does)
 
 from config.handlers import ASGIHandler  # noqa: E402
-from config.server import drop_twisted_access_log, leave_form_bodies_to_django  # noqa: E402
+from config.server import drop_twisted_access_log, leave_form_bodies_to_django, limit_request_bodies  # noqa: E402
 
 leave_form_bodies_to_django()
 drop_twisted_access_log()
+limit_request_bodies(settings.HTTP_MAX_BODY_BYTES)
 
 django_asgi_app: Any = ASGIHandler()  # Django's, with the middleware chain in one thread (see there)
 

@@ -162,6 +162,9 @@ SERVE_STATIC = envbool("SERVE_STATIC", True)
 # requests in progress at once beyond it wait. Above DATABASE_POOL_MAX_SIZE they would wait for a
 # connection anyway.
 ASGI_REQUEST_THREADS = envint("ASGI_REQUEST_THREADS", 16)
+# The largest request body the ASGI server accepts, in bytes (config/server.py): a larger one is
+# answered 413 before it is read. 10 MiB, the most a webhook source may accept (max_body_bytes).
+HTTP_MAX_BODY_BYTES = envint("HTTP_MAX_BODY_BYTES", 10 * 1024 * 1024)
 # Customers and staff sign in at /accounts/login/ (portal); the admin keeps its own login for staff.
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"

@@ -1,20 +1,29 @@
 """What config/server.py changes in daphne's server.
 
-daphne's requests leave a form body to Django: Twisted no longer parses it in the reactor's thread
-first. A multipart body Twisted cannot parse shows which of the two read it: Twisted refuses it with
-a bare 400 and closes the connection; Django's view answers as it would. And Twisted formats no
-access-log line for a log daphne discards."""
+A body over HTTP_MAX_BODY_BYTES is refused by the server, before it is read: a declared one as soon
+as its headers are in, a chunked one once it passes the limit. daphne's requests leave a form body
+to Django: Twisted no longer parses it in the reactor's thread first. A multipart body Twisted
+cannot parse shows which of the two read it: Twisted refuses it with a bare 400 and closes the
+connection; Django's view answers as it would. And Twisted formats no access-log line for a log
+daphne discards."""
 
 from __future__ import annotations
 
 import io
+import json
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tests.support import ROOT, AsgiServer, service_env
+from webhooks.models import WebhookDelivery
+from webhooks.tests.support import SOURCES
+
+LIMIT = 64 * 1024
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,3 +67,63 @@ def test_loading_the_application_drops_twisteds_access_log() -> None:
         [sys.executable, "-c", code], env=service_env(), cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "drop_twisted_access_log.<locals>.log"
+
+
+@pytest.fixture(scope="module")
+def limited(django_db_setup: None, django_db_blocker: object) -> Iterator[AsgiServer]:
+    process = AsgiServer(HTTP_MAX_BODY_BYTES=str(LIMIT), WEBHOOK_SOURCES_JSON=json.dumps(SOURCES))
+    yield process
+    with django_db_blocker.unblock():  # type: ignore[attr-defined]  # stop() waits for its connections
+        process.stop()
+
+
+def answer(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    sock.settimeout(10)
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def test_a_body_declared_over_the_limit_is_refused_before_it_is_sent(limited: AsgiServer) -> None:
+    # given a webhook whose headers declare a gigabyte, and not a byte of its body sent
+    with socket.create_connection(("127.0.0.1", limited.port)) as sock:
+        sock.sendall(
+            b"POST /webhooks/runs/ HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000000000\r\n\r\n"
+        )
+
+        # then the server answers 413 in the API's error shape at once, and closes the connection
+        head, _, body = answer(sock).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 ") and b"Connection: close" in head
+    assert json.loads(body)["error"]["code"] == "payload_too_large"
+    assert WebhookDelivery.objects.count() == 0  # the view never ran: nothing was read to record
+
+
+def test_a_chunked_body_is_refused_once_it_passes_the_limit(limited: AsgiServer) -> None:
+    # given a body of undeclared length that goes on past the limit
+    chunk = b"x" * 8192
+    with socket.create_connection(("127.0.0.1", limited.port)) as sock:
+        sock.sendall(b"POST /webhooks/runs/ HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n")
+        try:
+            for _ in range(4 * LIMIT // len(chunk)):
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        except OSError:
+            pass  # the server closed the connection while it was being sent: what the test expects
+        received = answer(sock)
+
+    assert received.startswith(b"HTTP/1.1 413 "), received[:200]
+    assert WebhookDelivery.objects.count() == 0
+
+
+def test_a_body_within_the_limit_reaches_the_view(limited: AsgiServer) -> None:
+    # given an unsigned delivery under the server's limit but over its source's (4,096 bytes)
+    with httpx.Client(base_url=limited.url, timeout=30) as client:
+        response = client.post("/webhooks/runs/", content=b"{}" + b" " * 10_000)
+
+    # then the webhook's view refuses it, and records the refusal
+    assert response.status_code == 413
+    [delivery] = WebhookDelivery.objects.all()
+    assert response.json()["error"]["detail"] == {"delivery": delivery.pk}
+    assert delivery.reason == "payload_too_large"

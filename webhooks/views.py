@@ -31,8 +31,8 @@ def receive(request: HttpRequest, source: str) -> JsonResponse:
         check_size(source=found, content_length=request.headers.get("Content-Length"))
     except Rejection as rejection:
         declared = min(int(request.headers["Content-Length"]), 2**31 - 1)
-        delivery_reject(source=found, headers=headers, size=declared, rejection=rejection)
-        return error(rejection.reason, rejection.message, rejection.status)
+        delivery = delivery_reject(source=found, headers=headers, size=declared, rejection=rejection)
+        return error(rejection.reason, rejection.message, rejection.status, {"delivery": delivery.pk})
     # At most one byte over the limit: enough to know it is too large, without reading the rest.
     body = request.read(found.max_body_bytes + 1)
     delivery, rejected = delivery_receive(source=found, headers=headers, body=body)

@@ -77,3 +77,13 @@ def test_a_source_without_secrets_is_a_warning(settings: Any) -> None:
 
 def test_a_workflow_action_naming_a_registered_workflow_passes(settings: Any) -> None:
     assert messages(settings, action={"type": "workflow", "workflow": "test.echo", "payload_from": "data"}) == []
+
+
+def test_a_source_accepting_more_than_the_server_does_is_an_error(settings: Any) -> None:
+    # given a server that refuses bodies over 1 MiB before any view reads them
+    settings.HTTP_MAX_BODY_BYTES = 1024 * 1024
+
+    # then a source that says it takes 2 MiB says what it would never see
+    [found] = messages(settings, max_body_bytes=2 * 1024 * 1024)
+    assert "max_body_bytes is more than HTTP_MAX_BODY_BYTES (1048576)" in found
+    assert messages(settings, max_body_bytes=1024 * 1024) == []
