@@ -146,6 +146,19 @@ def test_an_unknown_source_is_a_404_and_records_nothing() -> None:
     assert WebhookDelivery.objects.count() == 0 and written() == (0, 0, 0)
 
 
+def test_a_url_without_its_trailing_slash_is_served_too(settings: Any) -> None:
+    # given DEBUG on, where Django's APPEND_SLASH answers a POST to a URL without its slash with a 500
+    settings.DEBUG = True
+    body = encode(EVENT)
+
+    response = Client().post(
+        "/webhooks/runs", data=body, content_type="application/json", headers=standard_headers(body, "m")
+    )
+
+    assert response.status_code == 202, response.content
+    assert WebhookDelivery.objects.get().event_id == "m" and WorkflowRun.objects.count() == 1
+
+
 def test_a_get_is_a_405() -> None:
     response = Client().get("/webhooks/runs/")
     assert response.status_code == 405
