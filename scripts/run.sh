@@ -2,7 +2,8 @@
 # The run command: the whole system on the embedded default (an SQLite file in var/, Redis on
 # localhost): migrations, demo data, the ASGI server, a Celery worker and beat, each restarted if it
 # exits (scripts/supervise.sh). Ctrl-C stops it.
-# DATABASE_URL=postgres://... runs it on PostgreSQL instead; PORT changes the HTTP port.
+# DATABASE_URL=postgres://... runs it on PostgreSQL instead; PORT changes the HTTP port (8000),
+# SANDBOX_PORT the sandbox payment provider's (8765).
 # The examples (the demo, refunds, supplier assessments, and the sandbox payment provider the
 # refunds call) are on here; INSTALL_EXAMPLES=0 runs the engine alone, without demo data.
 set -euo pipefail
@@ -14,6 +15,7 @@ ensure_redis
 mkdir -p var
 ensure_secret_key  # var/secret_key, made once (SECRET_KEY in the environment wins)
 PORT="${PORT:-8000}"
+SANDBOX_PORT="${SANDBOX_PORT:-8765}"  # the sandbox payment provider's (with the examples)
 export DEBUG="${DEBUG:-1}"
 export INSTALL_EXAMPLES="${INSTALL_EXAMPLES:-1}"  # every process below inherits it
 examples_on() { [[ "${INSTALL_EXAMPLES,,}" =~ ^(1|true|yes|on)$ ]]; }
@@ -37,6 +39,12 @@ ensure_sandbox_webhook_secret() {
 }
 if examples_on; then
     ensure_sandbox_webhook_secret
+    if [ "$PORT" = "$SANDBOX_PORT" ]; then
+        echo "PORT and SANDBOX_PORT are both $PORT: the sandbox payment provider needs a port of its own (SANDBOX_PORT=...)" >&2
+        exit 2
+    fi
+    # The refunds call the sandbox where it runs (unless SANDBOX_PAYMENTS_URL says otherwise).
+    export SANDBOX_PAYMENTS_URL="${SANDBOX_PAYMENTS_URL:-http://127.0.0.1:$SANDBOX_PORT}"
 fi
 WEBHOOK_URL="http://127.0.0.1:$PORT/webhooks/sandbox-payments/"
 
@@ -75,7 +83,7 @@ supervise worker var/worker.log .venv/bin/celery -A config worker -c 2 -l INFO -
 supervise beat var/beat.log .venv/bin/celery -A config beat -l INFO -s var/celerybeat-schedule
 if examples_on; then
     # Its webhook secret comes from the environment (SANDBOX_WEBHOOK_SECRET), not the command line.
-    supervise sandbox var/sandbox.log .venv/bin/python -m examples.sandbox --port 8765 --data var/sandbox.sqlite3 \
+    supervise sandbox var/sandbox.log .venv/bin/python -m examples.sandbox --port "$SANDBOX_PORT" --data var/sandbox.sqlite3 \
         --webhook-url "$WEBHOOK_URL"
 fi
 supervise web var/web.log .venv/bin/daphne -b 127.0.0.1 -p "$PORT" config.asgi:application
@@ -92,9 +100,9 @@ if examples_on; then
   Health           http://127.0.0.1:$PORT/healthz, /readyz, /metrics (Prometheus)
   Demo run page    http://127.0.0.1:$PORT/runs/<id>/ with the id seed_demo printed above (alice / alice)
 
-  Payments sandbox http://127.0.0.1:8765/v1/stats        (refund provider; SANDBOX_PAYMENTS_URL)
+  Payments sandbox http://127.0.0.1:$SANDBOX_PORT/v1/stats        (refund provider; SANDBOX_PAYMENTS_URL)
   Its webhooks     $WEBHOOK_URL  (refund outcomes, signed with SANDBOX_WEBHOOK_SECRET;
-                   the outbox: http://127.0.0.1:8765/v1/webhooks; Admin → Webhook deliveries)
+                   the outbox: http://127.0.0.1:$SANDBOX_PORT/v1/webhooks; Admin → Webhook deliveries)
   Refunds (API)    POST http://127.0.0.1:$PORT/api/orders/1042/refunds as alice; GET /api/refunds/<id>
 
   Ctrl-C stops everything.
