@@ -35,13 +35,13 @@ from agents.models import Agent
 from agents.registry import get_agent_class
 from agents.selectors import NAME_MAX, reachable_name
 from agents.services import AgentUnavailable, agent_open
-from agents.submissions import submission_create
+from agents.submissions import check_submission, submission_create
 from ledger.services import PurgeResult, purge_in_batches, retention_cutoff
 from schedules.models import Action, Outcome, Schedule, ScheduleFiring, Trigger
 from schedules.spec import SpecError
-from workflows.exceptions import UnknownWorkflow
+from workflows.exceptions import InvalidPayload, UnknownWorkflow
 from workflows.registry import get_workflow
-from workflows.services import run_start
+from workflows.services import check_payload, run_start
 
 logger = logging.getLogger("schedules")
 
@@ -66,28 +66,45 @@ def idempotency_key(schedule: Schedule, due_at: datetime) -> str:
 
 
 # --- checks --------------------------------------------------------------------------------------
+# What to look at when a name is not registered in this process but is in the system: the module
+# that registers it is not loaded here (the examples only with INSTALL_EXAMPLES=1, a project's own
+# through WORKFLOWS_MODULES or AGENTS_MODULES, as the running processes have them).
+NOT_LOADED = (
+    " in this process (is the module that registers it loaded: INSTALL_EXAMPLES, WORKFLOWS_MODULES, AGENTS_MODULES?)"
+)
+
+
 def action_problems(schedule: Schedule) -> list[tuple[str, str]]:
     """(field, problem) for an action that cannot be done as configured, in this process."""
     if schedule.action == Action.WORKFLOW:
         if not schedule.workflow:
             return [("workflow", "a workflow schedule names its workflow")]
         try:
-            get_workflow(schedule.workflow)
+            cls = get_workflow(schedule.workflow)
         except UnknownWorkflow:
-            return [("workflow", f"no workflow is registered as {schedule.workflow!r}")]
+            return [("workflow", f"no workflow is registered as {schedule.workflow!r}{NOT_LOADED}")]
         if not isinstance(schedule.payload, dict):
             return [("payload", "the payload must be a JSON object")]
+        try:  # what every firing's run_start would check: refused now rather than at each firing
+            check_payload(cls.validate_payload(check_payload(schedule.payload)), what="validated payload")
+        except InvalidPayload as exc:
+            return [("payload", str(exc))]
         return []
     if schedule.action != Action.SUBMISSION:
         return [("action", f"the action is {Action.WORKFLOW} or {Action.SUBMISSION}")]
     problems = [(name, "required for a submission") for name in ("account", "agent_kind", "agent_name", "message")]
     problems = [(name, text) for name, text in problems if not getattr(schedule, name)]
     if schedule.agent_kind and get_agent_class(schedule.agent_kind) is None:
-        problems.append(("agent_kind", f"no agent kind {schedule.agent_kind!r} is registered"))
+        problems.append(("agent_kind", f"no agent kind {schedule.agent_kind!r} is registered{NOT_LOADED}"))
     if schedule.agent_name and not reachable_name(schedule.agent_name):
         problems.append(("agent_name", f"1 to {NAME_MAX} characters, without '/' or control characters"))
     if schedule.account and not Account.objects.filter(slug=schedule.account).exists():
         problems.append(("account", f"no account {schedule.account!r}"))
+    if schedule.message:
+        try:  # the message as every firing's submission would check it
+            check_submission([{"role": "user", "content": schedule.message}], {})
+        except InvalidPayload as exc:
+            problems.append(("message", str(exc).removeprefix("messages[0]: ")))
     return problems
 
 

@@ -78,7 +78,7 @@ def test_add_a_submission_every_hour() -> None:
         (["fire", "nope"], "no schedule 'nope'"),
         (["add", "x", "--cron", "61 * * * *", "--workflow", "test.echo"], "cron: minute: 61 is out of range 0-59"),
         (["add", "x", "--every", "0s", "--workflow", "test.echo"], "interval_seconds: an interval is 1 to"),
-        (["add", "x", "--cron", "@daily", "--workflow", "nope"], "workflow: no workflow is registered as 'nope'"),
+        (["add", "x", "--cron", "@daily", "--workflow", "nope"], "registered as 'nope' in this process"),
         (["add", "x", "--cron", "@daily", "--timezone", "Mars/Base", "--workflow", "test.echo"], "timezone: no time"),
         (["add", "x", "--cron", "@daily", "--workflow", "test.echo", "--payload", "[1"], "--payload is not JSON"),
         (["add", "x", "--cron", "@daily", "--workflow", "test.echo", "--payload", "[1]"], "payload"),
@@ -97,6 +97,30 @@ def test_bad_input_is_an_error_that_changes_nothing(args: list[str], message: st
 
     assert set(Schedule.objects.values_list("name", flat=True)) == before
     assert not ScheduleFiring.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (["--workflow", "ledger.reconcile", "--payload", '{"bogus": 1}'], "payload: unknown keys: bogus"),
+        (["--account", "acme", "--kind", "test.chat", "--agent", "a", "--message", " "], "message: the message is em"),
+        (
+            ["--account", "acme", "--kind", "test.chat", "--agent", "a", "--message", "x" * 5000],
+            "message: the message is 5,000 characters; the limit is",
+        ),
+    ],
+)  # fmt: skip
+def test_work_every_firing_would_refuse_is_refused_when_added(change: list[str], message: str) -> None:
+    # given a schedule whose work is well formed but which every firing would refuse (its
+    # workflow's validate_payload, the chat's rules for a message)
+    from accounts.services import account_ensure
+
+    account_ensure(slug="acme")
+
+    # then it is refused when added, saying why, and nothing is added
+    with pytest.raises(CommandError, match=message):
+        run("add", "x", "--cron", "@daily", *change)
+    assert not Schedule.objects.filter(name="x").exists()
 
 
 def test_fire_reports_a_failed_firing_as_an_error() -> None:
