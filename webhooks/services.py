@@ -107,7 +107,9 @@ def check_delivery(*, source: Source, headers: Mapping[str, str], body: bytes, n
 def parse_json(body: bytes) -> Any:
     try:
         value = json_loads_strict(body)
-    except (ValueError, RecursionError):
+    except RecursionError:  # deeper than the parser goes: far past what is stored
+        raise Rejection(400, "parse_error", f"the body is nested more than {MAX_JSON_DEPTH} levels deep") from None
+    except ValueError:
         raise Rejection(400, "parse_error", "the body is not JSON (UTF-8)") from None
     if (problem := json_problem(value, max_depth=MAX_JSON_DEPTH)) is not None:
         raise Rejection(400, "parse_error", f"the body {problem}")

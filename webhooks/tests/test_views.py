@@ -219,6 +219,14 @@ def test_malformed_json_is_a_400() -> None:
     refused(post("runs", body, standard_headers(body, "msg_1")), 400, "parse_error")
 
 
+@pytest.mark.parametrize("depth", [101, 50_000])  # past the stored limit; past what the parser can go
+def test_json_nested_too_deep_is_a_400_that_says_so(depth: int) -> None:
+    body = b"[" * depth + b"]" * depth
+    response = post("sandbox", body, standard_headers(body, "deep"))
+    refused(response, 400, "parse_error")
+    assert "nested more than 100 levels deep" in response.json()["error"]["message"]
+
+
 def test_a_signed_stripe_body_without_an_id_is_a_400() -> None:
     body = encode({"data": {}})
     refused(post("payments", body, stripe_headers(body)), 400, "parse_error")
