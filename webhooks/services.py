@@ -68,11 +68,25 @@ class Checked:
     body: Any  # the parsed JSON
 
 
+# What of a delivery's headers is kept: anyone may send a configured source a request, and its
+# rejection is recorded, so what one request can make us store is bounded (Twisted alone lets
+# through 16 KiB of headers). A webhook's own headers are a few short ones.
+MAX_HEADERS_KEPT = 40
+MAX_HEADER_CHARS = 256
+TRUNCATED = "…[cut]"
+
+
 def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {
-        name: REDACTED if any(part in name.lower() for part in SECRET_HEADER_PARTS) else value
-        for name, value in headers.items()
-    }
+    """The headers to store: secret-like ones as REDACTED, the first MAX_HEADERS_KEPT, each name and
+    value cut to MAX_HEADER_CHARS characters."""
+    kept: dict[str, str] = {}
+    for name, value in list(headers.items())[:MAX_HEADERS_KEPT]:
+        if any(part in name.lower() for part in SECRET_HEADER_PARTS):
+            value = REDACTED
+        elif len(value) > MAX_HEADER_CHARS:
+            value = value[:MAX_HEADER_CHARS] + TRUNCATED
+        kept[name[:MAX_HEADER_CHARS]] = value
+    return kept
 
 
 def check_size(*, source: Source, content_length: str | None) -> None:

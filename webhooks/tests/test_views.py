@@ -227,6 +227,18 @@ def test_json_nested_too_deep_is_a_400_that_says_so(depth: int) -> None:
     assert "nested more than 100 levels deep" in response.json()["error"]["message"]
 
 
+def test_what_a_request_can_make_us_store_of_its_headers_is_bounded() -> None:
+    # given an unsigned request to a configured source with many long headers
+    headers = {f"X-Pad-{i}": "y" * 1000 for i in range(100)}
+
+    delivery = refused(post("runs", b"{}", headers), 401, "missing_header")
+
+    # then its rejection keeps the first 40 headers (the client's own first), each cut short
+    assert len(delivery.headers) == 40
+    assert delivery.headers["X-Pad-0"] == "y" * 256 + "…[cut]"
+    assert len(json.dumps(delivery.headers)) < 15_000
+
+
 def test_a_signed_stripe_body_without_an_id_is_a_400() -> None:
     body = encode({"data": {}})
     refused(post("payments", body, stripe_headers(body)), 400, "parse_error")
