@@ -3,6 +3,9 @@
 // turn it is rendering after the last seq it rendered, so a reconnect shows every chunk once. A
 // reconnect names the newest message the page has (?since=), so the snapshot brings only what it
 // missed, and sends its resumes as soon as the socket opens, without waiting for the snapshot.
+// A turn's chunks are drawn in seq order: a live chunk can arrive before the replay of the ones
+// before it (pushed between the snapshot and the server's reading of the resume), so one that comes
+// early is held until those have been drawn (or the replay is complete).
 "use strict";
 (function () {
   const root = document.getElementById("chat");
@@ -12,7 +15,7 @@
   let retries = 0;
   const messages = new Map();  // id -> message
   const turns = new Map();     // id -> {id, number, status, end_reason}
-  const streams = new Map();   // turn id -> {seq, parts: [{kind, text|tool}], notices, finished}
+  const streams = new Map();   // turn id -> {seq, parts: [{kind, text|tool}], notices, finished, held}
   let stateVersion = -1;
   let resumed = new Set();     // turns asked to resume on the current socket
   let whole = true;            // the next socket asks for the whole conversation (no ?since=)
@@ -36,7 +39,7 @@
 
   // --- the stream of a turn ----------------------------------------------------------------------
   function stream(turnId) {
-    if (!streams.has(turnId)) streams.set(turnId, {seq: 0, parts: [], notices: [], finished: false});
+    if (!streams.has(turnId)) streams.set(turnId, {seq: 0, parts: [], notices: [], finished: false, held: new Map()});
     return streams.get(turnId);
   }
 
@@ -46,9 +49,37 @@
     return Object.entries(value).map(([k, v]) => k + " " + (typeof v === "object" ? JSON.stringify(v) : v)).join(", ");
   }
 
+  // Chunks held past this many are drawn anyway, gaps and all (the final answer replaces them).
+  const MAX_HELD = 1000;
+
   function applyChunk(msg) {
     const s = stream(msg.turn);
     if (msg.seq <= s.seq) return;  // already rendered (the server sends none twice; a reload may)
+    if (msg.seq > s.seq + 1 && s.held.size < MAX_HELD) {
+      s.held.set(msg.seq, msg);  // one before it has not come yet: drawn after it
+      return;
+    }
+    draw(s, msg);
+    while (s.held.has(s.seq + 1)) {
+      const next = s.held.get(s.seq + 1);
+      s.held.delete(next.seq);
+      draw(s, next);
+    }
+    if (s.held.size >= MAX_HELD) releaseHeld(s);
+    render();
+  }
+
+  // Draw what is held in seq order, whatever is missing before it: the server has sent all it
+  // will of the turn's past (its replay is complete), so nothing before it is coming.
+  function releaseHeld(s) {
+    for (const seq of Array.from(s.held.keys()).sort((a, b) => a - b)) {
+      const next = s.held.get(seq);
+      s.held.delete(seq);
+      if (seq > s.seq) draw(s, next);
+    }
+  }
+
+  function draw(s, msg) {
     s.seq = msg.seq;
     const data = msg.data || {};
     const last = s.parts[s.parts.length - 1];
@@ -76,7 +107,6 @@
         if (data.reason === "stopped") s.notices.push("Stopped.");
         break;
     }
-    render();
   }
 
   // --- drawing -------------------------------------------------------------------------------------
@@ -170,6 +200,12 @@
         break;
       case "chunk":
         applyChunk(msg);
+        break;
+      case "replay_complete":
+        if (streams.has(msg.turn) && streams.get(msg.turn).held.size) {
+          releaseHeld(streams.get(msg.turn));
+          render();
+        }
         break;
       case "turn": {
         const known = turns.get(msg.id);

@@ -1,0 +1,94 @@
+"""The chat page's script (agents/static/agents/chat.js) in a real browser, against a socket the
+test plays the server's part on (Playwright's ``route_web_socket``), so that an order of frames the
+real server sends only now and then, under load, is sent every time.
+
+A live chunk can reach the page before the replay of the chunks before it: the server pushes what
+the turn streams from the moment of its snapshot, and reads the page's ``resume`` only after that.
+The page drew the live chunk, took its seq as the last drawn, and dropped the replay as already
+drawn: its words were missing from the answer while it streamed (the refunds' browser test once
+saw it on CI, as a shown text that was not the beginning of the answer)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.browser import chromium, new_page
+
+SCRIPT = (Path(__file__).resolve().parent.parent / "static" / "agents" / "chat.js").read_text()
+ORIGIN = "http://chat.test"
+TURN = "7f0e2a64-4a8e-4d3c-9a36-5b1c3c1d2e01"
+# What of agents/templates/agents/chat.html the script reads and writes.
+PAGE = f"""<!doctype html><html><body>
+<div id="chat" data-ws-path="/ws/agents/test.chat/help/">
+  <span id="connection">not connected</span>
+  <ol id="messages"></ol><p id="status"></p>
+  <form id="composer"><textarea id="text"></textarea><button type="button" id="stop" hidden>Stop</button></form>
+  <div id="state-body"></div>
+</div>
+<script>{SCRIPT}</script>
+</body></html>"""
+SNAPSHOT = {
+    "type": "snapshot",
+    "since": None,
+    "more": False,
+    "messages": [{"id": 1, "role": "user", "text": "refund please", "turn": TURN, "parts": {}}],
+    "queued": [],
+    "turn": {"id": TURN, "number": 1, "status": "running", "seq": 3},
+    "state": {},
+    "state_version": 0,
+}
+
+
+def chunk(seq: int, word: str, *, replay: bool = False) -> str:
+    frame = {"type": "chunk", "turn": TURN, "seq": seq, "chunk_type": "text-delta", "data": {"delta": word}}
+    return json.dumps({**frame, "replay": True} if replay else frame)
+
+
+def streamed_text(replayed: list[int], live: list[int]) -> str:
+    """The answer the page draws when the server sends the snapshot (the turn at seq 3), the
+    ``live`` chunks at once, and, once the page asks to resume, the ``replayed`` ones and the
+    replay's end."""
+    words = {1: "I've ", 2: "asked ", 3: "for ", 4: "a ", 5: "refund"}
+    resumes: list[dict[str, Any]] = []
+
+    def server(ws: Any) -> None:
+        def received(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame.get("type") != "resume":
+                return
+            resumes.append(frame)
+            for seq in replayed:
+                ws.send(chunk(seq, words[seq], replay=True))
+            ws.send(json.dumps({"type": "replay_complete", "turn": TURN, "seq": max(replayed + [frame["after"]])}))
+
+        ws.on_message(received)
+        ws.send(json.dumps(SNAPSHOT))
+        for seq in live:  # pushed before the server has read the page's resume
+            ws.send(chunk(seq, words[seq]))
+
+    with chromium() as browser:
+        page = new_page(browser)
+        page.route(f"{ORIGIN}/", lambda route: route.fulfill(status=200, content_type="text/html", body=PAGE))
+        page.route_web_socket("**/ws/agents/**", server)
+        page.goto(f"{ORIGIN}/")
+        page.wait_for_selector("#connection:text-is('live')")
+        # the last word is drawn last (held until what comes before it has been drawn, or the replay ended)
+        page.wait_for_function("() => document.querySelector('#messages li.streaming')?.textContent.endsWith('refund')")
+        text = page.evaluate(
+            "() => Array.from(document.querySelector('#messages li.streaming').childNodes)"
+            ".filter((n) => n.nodeType === Node.TEXT_NODE).map((n) => n.data).join('')"
+        )
+    assert resumes and resumes[0]["after"] == 0, resumes  # the page asked for what it lacked
+    return str(text)
+
+
+def test_a_live_chunk_before_the_replay_waits_for_it() -> None:
+    assert streamed_text(replayed=[1, 2, 3], live=[4, 5]) == "I've asked for a refund"
+
+
+def test_a_chunk_the_replay_never_brings_does_not_stop_the_rest() -> None:
+    # seq 4 is lost for good (stored nowhere the replay reads): once the replay is complete, what
+    # was held after it is drawn rather than held for ever
+    assert streamed_text(replayed=[1, 2, 3], live=[5]) == "I've asked for refund"
