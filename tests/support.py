@@ -320,12 +320,18 @@ def wait_for_terminal(run_id: UUID | str, timeout: float = 30.0) -> WorkflowRun:
 
 
 def race(fn: Callable[[], Any], n: int = 2) -> list[Any]:
-    """Call fn in n threads released together by a barrier; return what each returned or raised."""
+    """Call fn in n threads released together by a barrier; return what each returned or raised.
+
+    Each thread opens its database connection before the barrier: connecting takes longer than
+    what a race's statements do, so a thread that connected first could otherwise finish before
+    the other had sent anything (CI once saw a second delivery find the step already done, not
+    being done)."""
     barrier = threading.Barrier(n)
     results: list[Any] = [None] * n
 
     def body(i: int) -> None:
         try:
+            connection.ensure_connection()
             barrier.wait()
             results[i] = fn()
         except Exception as exc:
