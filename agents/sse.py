@@ -48,6 +48,7 @@ from rest_framework.authtoken.models import Token
 from agents import selectors, streams
 from agents.models import TURN_ENDED, Agent, Turn
 from agents.selectors import ChunkData
+from workflows.apis.errors import error_body
 from workflows.consumers import MAX_SEQ
 
 # How long the stream waits for a push before it reads the database anyway.
@@ -59,7 +60,7 @@ logger = logging.getLogger("agents")
 
 
 def error(code: str, message: str, http_status: int) -> JsonResponse:
-    return JsonResponse({"error": {"code": code, "message": message, "detail": None}}, status=http_status)
+    return JsonResponse(error_body(code, message), status=http_status)
 
 
 @csrf_exempt  # it only reads: a POST gets the API's JSON 405 below, not the CSRF check's HTML page

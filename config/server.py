@@ -66,15 +66,10 @@ def drop_twisted_access_log() -> None:
 def too_large_response(limit: int) -> bytes:
     """The whole HTTP response refusing a body over ``limit`` bytes: the API's error shape, and the
     connection closed (the rest of the body is not read)."""
-    body = json.dumps(
-        {
-            "error": {
-                "code": "payload_too_large",
-                "message": f"the request's body is larger than {limit:,} bytes (HTTP_MAX_BODY_BYTES)",
-                "detail": None,
-            }
-        }
-    ).encode()
+    from workflows.apis.errors import error_body
+
+    message = f"the request's body is larger than {limit:,} bytes (HTTP_MAX_BODY_BYTES)"
+    body = json.dumps(error_body("payload_too_large", message)).encode()
     head = (
         "HTTP/1.1 413 Payload Too Large\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
@@ -103,8 +98,9 @@ def limit_request_bodies(limit: int) -> None:
 
     def gotLength(self: Any, length: int | None) -> None:  # noqa: N802  # Twisted's name
         self.body_room = self.body_limit
-        got_length(self, None if length is not None and length > self.body_limit else length)
-        if length is not None and length > self.body_limit:
+        too_large = length is not None and length > self.body_limit
+        got_length(self, None if too_large else length)
+        if too_large:
             refuse(self)
 
     def handleContentChunk(self: Any, data: bytes) -> None:  # noqa: N802  # Twisted's name

@@ -75,8 +75,8 @@ def source_problems(name: Any, raw: Any) -> list[str]:
         value = raw.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high):
             problems.append(f"{key} must be a whole number from {low} to {high}")
-    limit = int(getattr(settings, "HTTP_MAX_BODY_BYTES", 0) or 0)
-    if isinstance(raw.get("max_body_bytes"), int) and limit and raw["max_body_bytes"] > limit:
+    limit = int(settings.HTTP_MAX_BODY_BYTES)
+    if isinstance(raw.get("max_body_bytes"), int) and raw["max_body_bytes"] > limit:
         problems.append(
             f"max_body_bytes is more than HTTP_MAX_BODY_BYTES ({limit}): the server refuses a larger body first"
         )

@@ -11,11 +11,12 @@ from django.views.decorators.csrf import csrf_exempt
 from webhooks.conf import source_get
 from webhooks.models import Outcome
 from webhooks.services import Rejection, check_size, delivery_receive, delivery_reject
+from workflows.apis.errors import error_body
 
 
 def error(code: str, message: str, http_status: int, detail: Any = None) -> JsonResponse:
     """The API's error shape (docs/decisions/0010-api-paths-and-error-format.md)."""
-    return JsonResponse({"error": {"code": code, "message": message, "detail": detail}}, status=http_status)
+    return JsonResponse(error_body(code, message, detail), status=http_status)
 
 
 @csrf_exempt

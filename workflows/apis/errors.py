@@ -96,8 +96,13 @@ def body_limit() -> int:
     return int(settings.WORKFLOWS["MAX_PAYLOAD_BYTES"]) + 16 * 1024
 
 
+def error_body(code: str, message: str, detail: Any = None) -> dict[str, Any]:
+    """The body of every error: the API's, the webhooks', the SSE stream's, the server's 413."""
+    return {"error": {"code": code, "message": message, "detail": detail}}
+
+
 def error_response(code: str, message: str, http_status: int, detail: Any = None) -> Response:
-    return Response({"error": {"code": code, "message": message, "detail": detail}}, status=http_status)
+    return Response(error_body(code, message, detail), status=http_status)
 
 
 DOMAIN_ERRORS: dict[type[Exception], int] = {
@@ -136,5 +141,5 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         detail = None if isinstance(exc.detail, str) else response.data
     else:
         code, message, detail = "error", "The request failed.", response.data
-    response.data = {"error": {"code": code, "message": message, "detail": detail}}
+    response.data = error_body(code, message, detail)
     return response
