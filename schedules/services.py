@@ -41,7 +41,7 @@ from schedules.models import Action, Outcome, Schedule, ScheduleFiring, Trigger
 from schedules.spec import SpecError
 from workflows.exceptions import InvalidPayload, UnknownWorkflow
 from workflows.registry import get_workflow
-from workflows.services import check_payload, run_start
+from workflows.services import run_start, validated_payload
 
 logger = logging.getLogger("schedules")
 
@@ -86,7 +86,7 @@ def action_problems(schedule: Schedule) -> list[tuple[str, str]]:
         if not isinstance(schedule.payload, dict):
             return [("payload", "the payload must be a JSON object")]
         try:  # what every firing's run_start would check: refused now rather than at each firing
-            check_payload(cls.validate_payload(check_payload(schedule.payload)), what="validated payload")
+            validated_payload(cls, schedule.payload)
         except InvalidPayload as exc:
             return [("payload", str(exc))]
         return []

@@ -25,7 +25,7 @@ from workflows.logs import log_run
 from workflows.metrics import RUNS_FINISHED
 from workflows.models import PAUSABLE, TERMINAL, RunAttempt, RunEvent, RunStatus, WorkflowRun
 from workflows.outbox import emit_status, enqueue_run
-from workflows.registry import get_workflow, workflow_names
+from workflows.registry import Workflow, get_workflow, workflow_names
 from workflows.storable import MAX_JSON_DEPTH, json_problem
 
 if TYPE_CHECKING:
@@ -96,6 +96,15 @@ def check_run_quota(*, owner: User) -> None:
         )
 
 
+def validated_payload(cls: type[Workflow], payload: Any) -> dict[str, Any]:
+    """The payload a run of ``cls`` starts with: a JSON object within the size limit, as the
+    workflow's ``validate_payload`` returns it (InvalidPayload otherwise)."""
+    check_payload(payload)
+    validated = cls.validate_payload(payload)
+    check_payload(validated, what="validated payload")
+    return validated
+
+
 def run_start(
     *,
     workflow: str,
@@ -116,9 +125,7 @@ def run_start(
     key never does.
     """
     cls = get_workflow(workflow)
-    check_payload(payload)
-    payload = cls.validate_payload(payload)
-    check_payload(payload, what="validated payload")
+    payload = validated_payload(cls, payload)
     check_text(idempotency_key, what="idempotency key", max_length=255)
     dedupe_key = None
     if idempotency_key:
