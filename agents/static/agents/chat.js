@@ -55,27 +55,19 @@
   function applyChunk(msg) {
     const s = stream(msg.turn);
     if (msg.seq <= s.seq) return;  // already rendered (the server sends none twice; a reload may)
-    if (msg.seq > s.seq + 1 && s.held.size < MAX_HELD) {
-      s.held.set(msg.seq, msg);  // one before it has not come yet: drawn after it
-      return;
-    }
-    draw(s, msg);
-    while (s.held.has(s.seq + 1)) {
-      const next = s.held.get(s.seq + 1);
-      s.held.delete(next.seq);
-      draw(s, next);
-    }
-    if (s.held.size >= MAX_HELD) releaseHeld(s);
-    render();
+    s.held.set(msg.seq, msg);  // drawn once every chunk before it has been
+    const before = s.seq;
+    drawHeld(s, s.held.size >= MAX_HELD);
+    if (s.seq !== before) render();
   }
 
-  // Draw what is held in seq order, whatever is missing before it: the server has sent all it
-  // will of the turn's past (its replay is complete), so nothing before it is coming.
-  function releaseHeld(s) {
+  // Draw the held chunks in seq order while none is missing before them, or all of them with
+  // ``gaps``: once the turn's replay is complete, nothing before them is coming.
+  function drawHeld(s, gaps) {
     for (const seq of Array.from(s.held.keys()).sort((a, b) => a - b)) {
-      const next = s.held.get(seq);
+      if (!gaps && seq !== s.seq + 1) break;
+      draw(s, s.held.get(seq));
       s.held.delete(seq);
-      if (seq > s.seq) draw(s, next);
     }
   }
 
@@ -203,7 +195,7 @@
         break;
       case "replay_complete":
         if (streams.has(msg.turn) && streams.get(msg.turn).held.size) {
-          releaseHeld(streams.get(msg.turn));
+          drawHeld(streams.get(msg.turn), true);
           render();
         }
         break;
