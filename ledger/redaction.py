@@ -8,6 +8,7 @@ any depth of nested objects and lists. Whole keys only: ``email`` does not catch
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -18,15 +19,20 @@ REDACTED = "[redacted]"
 _SEPARATORS = re.compile(r"[\s_\-.]+")
 
 
+@functools.lru_cache(maxsize=4096)  # a record's keys are mostly the same few, over and over
 def normalise_key(key: str) -> str:
     return _SEPARATORS.sub("", key).casefold()
+
+
+@functools.lru_cache(maxsize=16)
+def _normalised(keys: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(normalise_key(k) for k in keys)
 
 
 def redact(value: Any, *, keys: Iterable[str] | None = None) -> Any:
     """A copy of ``value`` (JSON-like: dicts, lists, scalars) with the values of personal-data keys
     replaced by ``"[redacted]"``, whatever they held (a nested object too). The input is not changed."""
-    wanted = frozenset(normalise_key(k) for k in (conf()["REDACT_KEYS"] if keys is None else keys))
-    return _redact(value, wanted)
+    return _redact(value, _normalised(tuple(conf()["REDACT_KEYS"] if keys is None else keys)))
 
 
 def _redact(value: Any, wanted: frozenset[str]) -> Any:
