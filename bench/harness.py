@@ -19,6 +19,7 @@ import math
 import os
 import re
 import secrets
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -404,7 +405,14 @@ def bench_session(args: argparse.Namespace) -> Iterator[Session]:
         cleanup(args)
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 def run_main(main: Callable[[], int]) -> None:
+    """Run a bench's ``main``. SIGTERM (``kill``, ``pkill``) interrupts it as Ctrl-C does, so its
+    servers and worker are stopped and its database dropped instead of left running."""
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         sys.exit(main())
     except KeyboardInterrupt:
