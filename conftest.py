@@ -1,12 +1,22 @@
+from collections import Counter
+
 import pytest
 
 pytest_plugins = ["tests.fixtures"]
 
-# Handed out first. With --dist loadfile, pytest-xdist gives each test process a whole file at a
-# time, in the order they were collected; the fault campaigns (one file, about three minutes on
-# two cores) came last in that order, so one process ran them alone while the other sat idle.
+# Handed out first: the fault campaigns, one file of about three minutes on two cores.
 FIRST = ("tests/test_chaos_campaign.py",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in FIRST)  # stable: the rest keep their order
+    """The order pytest-xdist hands whole files to its test processes (``--dist loadfile`` with
+    ``--no-loadscope-reorder``, as scripts/test.sh runs it): FIRST, then the files with the most
+    tests, as xdist itself would order them. Left to xdist, the campaigns' file, with two tests,
+    came nearly last, and one process ran it alone at the end while the others had finished."""
+    per_file = Counter(item.nodeid.split("::")[0] for item in items)
+
+    def order(item: pytest.Item) -> tuple[bool, int]:
+        path = item.nodeid.split("::")[0]
+        return path not in FIRST, -per_file[path]
+
+    items.sort(key=order)  # stable: a file's tests keep their order, and files of one size theirs
