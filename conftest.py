@@ -13,10 +13,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     ``--no-loadscope-reorder``, as scripts/test.sh runs it): FIRST, then the files with the most
     tests, as xdist itself would order them. Left to xdist, the campaigns' file, with two tests,
     came nearly last, and one process ran it alone at the end while the others had finished."""
-    per_file = Counter(item.nodeid.split("::")[0] for item in items)
+    per_file = Counter(_file(item) for item in items)
+    # Stable: a file's tests keep their order, and files of one size theirs.
+    items.sort(key=lambda item: (_file(item) not in FIRST, -per_file[_file(item)]))
 
-    def order(item: pytest.Item) -> tuple[bool, int]:
-        path = item.nodeid.split("::")[0]
-        return path not in FIRST, -per_file[path]
 
-    items.sort(key=order)  # stable: a file's tests keep their order, and files of one size theirs
+def _file(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]

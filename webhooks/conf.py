@@ -4,7 +4,8 @@
 is what the system check reports (``webhooks.checks``), so a bad source stops start-up with a
 clear message instead of answering its sender 500s. Read once per value of the setting (checking
 every source on every delivery cost a webhook about 50 µs): a test that sets WEBHOOK_SOURCES, or
-HTTP_MAX_BODY_BYTES, which a source's check reads, sees its value at the next call.
+HTTP_MAX_BODY_BYTES, which a source's check reads, sees its value at the next call. A source's
+check also asks the workflow and agent registries, which are filled at start-up, before any call.
 """
 
 from __future__ import annotations
