@@ -239,6 +239,8 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": envfloat("WORKFLOWS_SWEEP_INTERVAL", 1.0),
         "options": {"expires": 30},
     },
+    # Pending later actions of webhook deliveries whose task was lost (a broker restart).
+    "webhooks-sweep": {"task": "webhooks.sweep", "schedule": 15.0, "options": {"expires": 60}},
     # Backstop for approvals left pending by runs that failed or restarted.
     "approvals-sweep": {"task": "approvals.sweep", "schedule": 60.0, "options": {"expires": 120}},
     # Every schedule (schedules app: rows managed in the admin and `manage.py schedules`) fires from
@@ -463,6 +465,13 @@ WEBHOOK_SOURCES: dict[str, Any] = envjson(
 )
 # `manage.py webhooks purge` deletes delivery records older than this by default.
 WEBHOOKS_RETENTION_DAYS = envint("WEBHOOKS_RETENTION_DAYS", 30)
+# A source with "act": "later" answers 202 once the delivery is committed, and a worker runs its
+# action (README "Acting now or later"). A try that fails is made again after 5 s, 15 s, 45 s, ...
+# (up to an hour between tries), this many tries in all; then the delivery is failed, for an
+# operator to act on again (admin, or `manage.py webhooks act-again`). The sweep sends a pending
+# delivery's task again once it is this many seconds overdue (its message was lost).
+WEBHOOKS_ACT_ATTEMPTS = envint("WEBHOOKS_ACT_ATTEMPTS", 8)
+WEBHOOKS_ACT_GRACE_SECONDS = envint("WEBHOOKS_ACT_GRACE_SECONDS", 60)
 
 # --- The refund example (examples/refunds; read only where INSTALL_EXAMPLES is on) -------------
 # The payment provider the "payments" ledger adapter talks to (examples/sandbox in development).

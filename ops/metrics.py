@@ -3,10 +3,10 @@ processes counted (``workflows.metrics``, ``ledger.metrics``, ``webhooks.metrics
 
 State is read from PostgreSQL at scrape time, never counted in processes: any web process answers
 the same, and a restart loses nothing. Each query reads a partial index or a small set (unfinished
-runs, due timers, open operations, pending approvals, open turns); none grows with the finished
-history (docs/decisions/0019-metrics-and-health.md has their plans). Events come from every process
-through prometheus-client's multiprocess mode when ``PROMETHEUS_MULTIPROC_DIR`` is set, else from
-this process alone.
+runs, due timers, open operations, pending approvals, open turns, later webhook actions not done);
+none grows with the finished history (docs/decisions/0019-metrics-and-health.md has their plans).
+Events come from every process through prometheus-client's multiprocess mode when
+``PROMETHEUS_MULTIPROC_DIR`` is set, else from this process alone.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from agents.models import TURN_OPEN, Chunk, Turn, TurnStatus
 from approvals.models import ApprovalRequest, ApprovalStatus
 from ledger.models import ExternalOperation, OperationStatus
+from webhooks.models import ActionState, WebhookDelivery
 from workflows.models import NON_TERMINAL, TIMED, RunStatus, WorkflowRun
 from workflows.registry import workflow_names
 
@@ -136,6 +137,29 @@ def turn_metrics(now: datetime) -> Iterator[Metric]:
     )
 
 
+def webhook_metrics(now: datetime) -> Iterator[Metric]:
+    """The later actions of webhook deliveries not done: to try (pending) or given up (failed)."""
+    actions = GaugeMetricFamily(
+        "webhooks_later_actions",
+        "Actions of deliveries to sources that act later, not done: pending (to try) or failed.",
+        labels=["state"],
+    )
+    counts = {str(ActionState.PENDING): 0, str(ActionState.FAILED): 0}
+    rows = WebhookDelivery.objects.filter(action_state__in=list(counts)).values_list("action_state")
+    for state, n in rows.annotate(n=Count("id")).order_by():
+        counts[state] = n
+    for state, n in counts.items():
+        actions.add_metric([state], n)
+    yield actions
+    due = WebhookDelivery.objects.filter(action_state=ActionState.PENDING, act_after__lte=now)
+    yield gauge(
+        "webhooks_oldest_overdue_action_age_seconds",
+        "Seconds the most overdue pending later action is past its due time: workers down or "
+        "behind, or its task lost and not swept yet (0: none overdue).",
+        _age(now, due.aggregate(oldest=Min("act_after"))["oldest"]),
+    )
+
+
 class DatabaseCollector(Collector):
     """The gauges read from the database at each scrape; ``durable_database_up`` 0 if it failed."""
 
@@ -147,6 +171,7 @@ class DatabaseCollector(Collector):
                 *operation_metrics(now),
                 *approval_metrics(now),
                 *turn_metrics(now),
+                *webhook_metrics(now),
             ]
         except DatabaseError:
             yield gauge("durable_database_up", "1 if the scrape could read the database.", 0)

@@ -1,10 +1,12 @@
 """What an accepted event becomes: the source's ``action``, by its ``type``.
 
-Each type has a check of its configuration (``problems``, run by the system check) and a
-``perform`` that runs inside the transaction that inserts the accepted delivery: the event's
-effect and its deduplication commit together, or neither does. ``perform`` writes only to the
-database (anything that leaves it, a run's enqueue, goes through the engine's on-commit outbox) and
-refuses an event it cannot act on with ``ActionRefused``, which rolls the acceptance back.
+Each type has a check of its configuration (``problems``, run by the system check), a ``check``
+of an event's shape that needs no database, and a ``perform`` that runs inside the transaction
+that inserts the accepted delivery (a source that acts now) or marks it done (one that acts
+later, in a worker): the event's effect and the row that records it commit together, or neither
+does. ``perform`` writes only to the database (anything that leaves it, a run's enqueue, goes
+through the engine's on-commit outbox) and refuses an event it cannot act on with
+``ActionRefused``, which rolls its transaction back.
 
 - ``workflow``: ``{"type": "workflow", "workflow": "<name>", "payload_from": "data"}`` starts a
   run with the JSON body (or the object at ``payload_from``, a dotted path; "" for the whole body)
@@ -137,10 +139,15 @@ def _workflow_problems(action: dict[str, Any]) -> list[str]:
     return []
 
 
-def _workflow_perform(action: dict[str, Any], event: Event) -> ActionResult:
+def _workflow_payload(action: dict[str, Any], event: Event) -> dict[str, Any]:
     payload = at_path(event.body, action.get("payload_from", ""))
     if not isinstance(payload, dict):
         raise ActionRefused("invalid_event", "the payload for the workflow must be a JSON object")
+    return payload
+
+
+def _workflow_perform(action: dict[str, Any], event: Event) -> ActionResult:
+    payload = _workflow_payload(action, event)
     try:
         run, created = run_start(workflow=action["workflow"], payload=payload, idempotency_key=event_key(event))
     except (InvalidPayload, IdempotencyConflict) as exc:  # PayloadTooLarge is an InvalidPayload
@@ -155,11 +162,20 @@ def _operation_problems(action: dict[str, Any]) -> list[str]:
     return []
 
 
-def _operation_perform(action: dict[str, Any], event: Event) -> ActionResult:
+def _operation_record(action: dict[str, Any], event: Event) -> tuple[dict[str, Any], str]:
+    """The provider's record of the operation, and its status in lower case."""
     record = at_path(event.body, "data")
     if not isinstance(record, dict) or not isinstance(record.get("key"), str) or not record["key"]:
         raise ActionRefused("invalid_event", "data must be the provider's record, with the operation's key")
-    key, state = record["key"], str(record.get("status", "")).lower()
+    state = str(record.get("status", "")).lower()
+    if state != "succeeded" and state not in FAILED_STATES and state not in PENDING_STATES:
+        raise ActionRefused("invalid_event", f"data.status {state!r} is not an outcome the ledger knows")
+    return record, state
+
+
+def _operation_perform(action: dict[str, Any], event: Event) -> ActionResult:
+    record, state = _operation_record(action, event)
+    key = record["key"]
     outcome: Succeeded | Failed
     if state == "succeeded":
         outcome = Succeeded(response=record)
@@ -168,10 +184,8 @@ def _operation_perform(action: dict[str, Any], event: Event) -> ActionResult:
         # (the customer's reason for the refund), so it comes second.
         reason = record.get("failure_reason") or record.get("reason") or state
         outcome = Failed(reason=str(reason), detail=record)
-    elif state in PENDING_STATES:
+    else:  # a pending state (_operation_record refuses the rest)
         return {"operation_key": key, "result": {"changed": False, "note": f"not final yet: {state}"}}
-    else:
-        raise ActionRefused("invalid_event", f"data.status {state!r} is not an outcome the ledger knows")
     report = operation_report(key=key, system=action["system"], outcome=outcome, reported_by=f"webhook {event.source}")
     if report is None:
         note = f"no operation of {action['system']} has this key"
@@ -199,20 +213,30 @@ def _submission_problems(action: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _submission_perform(action: dict[str, Any], event: Event) -> ActionResult:
+def _submission_message(action: dict[str, Any], event: Event) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The submission's messages (one, the user's text) and metadata, checked as the API checks them."""
     text = at_path(event.body, action["text_from"])
     if not isinstance(text, str):
         raise ActionRefused("invalid_event", f"{action['text_from'] or 'the body'} must be the message's text")
     metadata: dict[str, Any] = {"webhook": event.source, "event_id": event.event_id}
     if isinstance(event.body, dict) and isinstance(event.body.get("type"), str):
         metadata["type"] = event.body["type"][:200]
+    messages = [{"role": "user", "content": text}]
     try:
-        check_submission([{"role": "user", "content": text}], metadata)  # before the agent is created
+        check_submission(messages, metadata)
+    except InvalidPayload as exc:
+        raise ActionRefused(exc.code, str(exc)) from None
+    return messages, metadata
+
+
+def _submission_perform(action: dict[str, Any], event: Event) -> ActionResult:
+    messages, metadata = _submission_message(action, event)  # before the agent is created
+    try:
         agent = agent_open(account=action["account"], kind=action["kind"], name=action["name"])
         done = submission_create(
             agent=agent,
             user=None,
-            messages=[{"role": "user", "content": text}],
+            messages=messages,
             metadata=metadata,
             idempotency_key=event_key(event),
             caller=f"webhook:{event.source}",
@@ -231,13 +255,15 @@ def _submission_perform(action: dict[str, Any], event: Event) -> ActionResult:
 @dataclass(frozen=True)
 class ActionType:
     problems: Callable[[dict[str, Any]], list[str]]
+    # What of an event can be checked without the database (its shape); part of perform too.
+    check: Callable[[dict[str, Any], Event], object]
     perform: Callable[[dict[str, Any], Event], ActionResult]
 
 
 ACTIONS: dict[str, ActionType] = {
-    "workflow": ActionType(_workflow_problems, _workflow_perform),
-    "operation_outcome": ActionType(_operation_problems, _operation_perform),
-    "submission": ActionType(_submission_problems, _submission_perform),
+    "workflow": ActionType(_workflow_problems, _workflow_payload, _workflow_perform),
+    "operation_outcome": ActionType(_operation_problems, _operation_record, _operation_perform),
+    "submission": ActionType(_submission_problems, _submission_message, _submission_perform),
 }
 
 
@@ -250,3 +276,9 @@ def action_problems(action: Any) -> list[str]:
 def action_perform(action: dict[str, Any], event: Event) -> ActionResult:
     """Call inside atomic(), the accepted delivery inserted in the same transaction."""
     return ACTIONS[action["type"]].perform(action, event)
+
+
+def action_check(action: dict[str, Any], event: Event) -> None:
+    """ActionRefused if the event's shape does not fit the action (no database: a source that acts
+    later still refuses such an event before its 202)."""
+    ACTIONS[action["type"]].check(action, event)

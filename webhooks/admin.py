@@ -1,26 +1,40 @@
-"""Admin: every delivery, read-only (rows are written once by the endpoint and removed only by
-``manage.py webhooks purge``), with the configured sources above the list, never their secrets."""
+"""Admin: every delivery, read-only (rows are written by the endpoint and the later actions'
+worker, and removed only by ``manage.py webhooks purge``), with the configured sources above the
+list, never their secrets. One action: act again on failed later actions."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from webhooks.models import WebhookDelivery
+from webhooks.models import ActionState, WebhookDelivery
 from webhooks.selectors import source_summaries
+from webhooks.services import delivery_act_again
 from workflows.admin import ReadOnlyAdmin, pretty_json, run_admin_link
 
 
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(ReadOnlyAdmin[WebhookDelivery]):
     change_list_template = "admin/webhooks/webhookdelivery/change_list.html"
-    list_display = ("received_at", "source", "event_id", "outcome", "reason", "size", "run_link", "operation_key")
-    list_filter = ("source", "outcome", "reason")
+    list_display = (
+        "received_at",
+        "source",
+        "event_id",
+        "outcome",
+        "action_state",
+        "reason",
+        "size",
+        "run_link",
+        "operation_key",
+    )
+    list_filter = ("source", "outcome", "action_state", "reason")
+    actions = ("act_again",)
     search_fields = ("=event_id",)
     search_help_text = "An event id (exact)."
     date_hierarchy = "received_at"
@@ -34,6 +48,10 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin[WebhookDelivery]):
         "message",
         "received_at",
         "size",
+        "action_state",
+        "action_attempts",
+        "act_after",
+        "acted_at",
         "run_link",
         "operation_key",
         "submission_link",
@@ -64,6 +82,19 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin[WebhookDelivery]):
     @admin.display(description="body (redacted; kept once the signature held)")
     def body_pretty(self, delivery: WebhookDelivery) -> str:
         return pretty_json(delivery.body)
+
+    def has_act_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("webhooks.change_webhookdelivery")
+
+    @admin.action(description="Act again on the selected failed deliveries", permissions=["act"])
+    def act_again(self, request: HttpRequest, queryset: QuerySet[WebhookDelivery]) -> None:
+        selected = queryset.count()
+        ids = delivery_act_again(list(queryset.filter(action_state=ActionState.FAILED).values_list("pk", flat=True)))
+        for delivery in WebhookDelivery.objects.filter(pk__in=ids):
+            self.log_change(request, delivery, "Acted on again (its tries counted from 0).")
+        self.message_user(request, f"{len(ids)} failed delivery(ies) will be acted on again.", messages.SUCCESS)
+        if skipped := selected - len(ids):
+            self.message_user(request, f"{skipped} not failed: left as they were.", messages.WARNING)
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> TemplateResponse:
         context = {**(extra_context or {}), "webhook_sources": source_summaries()}

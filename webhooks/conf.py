@@ -21,6 +21,10 @@ from webhooks.verify import SCHEMES, secret_bytes
 
 DEFAULT_TOLERANCE_SECONDS = 300
 DEFAULT_MAX_BODY_BYTES = 256 * 1024
+# When a source's action runs: "now", in the transaction that accepts the delivery, before its answer
+# (the sender is told if the event cannot be acted on); "later", in a worker after the 202 (README
+# "Acting now or later").
+ACT_WHEN = ("now", "later")
 SOURCE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
@@ -32,6 +36,7 @@ class Source:
     action: dict[str, Any]
     tolerance_seconds: int = DEFAULT_TOLERANCE_SECONDS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    act: str = "now"
 
 
 def raw_sources() -> dict[str, Any]:
@@ -73,6 +78,7 @@ def _read_sources(raw_by_name: dict[str, Any]) -> dict[str, Source]:
                 action=dict(raw["action"]),
                 tolerance_seconds=int(raw.get("tolerance_seconds", DEFAULT_TOLERANCE_SECONDS)),
                 max_body_bytes=int(raw.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES)),
+                act=raw.get("act", "now"),
             )
     return found
 
@@ -81,7 +87,7 @@ def source_get(name: str) -> Source | None:
     return sources().get(name)
 
 
-KNOWN_KEYS = frozenset({"scheme", "secrets", "tolerance_seconds", "max_body_bytes", "action"})
+KNOWN_KEYS = frozenset({"scheme", "secrets", "tolerance_seconds", "max_body_bytes", "action", "act"})
 
 
 def source_problems(name: Any, raw: Any) -> list[str]:
@@ -106,6 +112,8 @@ def source_problems(name: Any, raw: Any) -> list[str]:
         problems.append(
             f"max_body_bytes is more than HTTP_MAX_BODY_BYTES ({limit}): the server refuses a larger body first"
         )
+    if raw.get("act", "now") not in ACT_WHEN:
+        problems.append(f"act must be one of {', '.join(ACT_WHEN)}, not {raw.get('act')!r}")
     problems += action_problems(raw.get("action"))
     return problems
 

@@ -1,4 +1,5 @@
-"""Webhook deliveries by outcome, counted by the web process that received each one."""
+"""Webhook deliveries by outcome, counted by the web process that received each one; and the tries
+of later actions, counted by the worker that made them."""
 
 from __future__ import annotations
 
@@ -8,4 +9,11 @@ DELIVERIES = Counter(
     "webhooks_deliveries",
     "Inbound webhook deliveries by source (a configured one) and outcome (accepted, duplicate, rejected).",
     ["source", "outcome"],
+)
+
+ACTIONS = Counter(
+    "webhooks_actions",
+    "Tries of the actions of sources that act later, by source and where each left its delivery"
+    " (done, pending: to try again, refused, failed).",
+    ["source", "state"],
 )

@@ -1,11 +1,16 @@
 """Every inbound webhook delivery, whatever became of it: accepted, duplicate or rejected.
 
-A row is written once and never changes, so there is no state machine here: the outcome is what
-happened to that one HTTP request. The partial unique constraint on (source, event_id) for accepted
-rows is the deduplication: the endpoint inserts the accepted row in the transaction that does the
-event's work, so a second delivery of the event waits for the first to commit and then finds the
-conflict (its insert does nothing, and it is recorded as a duplicate) or, if the first rolled back,
-is accepted itself.
+The outcome is what happened to that one HTTP request, written once. The partial unique constraint
+on (source, event_id) for accepted rows is the deduplication: a second delivery of an event waits
+for the first's insert to commit and then finds the conflict (its insert does nothing, and it is
+recorded as a duplicate) or, if the first rolled back, is accepted itself.
+
+An accepted row also says where the event's action is (``action_state``). For a source that acts
+now, the row is inserted in the transaction that does the action, and is ``done`` when it is
+committed. For a source that acts later, the row is committed ``pending`` with the body as received
+(``raw_body``) before the 202, and a worker runs the action in a transaction that also marks the
+row ``done`` (or ``refused``: the action cannot act on the event) and drops ``raw_body``; one that
+keeps failing ends ``failed``, for an operator to act again. Only these fields of a row change.
 """
 
 from __future__ import annotations
@@ -19,6 +24,13 @@ class Outcome(models.TextChoices):
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     REJECTED = "rejected"
+
+
+class ActionState(models.TextChoices):
+    PENDING = "pending"  # accepted; its action is to run in a worker (act: later)
+    DONE = "done"
+    REFUSED = "refused"  # the action cannot act on this event (reason, message): final
+    FAILED = "failed"  # every attempt failed (reason, message); an operator may act again
 
 
 ACCEPTED_ONCE = "webhook_accepted_once"
@@ -47,6 +59,16 @@ class WebhookDelivery(models.Model):
         "agents.Submission", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     result = models.JSONField(null=True, blank=True)
+    # Where the action of an accepted delivery is; blank for a duplicate or a rejection.
+    # (Blank too for a row accepted before action states were recorded: it was acted on then.)
+    # Database defaults as well, so that a web process of the release before them can still insert.
+    action_state = models.CharField(max_length=10, choices=ActionState.choices, blank=True, default="", db_default="")
+    action_attempts = models.PositiveSmallIntegerField(default=0, db_default=0, help_text="Tries of a later action.")
+    act_after = models.DateTimeField(null=True, blank=True, help_text="When a pending action is due (again).")
+    acted_at = models.DateTimeField(null=True, blank=True)
+    # The body as received, personal data and all: what a later action acts on. Kept only while the
+    # action is pending or failed (an operator may act again), never shown.
+    raw_body = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-received_at", "-id"]
@@ -59,6 +81,13 @@ class WebhookDelivery(models.Model):
         indexes = [
             models.Index(fields=["source", "event_id"], name="webhook_source_event"),
             models.Index(fields=["received_at"], name="webhook_received"),
+            # What the sweep asks (pending actions overdue: their message may be lost) and the
+            # metrics count (pending and failed ones): a few rows, however long the history.
+            models.Index(
+                fields=["action_state", "act_after"],
+                condition=Q(action_state__in=[ActionState.PENDING, ActionState.FAILED]),
+                name="webhook_act_open",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -18,6 +18,7 @@ class SourceSummary(TypedDict):
     tolerance_seconds: int | None
     max_body_bytes: int | None
     action: str
+    act: str  # "now" (before the answer) or "later" (in a worker, after the 202)
     problems: list[str]
 
 
@@ -36,6 +37,7 @@ def source_summaries() -> list[SourceSummary]:
                 "tolerance_seconds": raw.get("tolerance_seconds", 300) if raw.get("scheme") != "github" else None,
                 "max_body_bytes": raw.get("max_body_bytes", 256 * 1024),
                 "action": describe_action(action),
+                "act": str(raw.get("act", "now")),
                 "problems": source_problems(name, raw),
             }
         )

@@ -9,6 +9,14 @@ nothing; ``delivery_receive`` records what became of it:
   same event wait for the first to commit, and then not write its accepted row (an insert that
   does nothing on that conflict, ``webhooks.statements``): it never runs the action;
 - duplicate: that row, nothing else.
+
+A source with ``act: later`` is accepted differently (``delivery_accept_later``): the event's
+shape is checked without the database, then its accepted row is committed ``pending`` with the
+body as received, in one statement (the same unique index deduplicates it), and a task is sent to
+run the action in a worker (``delivery_act``): the action and the row marked ``done`` commit
+together, under the row's lock, so it runs once however often the task arrives. An action that
+fails is tried again later, up to WEBHOOKS_ACT_ATTEMPTS times; the sweep (``delivery_sweep``, from
+beat) sends the task again for a pending row whose message was lost.
 """
 
 from __future__ import annotations
@@ -23,19 +31,26 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from ledger.redaction import REDACTED, redact
 from ledger.services import PurgeResult, purge_in_batches, retention_cutoff
-from webhooks.actions import ActionDeferred, ActionRefused, Event, action_perform
-from webhooks.conf import Source
-from webhooks.metrics import DELIVERIES
-from webhooks.models import Outcome, WebhookDelivery
+from webhooks.actions import ActionDeferred, ActionRefused, ActionResult, Event, action_check, action_perform
+from webhooks.conf import Source, source_get
+from webhooks.metrics import ACTIONS, DELIVERIES
+from webhooks.models import ActionState, Outcome, WebhookDelivery
 from webhooks.selectors import deliveries_received_before
 from webhooks.statements import insert_delivery, record_result
 from webhooks.verify import SCHEMES, MalformedEvent, SignatureRejected
+from workflows import outbox
+from workflows.conf import conf as workflows_conf
 from workflows.storable import MAX_JSON_DEPTH, json_loads_strict, json_problem
 
 logger = logging.getLogger("webhooks")
+
+# The Celery tasks' names (webhooks.tasks registers them; beat names the sweep too).
+ACT_TASK = "webhooks.act"
+SWEEP_TASK = "webhooks.sweep"
 
 # Header names whose values are credentials or signatures: never stored. Matched as substrings of
 # the lower-cased name, so x-hub-signature-256, stripe-signature and x-api-key are all caught.
@@ -139,6 +154,8 @@ def delivery_receive(
     except Rejection as refused:
         return delivery_reject(source=source, headers=headers, size=len(body), rejection=refused), refused
     try:
+        if source.act == "later":
+            return delivery_accept_later(source=source, headers=headers, size=len(body), checked=checked), None
         return delivery_accept(source=source, headers=headers, size=len(body), checked=checked), None
     except ActionRefused as exc:
         # Rolled back whole: only the rejection is recorded, after the rollback.
@@ -147,10 +164,12 @@ def delivery_receive(
         # The same, but the sender is told to try again: then it may be accepted.
         rejection = Rejection(exc.status, exc.code, exc.message)
     except Exception as exc:
-        # A bug or an outage in the action: rolled back whole, so nothing was accepted. Recorded,
-        # and a 500 tells the sender to try again later, when it may be accepted.
+        # A bug or an outage in the action (or, acting later, in storing the delivery): rolled
+        # back whole, so nothing was accepted. Recorded, and a 500 tells the sender to try again
+        # later, when it may be accepted.
         logger.exception("webhook %s %s: the action failed", source.name, checked.event_id)
-        rejection = Rejection(500, "action_failed", f"the event could not be acted on ({type(exc).__name__})")
+        failed = "acted on" if source.act == "now" else "stored"
+        rejection = Rejection(500, "action_failed", f"the event could not be {failed} ({type(exc).__name__})")
     delivery = delivery_reject(
         source=source, headers=headers, size=len(body), rejection=rejection, event_id=checked.event_id
     )
@@ -196,6 +215,17 @@ def _delivered(delivery: WebhookDelivery, level: int, message: str, *args: Any) 
     )
 
 
+def _row(*, source: Source, headers: Mapping[str, str], size: int, checked: Checked) -> dict[str, Any]:
+    """What an accepted or duplicate delivery row keeps of the request: headers and body redacted."""
+    return {
+        "source": source.name,
+        "event_id": checked.event_id,
+        "headers": redact_headers(headers),
+        "body": redact(checked.body),
+        "size": size,
+    }
+
+
 def delivery_accept(*, source: Source, headers: Mapping[str, str], size: int, checked: Checked) -> WebhookDelivery:
     """Accept the event once: the accepted row and the action's work commit together.
 
@@ -204,34 +234,232 @@ def delivery_accept(*, source: Source, headers: Mapping[str, str], size: int, ch
     is not written (a concurrent one is waited for, and written only if that one rolls back), the
     action does not run, and the duplicate row is recorded instead.
     """
-    row = {
-        "source": source.name,
-        "event_id": checked.event_id,
-        "headers": redact_headers(headers),
-        "body": redact(checked.body),
-        "size": size,
-    }
+    row = _row(source=source, headers=headers, size=size, checked=checked)
     with transaction.atomic():
         # The row first: a second delivery of this event waits here, on the unique index, until
         # the first commits (then it is a duplicate) or rolls back (then it goes on).
-        delivery = WebhookDelivery(outcome=Outcome.ACCEPTED, **row)
+        now = timezone.now()
+        delivery = WebhookDelivery(
+            outcome=Outcome.ACCEPTED, action_state=ActionState.DONE, received_at=now, acted_at=now, **row
+        )
         if not insert_delivery(delivery):
             duplicate = WebhookDelivery(outcome=Outcome.DUPLICATE, **row)
             insert_delivery(duplicate)
         else:
             duplicate = None
             event = Event(source=source.name, event_id=checked.event_id, body=checked.body)
-            done = action_perform(source.action, event)
-            delivery.run_id = done.get("run_id")
-            delivery.operation_key = done.get("operation_key", "")
-            delivery.submission_id = done.get("submission_id")
-            delivery.result = json.loads(json.dumps(done.get("result"), default=str))
+            _keep_result(delivery, action_perform(source.action, event))
             record_result(delivery)
     if duplicate is not None:
         _delivered(duplicate, logging.INFO, "webhook %s %s: a duplicate", checked.event_id)
         return duplicate
     _delivered(delivery, logging.INFO, "webhook %s %s accepted (delivery %s)", checked.event_id, delivery.pk)
     return delivery
+
+
+def _keep_result(delivery: WebhookDelivery, done: ActionResult) -> None:
+    delivery.run_id = done.get("run_id")
+    delivery.operation_key = done.get("operation_key", "")
+    delivery.submission_id = done.get("submission_id")
+    delivery.result = json.loads(json.dumps(done.get("result"), default=str))
+
+
+def delivery_accept_later(
+    *, source: Source, headers: Mapping[str, str], size: int, checked: Checked
+) -> WebhookDelivery:
+    """Accept the event for a worker to act on: its row committed ``pending`` in one autocommit
+    statement, then the task that acts (``delivery_act``) sent.
+
+    Raises ActionRefused, writing nothing, for an event whose shape does not fit the action. A
+    second delivery of an accepted event is recorded as a duplicate, as by ``delivery_accept``. If
+    the task cannot be sent (the broker is away), the 202 stands: the row is committed, and the
+    sweep sends the task once the row is WEBHOOKS_ACT_GRACE_SECONDS overdue."""
+    action_check(source.action, Event(source=source.name, event_id=checked.event_id, body=checked.body))
+    row = _row(source=source, headers=headers, size=size, checked=checked)
+    now = timezone.now()
+    delivery = WebhookDelivery(
+        outcome=Outcome.ACCEPTED,
+        action_state=ActionState.PENDING,
+        received_at=now,
+        act_after=now,
+        raw_body=checked.body,
+        **row,
+    )
+    if insert_delivery(delivery):
+        _send_act(delivery.pk, 0)
+        message = "webhook %s %s accepted, to act on (delivery %s)"
+        _delivered(delivery, logging.INFO, message, checked.event_id, delivery.pk)
+        return delivery
+    duplicate = WebhookDelivery(outcome=Outcome.DUPLICATE, received_at=now, **row)
+    insert_delivery(duplicate)
+    _delivered(duplicate, logging.INFO, "webhook %s %s: a duplicate", checked.event_id)
+    return duplicate
+
+
+def _send_act(delivery_id: int, tries: int, *, countdown: float | None = None) -> None:
+    """The act task for the delivery's try after ``tries`` counted ones, sent on commit (at once
+    outside a transaction) on the workflows' queue (WORKFLOWS_QUEUE), which the workers consume."""
+    options: dict[str, Any] = {"queue": workflows_conf()["QUEUE"]}
+    if countdown:
+        options["countdown"] = countdown
+    outbox.send_on_commit(ACT_TASK, (delivery_id, tries), **options)
+
+
+# What acting changes on a delivery row.
+ACT_FIELDS = ("action_state", "action_attempts", "act_after", "acted_at", "raw_body", "reason", "message")
+
+
+def _pending(delivery_id: int, tries: int) -> WebhookDelivery | None:
+    """The delivery, locked, if its action is pending after ``tries`` counted tries; else None.
+
+    A task is sent for one try (``tries`` travels in it), so a second message for the same try (the
+    broker delivering it again, the sweep sending it while the first waited in a long queue) finds
+    the try counted already, or the row locked by the task making it (SKIP LOCKED: it does not wait
+    for a try in progress, which will record its own end), and does nothing."""
+    pending = WebhookDelivery.objects.select_for_update(skip_locked=True)
+    return pending.filter(pk=delivery_id, action_state=ActionState.PENDING, action_attempts=tries).first()
+
+
+def delivery_act(delivery_id: int, tries: int = 0) -> WebhookDelivery | None:
+    """Make the try after ``tries`` of the action of a pending delivery (source ``act: later``);
+    what its task calls. Returns the delivery as it is left, or None if that try is not to be made
+    here (made already, being made, or the delivery is not pending).
+
+    The try is counted, and the next one scheduled (``act_after``), in a first short transaction:
+    a worker killed in the action (or a child Celery kills at its time limit) has used a try, and
+    the sweep sends the next once it is overdue, so an event that kills its worker ends ``failed``
+    after WEBHOOKS_ACT_ATTEMPTS. The action and the row marked ``done`` then commit together, under
+    the row's lock. One that refuses the event leaves it ``refused``; one that fails (a deferral,
+    a bug, an outage) is tried again after the back-off, and ``failed`` after the last try."""
+    with transaction.atomic():
+        delivery = _pending(delivery_id, tries)
+        if delivery is None:
+            return None
+        if tries >= settings.WEBHOOKS_ACT_ATTEMPTS:  # the tries were used by ones that never ended
+            delivery.action_state, delivery.reason = ActionState.FAILED, "action_failed"
+            delivery.message = f"none of its {tries} tries finished (each worker stopped in it)"
+            delivery.save(update_fields=ACT_FIELDS)
+            _acted(delivery)
+            return delivery
+        tried = tries + 1
+        delivery.action_attempts = tried
+        delivery.act_after = timezone.now() + timedelta(seconds=act_backoff(tried))
+        delivery.save(update_fields=("action_attempts", "act_after"))
+    try:
+        with transaction.atomic():
+            delivery = _pending(delivery_id, tried)
+            if delivery is None:
+                return None
+            source = source_get(delivery.source)
+            if source is None:
+                # Removed, or with a problem in this process (the system check reports it): the
+                # next try may find it mended. It acts as the source is configured at the try.
+                gone = f"no webhook source {delivery.source!r} is configured without problems in this worker"
+                raise ActionDeferred(503, "source_gone", gone)
+            event = Event(source=delivery.source, event_id=delivery.event_id, body=delivery.raw_body)
+            _keep_result(delivery, action_perform(source.action, event))
+            delivery.action_state, delivery.acted_at = ActionState.DONE, timezone.now()
+            delivery.raw_body, delivery.reason, delivery.message = None, "", ""
+            delivery.save(update_fields=(*ACT_FIELDS, "run", "operation_key", "submission", "result"))
+    except ActionRefused as exc:
+        return _act_failed(delivery_id, tried, final=True, reason=exc.code, message=exc.message)
+    except ActionDeferred as exc:
+        return _act_failed(delivery_id, tried, final=False, reason=exc.code, message=exc.message)
+    except Exception as exc:
+        logger.exception("webhook delivery %s: the action failed", delivery_id)
+        reason, message = "action_failed", f"the event could not be acted on ({type(exc).__name__})"
+        return _act_failed(delivery_id, tried, final=False, reason=reason, message=message)
+    _acted(delivery)
+    return delivery
+
+
+def act_backoff(tries: int) -> float:
+    """Seconds before trying again after ``tries`` tries: 5, 15, 45, ... up to an hour."""
+    return float(min(5 * 3 ** (tries - 1), 3600))
+
+
+def _act_failed(delivery_id: int, tried: int, *, final: bool, reason: str, message: str) -> WebhookDelivery | None:
+    """Record how try number ``tried`` ended without acting (its transaction was rolled back):
+    refused for good, failed after the last try, or the next try's task sent, due at ``act_after``."""
+    with transaction.atomic():
+        delivery = _pending(delivery_id, tried)
+        if delivery is None:
+            return None
+        now = timezone.now()
+        delivery.reason, delivery.message = reason, message
+        if final:
+            delivery.action_state, delivery.acted_at, delivery.raw_body = ActionState.REFUSED, now, None
+        elif tried >= settings.WEBHOOKS_ACT_ATTEMPTS:
+            delivery.action_state = ActionState.FAILED
+        else:
+            due = delivery.act_after or now
+            _send_act(delivery.pk, tried, countdown=max(0.0, (due - now).total_seconds()))
+        delivery.save(update_fields=ACT_FIELDS)
+    _acted(delivery)
+    return delivery
+
+
+def _acted(delivery: WebhookDelivery) -> None:
+    """The log line and count of one try of a later action (by source and where it left it)."""
+    ACTIONS.labels(delivery.source, delivery.action_state).inc()
+    level = logging.INFO if delivery.action_state == ActionState.DONE else logging.WARNING
+    logger.log(
+        level,
+        "webhook %s %s: action %s (try %s)%s",
+        delivery.source,
+        delivery.event_id,
+        delivery.action_state,
+        delivery.action_attempts,
+        f", {delivery.reason}" if delivery.reason else "",
+        extra={
+            "event": f"delivery.action.{delivery.action_state}",
+            "source": delivery.source,
+            "event_id": delivery.event_id,
+            "delivery_id": delivery.pk,
+            "action_state": delivery.action_state,
+            "reason": delivery.reason or None,
+            "run_id": str(delivery.run_id) if delivery.run_id else None,
+            "operation_key": delivery.operation_key or None,
+        },
+    )
+
+
+def delivery_sweep(*, now: datetime | None = None, batch: int = 500) -> int:
+    """Send the act task again for pending deliveries overdue by more than WEBHOOKS_ACT_GRACE_SECONDS
+    (their message was lost: a broker restart, a send that failed, a worker killed in a try); how
+    many. A row a try holds is skipped (that try records its end), and each one sent is due again
+    from now, so a slow queue is not sent the same delivery every sweep."""
+    now = now or timezone.now()
+    stale = now - timedelta(seconds=settings.WEBHOOKS_ACT_GRACE_SECONDS)
+    overdue = WebhookDelivery.objects.filter(action_state=ActionState.PENDING, act_after__lt=stale)
+    with transaction.atomic():
+        rows = list(
+            overdue.select_for_update(skip_locked=True)
+            .order_by("act_after")
+            .values_list("pk", "action_attempts")[:batch]
+        )
+        WebhookDelivery.objects.filter(pk__in=[pk for pk, _ in rows]).update(act_after=now)
+        for pk, tries in rows:
+            _send_act(pk, tries)
+    if rows:
+        logger.warning("webhooks: sent %d overdue action(s) again", len(rows), extra={"event": "delivery.swept"})
+    return len(rows)
+
+
+def delivery_act_again(delivery_ids: list[int]) -> list[int]:
+    """An operator's retry: the failed deliveries among ``delivery_ids`` pending again, their tries
+    counted from 0, and their tasks sent; the ids of those."""
+    with transaction.atomic():
+        failed = WebhookDelivery.objects.select_for_update().filter(
+            pk__in=delivery_ids, action_state=ActionState.FAILED, raw_body__isnull=False
+        )
+        ids = list(failed.values_list("pk", flat=True))
+        WebhookDelivery.objects.filter(pk__in=ids).update(
+            action_state=ActionState.PENDING, action_attempts=0, act_after=timezone.now(), reason="", message=""
+        )
+        for pk in ids:
+            _send_act(pk, 0)
+    return ids
 
 
 def delivery_purge(

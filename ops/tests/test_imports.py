@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tests.layers import APPS, imported_apps, sources
 
-READS = {"workflows", "ledger", "approvals", "agents", "ops"}
+READS = {"workflows", "ledger", "approvals", "agents", "webhooks", "ops"}
 
 
 def test_ops_reads_only_the_apps_it_reports_on() -> None:

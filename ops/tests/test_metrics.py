@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from approvals.tests.support import waiting_request
 from ledger.models import ExternalOperation, OperationStatus
 from tests.factories import make_run
+from webhooks.models import WebhookDelivery
 from workflows import engine
 from workflows.models import RunStatus, WorkflowRun
 
@@ -90,12 +91,36 @@ def test_the_database_gauges_count_the_rows_there_are(token: str) -> None:
     assert metrics[("agents_stream_lag_seconds", ())] == 0
 
 
+def test_later_webhook_actions_not_done_are_counted_with_the_most_overdue_ones_age(token: str) -> None:
+    # given two pending later actions, one due ten minutes ago and one not due yet, a failed one
+    # and a done one
+    now = timezone.now()
+
+    def delivery(event_id: str, state: str, act_after: Any) -> None:
+        WebhookDelivery.objects.create(
+            source="later", event_id=event_id, outcome="accepted", action_state=state, act_after=act_after
+        )
+
+    delivery("evt_1", "pending", now - timedelta(minutes=10))
+    delivery("evt_2", "pending", now + timedelta(seconds=30))
+    delivery("evt_3", "failed", now - timedelta(hours=1))
+    delivery("evt_4", "done", now - timedelta(hours=2))
+
+    metrics = scrape(Authorization=f"Bearer {TOKEN}")
+
+    assert metrics[("webhooks_later_actions", (("state", "pending"),))] == 2
+    assert metrics[("webhooks_later_actions", (("state", "failed"),))] == 1
+    assert 600 <= metrics[("webhooks_oldest_overdue_action_age_seconds", ())] < 630
+
+
 def test_nothing_pending_reads_as_zero_ages_and_no_expiry(token: str) -> None:
     metrics = scrape(Authorization=f"Bearer {TOKEN}")
     assert metrics[("approvals_pending", ())] == 0
     assert metrics[("approvals_next_expiry_seconds", ())] == math.inf
     assert metrics[("ledger_oldest_unknown_operation_age_seconds", ())] == 0
     assert metrics[("workflows_oldest_due_timer_age_seconds", ())] == 0
+    assert metrics[("webhooks_later_actions", (("state", "failed"),))] == 0
+    assert metrics[("webhooks_oldest_overdue_action_age_seconds", ())] == 0
 
 
 def test_a_run_recovered_here_counts_its_recovery_step_and_end(token: str, no_enqueue: Any) -> None:

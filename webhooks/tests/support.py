@@ -47,3 +47,12 @@ def github_headers(body: bytes, delivery: str, *, secret: str = SECRET) -> dict[
 def outcome_event(key: str, status: str, **record: Any) -> dict[str, Any]:
     """What a payment provider posts when one of our operations settles: its record of it."""
     return {"type": f"refund.{status}", "data": {"key": key, "status": status, **record}}
+
+
+def perform_workflow_with(monkeypatch: Any, perform: Any) -> None:
+    """The ``workflow`` action with ``perform`` in place of its own (its checks kept) for the test."""
+    from webhooks import actions
+
+    monkeypatch.setitem(
+        actions.ACTIONS, "workflow", actions.ActionType(actions._workflow_problems, actions._workflow_payload, perform)
+    )

@@ -20,6 +20,7 @@ from webhooks.tests.support import (
     encode,
     github_headers,
     outcome_event,
+    perform_workflow_with,
     standard_headers,
     stripe_headers,
 )
@@ -284,7 +285,7 @@ def test_an_action_that_fails_is_a_500_that_keeps_nothing_but_the_rejection(monk
         WorkflowRun.objects.create(workflow="test.echo", payload={})  # work done, then a failure
         raise RuntimeError("the database of the partner is down")
 
-    monkeypatch.setitem(actions.ACTIONS, "workflow", actions.ActionType(actions._workflow_problems, broken))
+    perform_workflow_with(monkeypatch, broken)
     body = encode(EVENT)
 
     delivery = refused(post("runs", body, standard_headers(body, "msg_1")), 500, "action_failed")

@@ -1,5 +1,7 @@
-"""``manage.py webhooks sources`` (the configured sources, no secrets) and ``manage.py webhooks
-purge [--older-than 30d] [--dry-run]`` (the retention of delivery records)."""
+"""``manage.py webhooks sources`` (the configured sources, no secrets), ``manage.py webhooks
+purge [--older-than 30d] [--dry-run]`` (the retention of delivery records), and for sources that
+act later ``manage.py webhooks sweep`` (send lost actions again, as beat does) and ``manage.py
+webhooks act-again <delivery id> ...`` (failed actions tried again)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger.durations import add_retention_arguments, purge_report
 from webhooks.selectors import source_summaries
-from webhooks.services import delivery_purge
+from webhooks.services import delivery_act_again, delivery_purge, delivery_sweep
 
 
 class Command(BaseCommand):
@@ -22,10 +24,20 @@ class Command(BaseCommand):
         purge = commands.add_parser("purge", help="Delete delivery records older than the retention period.")
         days = settings.WEBHOOKS_RETENTION_DAYS
         add_retention_arguments(purge, which="records received", setting="WEBHOOKS_RETENTION_DAYS", days=days)
+        commands.add_parser("sweep", help="Send the actions of pending deliveries whose task was lost again.")
+        again = commands.add_parser("act-again", help="Try the actions of failed deliveries again.")
+        again.add_argument("ids", nargs="+", type=int, metavar="delivery_id")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["command"] == "sources":
             self.sources()
+        elif options["command"] == "sweep":
+            self.stdout.write(f"{delivery_sweep()} overdue action(s) sent again")
+        elif options["command"] == "act-again":
+            count = len(delivery_act_again(options["ids"]))
+            self.stdout.write(f"{count} failed delivery(ies) will be acted on again")
+            if count < len(set(options["ids"])):
+                self.stderr.write("the others are not failed deliveries: left as they were")
         else:
             self.purge(options)
 
@@ -33,7 +45,8 @@ class Command(BaseCommand):
         for source in source_summaries():
             problems = f"  PROBLEMS: {'; '.join(source['problems'])}" if source["problems"] else ""
             self.stdout.write(
-                f"{source['name']}: {source['scheme']}, {source['secrets']} secret(s), {source['action']}{problems}"
+                f"{source['name']}: {source['scheme']}, {source['secrets']} secret(s), {source['action']},"
+                f" acts {source['act']}{problems}"
             )
 
     def purge(self, options: dict[str, Any]) -> None:
