@@ -24,6 +24,8 @@ two cores little), on one asyncio loop, spread evenly over the daphnes.
    counted from when it was due: the latency at that rate. Then, once the worker has run
    everything: runs started per event (duplicate effects: more than one; lost: an accepted event
    without a completed run).
+1b. webhooks-later: the same burst to a source with ``"act": "later"``: each delivery is committed
+   pending before its 202, and the worker starts its run afterwards (README "Acting now or later").
 2. submissions: N ``POST /api/agents/bench.chat/<name>/submissions`` with an ``Idempotency-Key``
    (token auth), spread over 20 agents, 10% replays of an earlier key and body. The same figures;
    effects are submissions and turns per key, and every submission completed.
@@ -70,7 +72,7 @@ from bench.harness import (  # noqa: E402
 )
 from tests.support import AsgiServer, Worker  # noqa: E402
 
-PHASES = {"floor", "webhooks", "submissions", "outcome"}
+PHASES = {"floor", "webhooks", "webhooks-later", "submissions", "outcome"}
 SECRET = "whsec_" + "YmVuY2gtaW5ib3VuZC1zZWNyZXQ="  # base64 of "bench-inbound-secret"
 KIND = "bench.chat"  # bench.chat_agents.KIND (not imported before django.setup())
 AGENTS = 20
@@ -78,6 +80,12 @@ SOURCES = {
     "bench-runs": {
         "scheme": "standard",
         "secrets": [SECRET],
+        "action": {"type": "workflow", "workflow": "bench.noop", "payload_from": "data"},
+    },
+    "bench-runs-later": {
+        "scheme": "standard",
+        "secrets": [SECRET],
+        "act": "later",
         "action": {"type": "workflow", "workflow": "bench.noop", "payload_from": "data"},
     },
     "bench-payments": {
@@ -114,7 +122,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--phases",
         default=",".join(sorted(PHASES)),
-        help="comma-separated subset of floor,outcome,submissions,webhooks (default all)",
+        help="comma-separated subset of floor,outcome,submissions,webhooks,webhooks-later (default all)",
     )
     add_session_arguments(p, database="durable_bench_inbound", redis="redis://127.0.0.1:6379/13")
     args = p.parse_args(argv)
@@ -340,16 +348,20 @@ def burst(
 
 
 # --- 0. floor ---------------------------------------------------------------------------------------
-def floor(args: argparse.Namespace, servers: list[AsgiServer]) -> Sent:
+def floor(args: argparse.Namespace, servers: list[AsgiServer]) -> tuple[Sent, Sent]:
     """The same clients and number of requests, to ``GET /healthz``: the whole HTTP stack (daphne,
     Django's handler and middleware, a view) doing no work. No endpoint of the project can answer
-    faster on this machine: the baseline the bursts are compared with."""
+    faster on this machine: the baseline the bursts are compared with. Then the same paced part as
+    a burst's: the latency this machine gives a request that does nothing, at --rate."""
     requests = [Request("/healthz", b"", dict, method="GET") for _ in range(args.deliveries)]
     say(f"floor: {len(requests):,} GET /healthz, {args.clients} at once")
     sent = metered(servers, lambda: asyncio.run(send_all(servers, requests, args.clients)))
-    if sent.refusals:
-        raise RuntimeError(f"/healthz answered {sent.refusals}")
-    return sent
+    paced = [Request("/healthz", b"", dict, method="GET") for _ in range(paced_count(args))]
+    say(f"  then {len(paced):,} at {args.rate:,.0f} a second")
+    paced_sent = asyncio.run(send_paced(servers, paced, args.rate))
+    if sent.refusals or paced_sent.refusals:
+        raise RuntimeError(f"/healthz answered {sent.refusals or paced_sent.refusals}")
+    return sent, paced_sent
 
 
 # --- 1. webhooks -----------------------------------------------------------------------------------
@@ -392,14 +404,21 @@ def paced_count(args: argparse.Namespace) -> int:
     return max(1, int(args.rate * args.paced_seconds + 0.5))
 
 
-def webhooks(args: argparse.Namespace, session: Session, servers: list[AsgiServer], check: Callable[[], None]) -> Burst:
+def webhooks(
+    args: argparse.Namespace,
+    session: Session,
+    servers: list[AsgiServer],
+    check: Callable[[], None],
+    source: str = "bench-runs",
+) -> Burst:
+    from webhooks.models import WebhookDelivery
     from workflows.models import WorkflowRun
 
     rng = random.Random(1)
 
     def deliveries(prefix: str, count: int) -> list[Request]:
         return [
-            Request("/webhooks/bench-runs/", body, signed(f"{prefix}_{i}", body))
+            Request(f"/webhooks/{source}/", body, signed(f"{prefix}_{i}", body))
             for i in range(round(count * (1 - args.replays)))
             for body in [json.dumps({"type": "order.paid", "data": {"steps": 1, "n": i}}).encode()]
         ]
@@ -407,12 +426,14 @@ def webhooks(args: argparse.Namespace, session: Session, servers: list[AsgiServe
     firsts, paced_firsts = deliveries("evt", args.deliveries), deliveries("paced", paced_count(args))
     requests = with_replays(firsts, args.replays, rng)
     paced = with_replays(paced_firsts, args.replays, rng)
-    say(f"webhooks: {len(requests):,} deliveries ({len(requests) - len(firsts):,} replays), {args.clients} at once")
+    replays = len(requests) - len(firsts)
+    say(f"webhooks to {source}: {len(requests):,} deliveries ({replays:,} replays), {args.clients} at once")
     sent, paced_sent = sent_with_worker(args, session, servers, requests, paced)
     t0 = time.monotonic()
-    runs = WorkflowRun.objects.filter(workflow="bench.noop", idempotency_key__startswith="bench-runs:")
+    runs = WorkflowRun.objects.filter(workflow="bench.noop", idempotency_key__startswith=f"{source}:")
+    to_act = WebhookDelivery.objects.filter(source=source, action_state="pending")
     wait_until(
-        lambda: not runs.exclude(status__in=("completed", "failed", "terminated")).exists(),
+        lambda: not to_act.exists() and not runs.exclude(status__in=("completed", "failed", "terminated")).exists(),
         timeout=600,
         what="the started runs to finish",
         check=check,
@@ -519,12 +540,15 @@ def outcome(args: argparse.Namespace, server: AsgiServer, check: Callable[[], No
 
 
 # --- report ------------------------------------------------------------------------------------------
-def floor_rows(sent: Sent) -> list[Row]:
+def floor_rows(sent: Sent, paced: Sent, args: argparse.Namespace) -> list[Row]:
     p50, p99 = percentile(sent.latencies, 0.5), percentile(sent.latencies, 0.99)
+    paced50, paced99 = percentile(paced.latencies, 0.5), percentile(paced.latencies, 0.99)
     return [
         Row(f"floor: GET /healthz answered/s ({len(sent.statuses):,})", f"{sent.rate:,.0f}"),
         Row("  latency p50 / p99", f"{ms(p50)} / {ms(p99)}"),
         cpu_row(sent),
+        Row(f"  offered {args.rate:,.0f}/s for {paced.seconds:.0f} s: answered/s", f"{paced.rate:,.0f}"),
+        Row("    latency from due, p50 / p99", f"{ms(paced50)} / {ms(paced99)}"),
     ]
 
 
@@ -590,11 +614,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             probes.append(probe_environment("before"))
             base = None
             if "floor" in args.phases:
-                base = floor(args, servers)
-                rows += floor_rows(base)
+                base, base_paced = floor(args, servers)
+                rows += floor_rows(base, base_paced, args)
             if "webhooks" in args.phases:
                 burst = webhooks(args, session, servers, check)
                 rows += burst_rows("webhooks", burst, base, args)
+                server_errors |= 500 in burst.sent.refusals or 500 in burst.paced.refusals
+            if "webhooks-later" in args.phases:
+                burst = webhooks(args, session, servers, check, source="bench-runs-later")
+                rows += burst_rows("webhooks, act: later", burst, base, args)
                 server_errors |= 500 in burst.sent.refusals or 500 in burst.paced.refusals
             if "submissions" in args.phases:
                 burst = submissions(args, session, servers, token, check)
@@ -627,9 +655,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 How: {args.web} real daphne processes (as a deployment runs one per core) and one celery worker
 (-c {args.concurrency}); {args.clients} kept-alive connections of this process on one asyncio loop,
 spread evenly over the daphnes, then up to {PACED_CONNECTIONS} for the paced part of each burst
-(a request sent when due, its latency counted from then). The floor is GET /healthz through the same stack. A webhook is
-verified, deduplicated (the accepted row's unique index) and its work started (run_start, enqueued
-on commit) before its 202. A submission is authenticated by token and committed with its turn
+(a request sent when due, its latency counted from then). The floor is GET /healthz through the
+same stack. A webhook is verified, deduplicated (the accepted row's unique index) and its work
+started (run_start, enqueued on commit) before its 202; with "act: later", verified, its shape
+checked, deduplicated and committed pending with its act task sent before its 202, and its run
+started by the worker. A submission is authenticated by token and committed with its turn
 before its 202. Duplicate effects and lost work are counted from the database once the worker has
 run everything. Outcome: an unknown ledger operation of a waiting bench.outcome run, settled by the
 provider's signed webhook (operation_report), which wakes the run (ledger.wait_for_outcome); the
