@@ -79,3 +79,24 @@ def test_a_burst_of_requests_never_holds_more_connections_than_the_pool(
     assert statuses == [401] * 30
     assert 1 <= peak <= POOL_MAX
     assert len(backends_of(name)) <= POOL_MAX
+
+
+def test_connections_the_server_ended_are_replaced_without_a_failed_request(
+    named_server: tuple[AsgiServer, str],
+) -> None:
+    # given a server whose pool holds connections, all ended by PostgreSQL while idle (as when it
+    # restarts, or an operator terminates them)
+    server, name = named_server
+    for _ in range(3):
+        assert httpx.get(f"{server.url}/api/runs", headers=BAD_TOKEN, timeout=30).status_code == 401
+    ended = backends_of(name)
+    assert ended
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", [name])
+
+    # when requests that use the database come next
+    statuses = [httpx.get(f"{server.url}/api/runs", headers=BAD_TOKEN, timeout=30).status_code for _ in range(6)]
+
+    # then none failed: the pool's check saw each ended connection and opened another
+    assert statuses == [401] * 6
+    assert backends_of(name).isdisjoint(ended)
