@@ -42,7 +42,7 @@ from ledger.services import operation_report
 from workflows.exceptions import IdempotencyConflict, InvalidPayload, UnknownWorkflow
 from workflows.models import WorkflowRun
 from workflows.registry import get_workflow
-from workflows.services import run_start
+from workflows.services import run_start, validated_payload
 
 
 class WorkflowAction(TypedDict):
@@ -144,6 +144,15 @@ def _workflow_payload(action: dict[str, Any], event: Event) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise ActionRefused("invalid_event", "the payload for the workflow must be a JSON object")
     return payload
+
+
+def _workflow_check(action: dict[str, Any], event: Event) -> None:
+    """The payload, and the workflow's own check of it (``validate_payload``, which needs no
+    database), as ``run_start`` will make them."""
+    try:
+        validated_payload(get_workflow(action["workflow"]), _workflow_payload(action, event))
+    except InvalidPayload as exc:  # PayloadTooLarge is an InvalidPayload
+        raise ActionRefused(exc.code, str(exc)) from None
 
 
 def _workflow_perform(action: dict[str, Any], event: Event) -> ActionResult:
@@ -261,7 +270,7 @@ class ActionType:
 
 
 ACTIONS: dict[str, ActionType] = {
-    "workflow": ActionType(_workflow_problems, _workflow_payload, _workflow_perform),
+    "workflow": ActionType(_workflow_problems, _workflow_check, _workflow_perform),
     "operation_outcome": ActionType(_operation_problems, _operation_record, _operation_perform),
     "submission": ActionType(_submission_problems, _submission_message, _submission_perform),
 }

@@ -1,9 +1,11 @@
-"""The system check of the configured webhook sources: a bad source is an error at start-up."""
+"""The system checks of the configured webhook sources (a bad source is an error at start-up) and
+of the later actions' settings."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
 from webhooks.conf import raw_sources, source_problems
@@ -24,4 +26,16 @@ def check_sources(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             )
         for problem in source_problems(name, raw):
             messages.append(Error(f"webhook source {name!r}: {problem}", id="webhooks.E001"))
+    return messages
+
+
+@register()
+def check_act_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """A later action needs at least one try, and the sweep a grace past a try's due time."""
+    messages: list[CheckMessage] = []
+    for name, low in (("WEBHOOKS_ACT_ATTEMPTS", 1), ("WEBHOOKS_ACT_GRACE_SECONDS", 1)):
+        value = getattr(settings, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            problem = f"{name} must be a whole number of at least {low}, not {value!r}"
+            messages.append(Error(problem, id="webhooks.E002"))
     return messages

@@ -65,6 +65,7 @@ class WebhookDelivery(models.Model):
     action_state = models.CharField(max_length=10, choices=ActionState.choices, blank=True, default="", db_default="")
     action_attempts = models.PositiveSmallIntegerField(default=0, db_default=0, help_text="Tries of a later action.")
     act_after = models.DateTimeField(null=True, blank=True, help_text="When a pending action is due (again).")
+    swept_at = models.DateTimeField(null=True, blank=True, help_text="When the sweep last sent its task again.")
     acted_at = models.DateTimeField(null=True, blank=True)
     # The body as received, personal data and all: what a later action acts on. Kept only while the
     # action is pending or failed (an operator may act again), never shown.

@@ -31,6 +31,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from ledger.redaction import REDACTED, redact
@@ -307,6 +308,7 @@ def _send_act(delivery_id: int, tries: int, *, countdown: float | None = None) -
 
 # What acting changes on a delivery row.
 ACT_FIELDS = ("action_state", "action_attempts", "act_after", "acted_at", "raw_body", "reason", "message")
+# (swept_at is the sweep's and the operator's: a try leaves it.)
 
 
 def _pending(delivery_id: int, tries: int) -> WebhookDelivery | None:
@@ -336,7 +338,7 @@ def delivery_act(delivery_id: int, tries: int = 0) -> WebhookDelivery | None:
         if delivery is None:
             return None
         if tries >= settings.WEBHOOKS_ACT_ATTEMPTS:  # the tries were used by ones that never ended
-            delivery.action_state, delivery.reason = ActionState.FAILED, "action_failed"
+            delivery.action_state, delivery.reason, delivery.act_after = ActionState.FAILED, "action_failed", None
             delivery.message = f"none of its {tries} tries finished (each worker stopped in it)"
             delivery.save(update_fields=ACT_FIELDS)
             _acted(delivery)
@@ -359,7 +361,7 @@ def delivery_act(delivery_id: int, tries: int = 0) -> WebhookDelivery | None:
             event = Event(source=delivery.source, event_id=delivery.event_id, body=delivery.raw_body)
             _keep_result(delivery, action_perform(source.action, event))
             delivery.action_state, delivery.acted_at = ActionState.DONE, timezone.now()
-            delivery.raw_body, delivery.reason, delivery.message = None, "", ""
+            delivery.act_after, delivery.raw_body, delivery.reason, delivery.message = None, None, "", ""
             delivery.save(update_fields=(*ACT_FIELDS, "run", "operation_key", "submission", "result"))
     except ActionRefused as exc:
         return _act_failed(delivery_id, tried, final=True, reason=exc.code, message=exc.message)
@@ -389,8 +391,9 @@ def _act_failed(delivery_id: int, tried: int, *, final: bool, reason: str, messa
         delivery.reason, delivery.message = reason, message
         if final:
             delivery.action_state, delivery.acted_at, delivery.raw_body = ActionState.REFUSED, now, None
+            delivery.act_after = None
         elif tried >= settings.WEBHOOKS_ACT_ATTEMPTS:
-            delivery.action_state = ActionState.FAILED
+            delivery.action_state, delivery.act_after = ActionState.FAILED, None
         else:
             due = delivery.act_after or now
             _send_act(delivery.pk, tried, countdown=max(0.0, (due - now).total_seconds()))
@@ -427,18 +430,21 @@ def _acted(delivery: WebhookDelivery) -> None:
 def delivery_sweep(*, now: datetime | None = None, batch: int = 500) -> int:
     """Send the act task again for pending deliveries overdue by more than WEBHOOKS_ACT_GRACE_SECONDS
     (their message was lost: a broker restart, a send that failed, a worker killed in a try); how
-    many. A row a try holds is skipped (that try records its end), and each one sent is due again
-    from now, so a slow queue is not sent the same delivery every sweep."""
+    many. A row a try holds is skipped (that try records its end), and one sent again is not sent
+    again before another grace has passed (``swept_at``), so a slow queue is not sent the same
+    delivery every sweep; its due time stays, so the metrics still say how late it is."""
     now = now or timezone.now()
     stale = now - timedelta(seconds=settings.WEBHOOKS_ACT_GRACE_SECONDS)
-    overdue = WebhookDelivery.objects.filter(action_state=ActionState.PENDING, act_after__lt=stale)
+    overdue = WebhookDelivery.objects.filter(action_state=ActionState.PENDING, act_after__lt=stale).filter(
+        Q(swept_at__isnull=True) | Q(swept_at__lt=stale)
+    )
     with transaction.atomic():
         rows = list(
             overdue.select_for_update(skip_locked=True)
             .order_by("act_after")
             .values_list("pk", "action_attempts")[:batch]
         )
-        WebhookDelivery.objects.filter(pk__in=[pk for pk, _ in rows]).update(act_after=now)
+        WebhookDelivery.objects.filter(pk__in=[pk for pk, _ in rows]).update(swept_at=now)
         for pk, tries in rows:
             _send_act(pk, tries)
     if rows:
@@ -446,19 +452,29 @@ def delivery_sweep(*, now: datetime | None = None, batch: int = 500) -> int:
     return len(rows)
 
 
-def delivery_act_again(delivery_ids: list[int]) -> list[int]:
-    """An operator's retry: the failed deliveries among ``delivery_ids`` pending again, their tries
-    counted from 0, and their tasks sent; the ids of those."""
+def delivery_act_again(delivery_ids: list[int], *, by: str) -> list[int]:
+    """An operator's "act now" (``by`` says who, for the log): the failed deliveries among
+    ``delivery_ids`` pending again with their tries counted from 0, the pending ones (waiting out a
+    back-off, their cause mended) due now, and their tasks sent; the ids of those. A row a try
+    holds is left to it."""
     with transaction.atomic():
-        failed = WebhookDelivery.objects.select_for_update().filter(
-            pk__in=delivery_ids, action_state=ActionState.FAILED, raw_body__isnull=False
+        rows = list(
+            WebhookDelivery.objects.select_for_update(skip_locked=True)
+            .filter(pk__in=delivery_ids, action_state__in=[ActionState.FAILED, ActionState.PENDING])
+            .exclude(raw_body=None)
+            .values_list("pk", "action_state", "action_attempts")
         )
-        ids = list(failed.values_list("pk", flat=True))
-        WebhookDelivery.objects.filter(pk__in=ids).update(
-            action_state=ActionState.PENDING, action_attempts=0, act_after=timezone.now(), reason="", message=""
+        now = timezone.now()
+        failed = [pk for pk, state, _ in rows if state == ActionState.FAILED]
+        WebhookDelivery.objects.filter(pk__in=failed).update(
+            action_state=ActionState.PENDING, action_attempts=0, reason="", message=""
         )
-        for pk in ids:
-            _send_act(pk, 0)
+        WebhookDelivery.objects.filter(pk__in=[pk for pk, _, _ in rows]).update(act_after=now, swept_at=None)
+        for pk, state, tries in rows:
+            _send_act(pk, 0 if state == ActionState.FAILED else tries)
+    ids = [pk for pk, _, _ in rows]
+    if ids:
+        logger.info("webhooks: acting now on deliveries %s, by %s", ids, by, extra={"event": "delivery.act_again"})
     return ids
 
 

@@ -69,11 +69,18 @@ def username_of(user_id: int | None) -> str:
 def _number(payload: dict[str, Any], key: str) -> float:
     default, low, high = NUMBERS[key]
     value = payload.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
         raise InvalidPayload(f"{key} must be a number of seconds")
     if not low <= value <= high:
         raise InvalidPayload(f"{key} must be between {low:g} and {high:g} seconds, not {value:g}")
     return float(value)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float (JSON allows 400 digits)
+        return False
 
 
 @workflow("demo.onboarding", public=True)

@@ -54,5 +54,5 @@ def perform_workflow_with(monkeypatch: Any, perform: Any) -> None:
     from webhooks import actions
 
     monkeypatch.setitem(
-        actions.ACTIONS, "workflow", actions.ActionType(actions._workflow_problems, actions._workflow_payload, perform)
+        actions.ACTIONS, "workflow", actions.ActionType(actions._workflow_problems, actions._workflow_check, perform)
     )

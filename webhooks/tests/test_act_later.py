@@ -87,7 +87,7 @@ def test_acting_does_the_work_once_and_forgets_the_raw_body(sent: list[Any]) -> 
     delivery.refresh_from_db()
     assert (run.idempotency_key, run.payload) == ("later:evt_1", EVENT["data"])
     assert (delivery.action_state, delivery.action_attempts, delivery.run_id) == ("done", 1, run.id)
-    assert delivery.raw_body is None and delivery.acted_at is not None
+    assert delivery.raw_body is None and delivery.acted_at is not None and delivery.act_after is None
     assert delivery.result == {"run": str(run.id), "created": True}
     # a second task for it (the sweep's, a message delivered twice) does nothing
     assert delivery_act(delivery.pk) is None
@@ -170,7 +170,7 @@ def test_a_failing_action_is_tried_again_with_a_back_off_then_failed_then_acted_
     assert delivery_act(delivery.pk, 2) is None  # nor would one do anything
 
     perform_workflow_with(monkeypatch, actions._workflow_perform)  # the partner is back; an operator acts again
-    assert delivery_act_again([delivery.pk, 99999]) == [delivery.pk]
+    assert delivery_act_again([delivery.pk, 99999], by="test") == [delivery.pk]
     delivery.refresh_from_db()
     assert (delivery.action_state, delivery.action_attempts, delivery.reason) == ("pending", 0, "")
     assert sent[-1][:2] == ("webhooks.act", (delivery.pk, 0))
@@ -269,9 +269,12 @@ def test_the_sweep_sends_only_overdue_pending_deliveries_again(sent: list[Any], 
 
     assert sent == [("webhooks.act", (overdue.pk, 0), {"queue": settings.WORKFLOWS["QUEUE"]})]
     overdue.refresh_from_db()
-    assert overdue.act_after == now  # due again from now: the next sweep leaves it to its task
+    assert overdue.swept_at == now  # the next sweeps leave it to that task for a grace
+    assert overdue.act_after == now - timedelta(seconds=61)  # and it is still as late as it was
     assert delivery_sweep(now=now + timedelta(seconds=30)) == 0
     assert recent.pk not in [args[0] for _, args, _ in sent]
+    # a grace later: it again (still not taken), and the recent one, overdue by then
+    assert delivery_sweep(now=now + timedelta(seconds=61)) == 2
 
 
 def test_act_must_be_now_or_later() -> None:
@@ -298,7 +301,7 @@ def test_commands_sweep_and_act_again(sent: list[Any], capsys: pytest.CaptureFix
 
     call_command("webhooks", "act-again", str(delivery.pk), "424242")
     out, err = capsys.readouterr()
-    assert "1 failed delivery(ies) will be acted on again" in out and "not failed deliveries" in err
+    assert "1 delivery(ies) will be acted on now" in out and "neither failed nor pending" in err
     WebhookDelivery.objects.filter(pk=delivery.pk).update(act_after=timezone.now() - timedelta(hours=1))
     call_command("webhooks", "sweep")
     assert "1 overdue action(s) sent again" in capsys.readouterr().out
@@ -326,19 +329,82 @@ def test_the_admin_acts_again_on_failed_deliveries_for_staff_who_may_change_them
     carol.user_permissions.add(Permission.objects.get(codename="change_webhookdelivery"))
     changer = login(User.objects.get(pk=carol.pk))
     page = changer.get(url)
-    assert "Act again on the selected failed deliveries" in page.content.decode()
+    assert "Act now on the selected failed or pending deliveries" in page.content.decode()
     assert "later, in a worker" in page.content.decode()  # the sources' table says how each acts
     response = changer.post(url, form, follow=True)
 
     text = response.content.decode()
-    assert "1 failed delivery(ies) will be acted on again" in text and "1 not failed" in text
+    assert "1 delivery(ies) will be acted on now" in text and "1 neither failed nor pending" in text
     assert WebhookDelivery.objects.get(pk=failed.pk).action_state == "pending"
     assert WebhookDelivery.objects.get(pk=done.pk).action_state == "done"
     [entry] = LogEntry.objects.all()  # who acted again on what, in the admin's history
     assert (entry.object_id, entry.user_id, entry.get_change_message()) == (
         str(failed.pk),
         carol.pk,
-        "Acted on again (its tries counted from 0).",
+        "Acted on again now.",
     )
     detail = changer.get(f"{url}{failed.pk}/change/").content.decode()
     assert "alice@example.com" not in detail  # the raw body is never shown
+
+
+def test_no_filter_in_the_admin_reads_the_raw_body(users: Users) -> None:
+    delivery = accepted()  # pending: its raw body holds the email address
+    carol = users.carol
+    carol.is_staff = True
+    carol.save()
+    carol.user_permissions.add(Permission.objects.get(codename="view_webhookdelivery"))
+    client = login(User.objects.get(pk=carol.pk))
+    url = "/admin/webhooks/webhookdelivery/"
+
+    for lookup in ("raw_body__data__email", "raw_body__data__email__startswith", "raw_body__isnull"):
+        response = client.get(url, {lookup: "alice@example.com" if "email" in lookup else "False"})
+        # refused (Django answers a disallowed lookup 400), not a list that says yes or no
+        assert response.status_code == 400, (lookup, response.status_code)
+    assert client.get(url, {"source": "later"}).status_code == 200
+    assert delivery.raw_body is not None
+
+
+def test_an_operator_cuts_a_pending_deliverys_back_off_short(sent: list[Any], settings: Any) -> None:
+    # given a submission that waits out its back-off (its account was missing), now mended
+    action = {"type": "submission", "account": "acme", "kind": "test.chat", "name": "crm", "text_from": "data.text"}
+    settings.WEBHOOK_SOURCES = {"crm": {"scheme": "standard", "secrets": [SECRET], "act": "later", "action": action}}
+    post({"data": {"text": "hello"}}, "evt_1", source="crm")
+    delivery = WebhookDelivery.objects.get()
+    delivery_act(delivery.pk)
+    Account.objects.create(slug="acme", name="Acme")
+
+    # when an operator acts on it now
+    assert delivery_act_again([delivery.pk], by="test") == [delivery.pk]
+
+    # then its next try is due now and its task sent for that try, its count kept
+    delivery.refresh_from_db()
+    assert (delivery.action_state, delivery.action_attempts) == ("pending", 1)
+    assert delivery.act_after is not None and delivery.act_after <= timezone.now()
+    assert sent[-1][:2] == ("webhooks.act", (delivery.pk, 1))
+    delivery_act(delivery.pk, 1)
+    assert WebhookDelivery.objects.get().action_state == "done"
+
+
+def test_a_workflow_that_refuses_the_payload_refuses_it_before_the_202(sent: list[Any], settings: Any) -> None:
+    onboarding = {"type": "workflow", "workflow": "demo.onboarding", "payload_from": "data"}
+    signup = {"scheme": "standard", "secrets": [SECRET], "act": "later", "action": onboarding}
+    settings.WEBHOOK_SOURCES = {"signup": signup}
+
+    refused = post({"data": {"customer": "Ann", "email": "ann@example.com"}}, "evt_1", source="signup")
+    too_big = post({"data": {"customer": "Ann", "work_seconds": 10**400}}, "evt_2", source="signup")
+
+    assert (refused.status_code, refused.json()["error"]["code"]) == (400, "invalid_payload")
+    assert "unknown payload keys: email" in refused.json()["error"]["message"]
+    assert (too_big.status_code, too_big.json()["error"]["code"]) == (400, "invalid_payload")
+    assert list(WebhookDelivery.objects.values_list("outcome", flat=True)) == ["rejected", "rejected"]
+    assert sent == []
+
+
+@pytest.mark.parametrize("name", ["WEBHOOKS_ACT_ATTEMPTS", "WEBHOOKS_ACT_GRACE_SECONDS"])
+def test_the_act_settings_must_be_positive(name: str, settings: Any) -> None:
+    from webhooks.checks import check_act_settings
+
+    assert check_act_settings() == []
+    setattr(settings, name, 0)
+    [error] = check_act_settings()
+    assert (error.id, error.msg) == ("webhooks.E002", f"{name} must be a whole number of at least 1, not 0")

@@ -1,7 +1,7 @@
 """``manage.py webhooks sources`` (the configured sources, no secrets), ``manage.py webhooks
 purge [--older-than 30d] [--dry-run]`` (the retention of delivery records), and for sources that
 act later ``manage.py webhooks sweep`` (send lost actions again, as beat does) and ``manage.py
-webhooks act-again <delivery id> ...`` (failed actions tried again)."""
+webhooks act-again <delivery id> ...`` (failed or pending actions tried now)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,10 @@ class Command(BaseCommand):
         days = settings.WEBHOOKS_RETENTION_DAYS
         add_retention_arguments(purge, which="records received", setting="WEBHOOKS_RETENTION_DAYS", days=days)
         commands.add_parser("sweep", help="Send the actions of pending deliveries whose task was lost again.")
-        again = commands.add_parser("act-again", help="Try the actions of failed deliveries again.")
+        again = commands.add_parser(
+            "act-again",
+            help="Act now on failed deliveries (their tries from 0) or pending ones (not waiting out a back-off).",
+        )
         again.add_argument("ids", nargs="+", type=int, metavar="delivery_id")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -34,10 +37,10 @@ class Command(BaseCommand):
         elif options["command"] == "sweep":
             self.stdout.write(f"{delivery_sweep()} overdue action(s) sent again")
         elif options["command"] == "act-again":
-            count = len(delivery_act_again(options["ids"]))
-            self.stdout.write(f"{count} failed delivery(ies) will be acted on again")
+            count = len(delivery_act_again(options["ids"], by="manage.py webhooks act-again"))
+            self.stdout.write(f"{count} delivery(ies) will be acted on now")
             if count < len(set(options["ids"])):
-                self.stderr.write("the others are not failed deliveries: left as they were")
+                self.stderr.write("the others are neither failed nor pending: left as they were")
         else:
             self.purge(options)
 
