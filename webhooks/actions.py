@@ -264,7 +264,8 @@ def _submission_perform(action: dict[str, Any], event: Event) -> ActionResult:
 @dataclass(frozen=True)
 class ActionType:
     problems: Callable[[dict[str, Any]], list[str]]
-    # What of an event can be checked without the database (its shape); part of perform too.
+    # What of an event can be checked without the database (its shape, the workflow's own payload
+    # check, a submission's message); perform makes the same checks.
     check: Callable[[dict[str, Any], Event], object]
     perform: Callable[[dict[str, Any], Event], ActionResult]
 
@@ -288,6 +289,6 @@ def action_perform(action: dict[str, Any], event: Event) -> ActionResult:
 
 
 def action_check(action: dict[str, Any], event: Event) -> None:
-    """ActionRefused if the event's shape does not fit the action (no database: a source that acts
-    later still refuses such an event before its 202)."""
+    """ActionRefused if the event does not fit the action as far as that is known without the
+    database (a source that acts later still refuses such an event before its 202)."""
     ACTIONS[action["type"]].check(action, event)

@@ -1,6 +1,6 @@
 """Admin: every delivery, read-only (rows are written by the endpoint and the later actions'
 worker, and removed only by ``manage.py webhooks purge``), with the configured sources above the
-list, never their secrets. One action: act again on failed later actions."""
+list, never their secrets. One action: act now on failed or pending later actions."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ DELIVERIES = Counter(
     ["source", "outcome"],
 )
 
-ACTIONS = Counter(
+ACTION_TRIES = Counter(
     "webhooks_actions",
     "Tries of the actions of sources that act later, by source and where each left its delivery"
     " (done, pending: to try again, refused, failed).",

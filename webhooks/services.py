@@ -38,7 +38,7 @@ from ledger.redaction import REDACTED, redact
 from ledger.services import PurgeResult, purge_in_batches, retention_cutoff
 from webhooks.actions import ActionDeferred, ActionRefused, ActionResult, Event, action_check, action_perform
 from webhooks.conf import Source, source_get
-from webhooks.metrics import ACTIONS, DELIVERIES
+from webhooks.metrics import ACTION_TRIES, DELIVERIES
 from webhooks.models import ActionState, Outcome, WebhookDelivery
 from webhooks.selectors import deliveries_received_before
 from webhooks.statements import insert_delivery, record_result
@@ -404,7 +404,7 @@ def _act_failed(delivery_id: int, tried: int, *, final: bool, reason: str, messa
 
 def _acted(delivery: WebhookDelivery) -> None:
     """The log line and count of one try of a later action (by source and where it left it)."""
-    ACTIONS.labels(delivery.source, delivery.action_state).inc()
+    ACTION_TRIES.labels(delivery.source, delivery.action_state).inc()
     level = logging.INFO if delivery.action_state == ActionState.DONE else logging.WARNING
     logger.log(
         level,

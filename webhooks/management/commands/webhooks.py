@@ -27,7 +27,7 @@ class Command(BaseCommand):
         commands.add_parser("sweep", help="Send the actions of pending deliveries whose task was lost again.")
         again = commands.add_parser(
             "act-again",
-            help="Act now on failed deliveries (their tries from 0) or pending ones (not waiting out a back-off).",
+            help="Act now on failed deliveries (their tries from 0) or pending ones (their back-off cut short).",
         )
         again.add_argument("ids", nargs="+", type=int, metavar="delivery_id")
 
