@@ -10,7 +10,9 @@ the end), Redis db 13, a private queue with one ``celery worker -P prefork -c 2`
 daphne processes (default 2, one per core, as a deployment would run them) serving the project with
 two webhook sources of its own (WEBHOOK_SOURCES_JSON). The clients are C kept-alive HTTP/1.1
 connections of this process (``Connection``: a lean client, so that the load costs the servers'
-two cores little), on one asyncio loop, spread evenly over the daphnes.
+two cores little), on one asyncio loop, spread evenly over the daphnes, with this process's garbage
+collector off while they send (``no_collector_pauses``: a pause of the client's is otherwise timed
+as the servers').
 
 0. floor: N ``GET /healthz`` from the same clients: daphne, Django's handler and middleware and a
    view that does nothing. What the machine's HTTP stack can answer at all, the baseline for 1 and 2
@@ -62,6 +64,7 @@ from bench.harness import (  # noqa: E402
     add_session_arguments,
     bench_session,
     ms,
+    no_collector_pauses,
     parse_phases,
     percentile,
     print_table,
@@ -256,9 +259,10 @@ async def send_all(servers: list[AsgiServer], requests: list[Request], clients: 
         finally:
             await connection.close()
 
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one_client(Connection(servers[i % len(servers)].url)) for i in range(clients)))
-    sent.seconds = time.perf_counter() - t0
+    with no_collector_pauses():
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one_client(Connection(servers[i % len(servers)].url)) for i in range(clients)))
+        sent.seconds = time.perf_counter() - t0
     return sent
 
 
@@ -287,18 +291,19 @@ async def send_paced(servers: list[AsgiServer], requests: list[Request], rate: f
         if status not in OK:
             sent.refusals.setdefault(status, content[:300].decode(errors="replace"))
 
-    start = time.perf_counter() + 0.05
-    tasks = []
-    for i, r in enumerate(requests):
-        due = start + i / rate
-        if (wait := due - time.perf_counter()) > 0:
-            await asyncio.sleep(wait)
-        tasks.append(asyncio.create_task(one(r, due)))
-    try:
-        await asyncio.gather(*tasks)
-    finally:
-        for connection in connections:
-            await connection.close()
+    with no_collector_pauses():
+        start = time.perf_counter() + 0.05
+        tasks = []
+        for i, r in enumerate(requests):
+            due = start + i / rate
+            if (wait := due - time.perf_counter()) > 0:
+                await asyncio.sleep(wait)
+            tasks.append(asyncio.create_task(one(r, due)))
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for connection in connections:
+                await connection.close()
     sent.seconds = time.perf_counter() - start
     return sent
 
