@@ -48,6 +48,7 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin[WebhookDelivery]):
         "message",
         "received_at",
         "size",
+        "body_sha256",
         "action_state",
         "action_attempts",
         "act_after",

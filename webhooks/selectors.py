@@ -8,7 +8,7 @@ from typing import Any, TypedDict
 from django.db.models import QuerySet
 
 from webhooks.conf import raw_sources, source_problems
-from webhooks.models import WebhookDelivery
+from webhooks.models import Outcome, WebhookDelivery
 
 
 class SourceSummary(TypedDict):
@@ -55,3 +55,10 @@ def describe_action(action: dict[str, Any]) -> str:
 
 def deliveries_received_before(cutoff: datetime) -> QuerySet[WebhookDelivery]:
     return WebhookDelivery.objects.filter(received_at__lt=cutoff)
+
+
+def accepted_body_digest(*, source: str, event_id: str) -> tuple[int, str] | None:
+    """The accepted delivery of the event, its id and its body's SHA-256 (blank if it was accepted
+    before digests were kept); None if there is none (purged already)."""
+    accepted = WebhookDelivery.objects.filter(source=source, event_id=event_id, outcome=Outcome.ACCEPTED)
+    return accepted.values_list("pk", "body_sha256").first()

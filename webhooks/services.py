@@ -21,6 +21,7 @@ beat) sends the task again for a pending row whose message was lost.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -40,7 +41,7 @@ from webhooks.actions import ActionDeferred, ActionRefused, ActionResult, Event,
 from webhooks.conf import Source, source_get
 from webhooks.metrics import ACTION_TRIES, DELIVERIES
 from webhooks.models import ActionState, Outcome, WebhookDelivery
-from webhooks.selectors import deliveries_received_before
+from webhooks.selectors import accepted_body_digest, deliveries_received_before
 from webhooks.statements import insert_delivery, record_result
 from webhooks.verify import SCHEMES, MalformedEvent, SignatureRejected
 from workflows import outbox
@@ -82,6 +83,7 @@ class Rejection(Exception):
 class Checked:
     event_id: str
     body: Any  # the parsed JSON
+    digest: str = ""  # SHA-256 (hex) of the body as received
 
 
 # What of a delivery's headers is kept: anyone may send a configured source a request, and its
@@ -131,7 +133,7 @@ def check_delivery(*, source: Source, headers: Mapping[str, str], body: bytes, n
         raise Rejection(401, exc.reason, exc.message) from None
     except MalformedEvent as exc:
         raise Rejection(400, "parse_error", str(exc)) from None
-    return Checked(event_id=event_id, body=parse_json(body))
+    return Checked(event_id=event_id, body=parse_json(body), digest=hashlib.sha256(body).hexdigest())
 
 
 def parse_json(body: bytes) -> Any:
@@ -223,8 +225,24 @@ def _row(*, source: Source, headers: Mapping[str, str], size: int, checked: Chec
         "event_id": checked.event_id,
         "headers": redact_headers(headers),
         "body": redact(checked.body),
+        "body_sha256": checked.digest,
         "size": size,
     }
+
+
+def _record_duplicate(row: dict[str, Any], *, received_at: datetime | None = None) -> WebhookDelivery:
+    """Record a second delivery of an event the source accepted. Its body is kept only if it is not
+    the accepted delivery's (by SHA-256): a captured delivery replayed within the signature's
+    tolerance stores its headers each time, never another copy of a body of up to max_body_bytes."""
+    duplicate = WebhookDelivery(outcome=Outcome.DUPLICATE, **row)
+    if received_at is not None:
+        duplicate.received_at = received_at
+    first = accepted_body_digest(source=row["source"], event_id=row["event_id"])
+    if first is not None and row["body_sha256"] and first[1] == row["body_sha256"]:
+        duplicate.body = None
+        duplicate.message = f"the body of accepted delivery {first[0]}, not kept again"
+    insert_delivery(duplicate)
+    return duplicate
 
 
 def delivery_accept(*, source: Source, headers: Mapping[str, str], size: int, checked: Checked) -> WebhookDelivery:
@@ -244,8 +262,7 @@ def delivery_accept(*, source: Source, headers: Mapping[str, str], size: int, ch
             outcome=Outcome.ACCEPTED, action_state=ActionState.DONE, received_at=now, acted_at=now, **row
         )
         if not insert_delivery(delivery):
-            duplicate = WebhookDelivery(outcome=Outcome.DUPLICATE, **row)
-            insert_delivery(duplicate)
+            duplicate = _record_duplicate(row)
         else:
             duplicate = None
             event = Event(source=source.name, event_id=checked.event_id, body=checked.body)
@@ -291,8 +308,7 @@ def delivery_accept_later(
         message = "webhook %s %s accepted, to act on (delivery %s)"
         _delivered(delivery, logging.INFO, message, checked.event_id, delivery.pk)
         return delivery
-    duplicate = WebhookDelivery(outcome=Outcome.DUPLICATE, received_at=now, **row)
-    insert_delivery(duplicate)
+    duplicate = _record_duplicate(row, received_at=now)
     _delivered(duplicate, logging.INFO, "webhook %s %s: a duplicate", checked.event_id)
     return duplicate
 

@@ -5,6 +5,7 @@ worker's end of it is in test_act_later_worker.py."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -109,6 +110,12 @@ def test_a_replay_is_a_duplicate_before_and_after_the_action(sent: list[Any]) ->
         ("duplicate", ""),
         ("duplicate", ""),
     ]
+    # the replays' bodies are the accepted one's: not kept again, before or after the action
+    duplicates = WebhookDelivery.objects.filter(outcome="duplicate")
+    assert [(d.body, d.raw_body, d.message) for d in duplicates] == [
+        (None, None, f"the body of accepted delivery {delivery.pk}, not kept again")
+    ] * 2
+    assert {d.body_sha256 for d in duplicates} == {hashlib.sha256(encode(EVENT)).hexdigest()}
 
 
 def test_an_event_of_the_wrong_shape_is_still_a_400_before_anything_is_kept(sent: list[Any]) -> None:

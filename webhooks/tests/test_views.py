@@ -3,6 +3,7 @@ nothing but one rejected delivery record is written."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -97,10 +98,31 @@ def test_a_replay_runs_no_action_and_takes_no_lock() -> None:
     with statements_sent() as sent:
         assert post("runs", body, standard_headers(body, "msg_1")).status_code == 200
 
-    # the accepted row's insert finds the first and does nothing; the duplicate's row is written;
-    # the action (the run's start) never runs (around them, the test's transaction's savepoint)
-    assert [sql.split()[0] for sql in sent] == ["SAVEPOINT", "INSERT", "INSERT", "RELEASE"], sent
-    assert all("webhooks_webhookdelivery" in sql for sql in sent[1:3])
+    # the accepted row's insert finds the first and does nothing; the first's body digest is read
+    # and the duplicate's row written; the action (the run's start) never runs (around them, the
+    # test's transaction's savepoint)
+    assert [sql.split()[0] for sql in sent] == ["SAVEPOINT", "INSERT", "SELECT", "INSERT", "RELEASE"], sent
+    assert all("webhooks_webhookdelivery" in sql for sql in sent[1:4])
+
+
+def test_a_replayed_body_is_not_kept_again() -> None:
+    # given an accepted event with a large body
+    body = encode({**EVENT, "padding": "x" * 3_000})  # near the source's limit
+    assert post("runs", body, standard_headers(body, "msg_1")).status_code == 202
+    accepted = WebhookDelivery.objects.get(outcome="accepted")
+    assert accepted.body_sha256 == hashlib.sha256(body).hexdigest() and accepted.body is not None
+
+    # when it is replayed, re-signed, twenty times
+    for _ in range(20):
+        assert post("runs", body, standard_headers(body, "msg_1")).status_code == 200
+
+    # then each replay is recorded, with its headers and the digest but no copy of the body
+    duplicates = WebhookDelivery.objects.filter(outcome="duplicate")
+    assert duplicates.count() == 20
+    for duplicate in duplicates:
+        assert duplicate.body is None and duplicate.body_sha256 == accepted.body_sha256
+        assert duplicate.headers["Webhook-Id"] == "msg_1" and duplicate.size == len(body)
+        assert duplicate.message == f"the body of accepted delivery {accepted.pk}, not kept again"
 
 
 def test_a_replay_with_another_body_is_a_duplicate_and_changes_nothing() -> None:
@@ -112,10 +134,13 @@ def test_a_replay_with_another_body_is_a_duplicate_and_changes_nothing() -> None
     other = encode({"type": "order.paid", "data": {"order": "9999"}})
     again = post("runs", other, standard_headers(other, "msg_1"))
 
-    # then it is a duplicate, and the first's run is as it was
+    # then it is a duplicate, and the first's run is as it was; the other body is kept (redacted)
     assert again.status_code == 200 and again.json() == {"status": "duplicate"}
     assert WorkflowRun.objects.get().payload == EVENT["data"]
     assert sorted(WebhookDelivery.objects.values_list("outcome", flat=True)) == ["accepted", "duplicate"]
+    duplicate = WebhookDelivery.objects.get(outcome="duplicate")
+    assert duplicate.body == {"type": "order.paid", "data": {"order": "9999"}} and duplicate.message == ""
+    assert duplicate.body_sha256 == hashlib.sha256(other).hexdigest()
 
 
 def test_a_replayed_outcome_is_a_duplicate_and_settles_nothing_twice() -> None:
