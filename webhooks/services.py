@@ -83,7 +83,7 @@ class Rejection(Exception):
 class Checked:
     event_id: str
     body: Any  # the parsed JSON
-    digest: str = ""  # SHA-256 (hex) of the body as received
+    digest: str  # SHA-256 (hex) of the body as received
 
 
 # What of a delivery's headers is kept: anyone may send a configured source a request, and its
@@ -230,13 +230,11 @@ def _row(*, source: Source, headers: Mapping[str, str], size: int, checked: Chec
     }
 
 
-def _record_duplicate(row: dict[str, Any], *, received_at: datetime | None = None) -> WebhookDelivery:
+def _record_duplicate(row: dict[str, Any], *, received_at: datetime) -> WebhookDelivery:
     """Record a second delivery of an event the source accepted. Its body is kept only if it is not
     the accepted delivery's (by SHA-256): a captured delivery replayed within the signature's
     tolerance stores its headers each time, never another copy of a body of up to max_body_bytes."""
-    duplicate = WebhookDelivery(outcome=Outcome.DUPLICATE, **row)
-    if received_at is not None:
-        duplicate.received_at = received_at
+    duplicate = WebhookDelivery(outcome=Outcome.DUPLICATE, received_at=received_at, **row)
     first = accepted_body_digest(source=row["source"], event_id=row["event_id"])
     if first is not None and row["body_sha256"] and first[1] == row["body_sha256"]:
         duplicate.body = None
@@ -262,7 +260,7 @@ def delivery_accept(*, source: Source, headers: Mapping[str, str], size: int, ch
             outcome=Outcome.ACCEPTED, action_state=ActionState.DONE, received_at=now, acted_at=now, **row
         )
         if not insert_delivery(delivery):
-            duplicate = _record_duplicate(row)
+            duplicate = _record_duplicate(row, received_at=now)
         else:
             duplicate = None
             event = Event(source=source.name, event_id=checked.event_id, body=checked.body)
