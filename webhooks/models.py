@@ -52,10 +52,12 @@ class WebhookDelivery(models.Model):
     # held (what an unverified sender posts is not worth storing, and would be anyone's to fill).
     body = models.JSONField(null=True, blank=True)
     size = models.PositiveIntegerField(default=0, help_text="Bytes of the body as received.")
-    # SHA-256 (hex) of the body as received, once the signature held. A duplicate whose body is
-    # the accepted delivery's keeps only this, not the body again: a captured delivery replayed
-    # within the signature's tolerance, however often, stores its headers and no copy of its body.
-    body_sha256 = models.CharField(max_length=64, blank=True, default="", db_default="")
+    # A keyed digest of the body as received (HMAC-SHA256 under SECRET_KEY), once the signature
+    # held. A duplicate whose body is the accepted delivery's keeps only this, not the body again: a
+    # captured delivery replayed within the signature's tolerance, however often, stores its headers
+    # and no copy of its body. Keyed, and never shown: a plain hash of a body with personal data
+    # would let anyone who reads the row test guesses of what the redaction took out.
+    body_digest = models.CharField(max_length=64, blank=True, default="", db_default="")
     # What it did.
     run = models.ForeignKey("workflows.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     operation_key = models.CharField(max_length=255, blank=True)

@@ -58,7 +58,7 @@ def deliveries_received_before(cutoff: datetime) -> QuerySet[WebhookDelivery]:
 
 
 def accepted_body_digest(*, source: str, event_id: str) -> tuple[int, str] | None:
-    """The accepted delivery of the event, its id and its body's SHA-256 (blank if it was accepted
+    """The accepted delivery of the event, its id and its body's digest (blank if it was accepted
     before digests were kept); None if there is none (purged already)."""
     accepted = WebhookDelivery.objects.filter(source=source, event_id=event_id, outcome=Outcome.ACCEPTED)
-    return accepted.values_list("pk", "body_sha256").first()
+    return accepted.values_list("pk", "body_digest").first()

@@ -21,7 +21,6 @@ beat) sends the task again for a pending row whose message was lost.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -34,6 +33,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
+from django.utils.crypto import salted_hmac
 
 from ledger.redaction import REDACTED, redact
 from ledger.services import PurgeResult, purge_in_batches, retention_cutoff
@@ -83,7 +83,7 @@ class Rejection(Exception):
 class Checked:
     event_id: str
     body: Any  # the parsed JSON
-    digest: str  # SHA-256 (hex) of the body as received
+    digest: str  # body_digest() of the body as received
 
 
 # What of a delivery's headers is kept: anyone may send a configured source a request, and its
@@ -133,7 +133,14 @@ def check_delivery(*, source: Source, headers: Mapping[str, str], body: bytes, n
         raise Rejection(401, exc.reason, exc.message) from None
     except MalformedEvent as exc:
         raise Rejection(400, "parse_error", str(exc)) from None
-    return Checked(event_id=event_id, body=parse_json(body), digest=hashlib.sha256(body).hexdigest())
+    return Checked(event_id=event_id, body=parse_json(body), digest=body_digest(body))
+
+
+def body_digest(body: bytes) -> str:
+    """What a delivery row keeps to tell a replayed body from another (``body_digest``): HMAC-SHA256
+    of the body under a key derived from SECRET_KEY. Not a plain hash: the body as received holds
+    what the stored one has redacted, and a plain hash of it would confirm a guess of that."""
+    return salted_hmac("webhooks.body_digest", body, algorithm="sha256").hexdigest()
 
 
 def parse_json(body: bytes) -> Any:
@@ -225,18 +232,18 @@ def _row(*, source: Source, headers: Mapping[str, str], size: int, checked: Chec
         "event_id": checked.event_id,
         "headers": redact_headers(headers),
         "body": redact(checked.body),
-        "body_sha256": checked.digest,
+        "body_digest": checked.digest,
         "size": size,
     }
 
 
 def _record_duplicate(row: dict[str, Any], *, received_at: datetime) -> WebhookDelivery:
     """Record a second delivery of an event the source accepted. Its body is kept only if it is not
-    the accepted delivery's (by SHA-256): a captured delivery replayed within the signature's
+    the accepted delivery's (by ``body_digest``): a captured delivery replayed within the signature's
     tolerance stores its headers each time, never another copy of a body of up to max_body_bytes."""
     duplicate = WebhookDelivery(outcome=Outcome.DUPLICATE, received_at=received_at, **row)
     first = accepted_body_digest(source=row["source"], event_id=row["event_id"])
-    if first is not None and row["body_sha256"] and first[1] == row["body_sha256"]:
+    if first is not None and row["body_digest"] and first[1] == row["body_digest"]:
         duplicate.body = None
         duplicate.message = f"the body of accepted delivery {first[0]}, not kept again"
     insert_delivery(duplicate)

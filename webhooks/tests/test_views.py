@@ -15,6 +15,7 @@ from ledger.models import ExternalOperation, OperationEvent
 from ledger.tests.support import make_operation
 from tests.support import statements_sent
 from webhooks.models import WebhookDelivery
+from webhooks.services import body_digest
 from webhooks.tests.support import (
     ROTATED,
     SOURCES,
@@ -110,7 +111,7 @@ def test_a_replayed_body_is_not_kept_again() -> None:
     body = encode({**EVENT, "padding": "x" * 3_000})  # near the source's limit
     assert post("runs", body, standard_headers(body, "msg_1")).status_code == 202
     accepted = WebhookDelivery.objects.get(outcome="accepted")
-    assert accepted.body_sha256 == hashlib.sha256(body).hexdigest() and accepted.body is not None
+    assert accepted.body_digest == body_digest(body) and accepted.body is not None
 
     # when it is replayed, re-signed, twenty times
     for _ in range(20):
@@ -120,7 +121,7 @@ def test_a_replayed_body_is_not_kept_again() -> None:
     duplicates = WebhookDelivery.objects.filter(outcome="duplicate")
     assert duplicates.count() == 20
     for duplicate in duplicates:
-        assert duplicate.body is None and duplicate.body_sha256 == accepted.body_sha256
+        assert duplicate.body is None and duplicate.body_digest == accepted.body_digest
         assert duplicate.headers["Webhook-Id"] == "msg_1" and duplicate.size == len(body)
         assert duplicate.message == f"the body of accepted delivery {accepted.pk}, not kept again"
 
@@ -140,7 +141,18 @@ def test_a_replay_with_another_body_is_a_duplicate_and_changes_nothing() -> None
     assert sorted(WebhookDelivery.objects.values_list("outcome", flat=True)) == ["accepted", "duplicate"]
     duplicate = WebhookDelivery.objects.get(outcome="duplicate")
     assert duplicate.body == {"type": "order.paid", "data": {"order": "9999"}} and duplicate.message == ""
-    assert duplicate.body_sha256 == hashlib.sha256(other).hexdigest()
+    assert duplicate.body_digest == body_digest(other)
+
+
+def test_a_bodys_digest_is_keyed_so_it_confirms_no_guess_of_what_was_redacted(settings: Any) -> None:
+    # the body as received holds the email the stored body redacts; its digest is no plain hash,
+    # which anyone reading the row could compare with guesses, and it changes with the key
+    body = encode(EVENT)
+    digest = body_digest(body)
+    assert digest not in (hashlib.sha256(body).hexdigest(), hashlib.sha256(encode(EVENT["data"])).hexdigest())
+    assert len(digest) == 64 and digest == body_digest(body)
+    settings.SECRET_KEY = "another-secret-key-0123456789abcdefghijklmnop"
+    assert body_digest(body) != digest
 
 
 def test_a_replayed_outcome_is_a_duplicate_and_settles_nothing_twice() -> None:
