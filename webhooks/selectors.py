@@ -61,4 +61,4 @@ def accepted_body_digest(*, source: str, event_id: str) -> tuple[int, str] | Non
     """The accepted delivery of the event, its id and its body's digest (blank if it was accepted
     before digests were kept); None if there is none (purged already)."""
     accepted = WebhookDelivery.objects.filter(source=source, event_id=event_id, outcome=Outcome.ACCEPTED)
-    return accepted.values_list("pk", "body_digest").first()
+    return accepted.order_by().values_list("pk", "body_digest").first()

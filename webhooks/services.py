@@ -133,14 +133,19 @@ def check_delivery(*, source: Source, headers: Mapping[str, str], body: bytes, n
         raise Rejection(401, exc.reason, exc.message) from None
     except MalformedEvent as exc:
         raise Rejection(400, "parse_error", str(exc)) from None
-    return Checked(event_id=event_id, body=parse_json(body), digest=body_digest(body))
+    return Checked(event_id=event_id, body=parse_json(body), digest=body_digest(source.name, event_id, body))
 
 
-def body_digest(body: bytes) -> str:
+def body_digest(source: str, event_id: str, body: bytes) -> str:
     """What a delivery row keeps to tell a replayed body from another (``body_digest``): HMAC-SHA256
-    of the body under a key derived from SECRET_KEY. Not a plain hash: the body as received holds
-    what the stored one has redacted, and a plain hash of it would confirm a guess of that."""
-    return salted_hmac("webhooks.body_digest", body, algorithm="sha256").hexdigest()
+    of the source, the event id and the body under a key derived from SECRET_KEY.
+
+    Not a plain hash: the body as received holds what the stored one has redacted, and a plain hash
+    of it would confirm a guess of that. The event's names are in it because digests are compared
+    only within one event: equal bodies of two events (the same email, say) get unequal digests. A
+    new SECRET_KEY makes new digests: a replay of an event accepted before it keeps its body."""
+    named = f"{source}\0{event_id}\0".encode()
+    return salted_hmac("webhooks.body_digest", named + body, algorithm="sha256").hexdigest()
 
 
 def parse_json(body: bytes) -> Any:

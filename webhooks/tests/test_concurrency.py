@@ -60,4 +60,6 @@ def test_fifty_deliveries_of_one_event_at_once_are_accepted_once(server: AsgiSer
     accepted = WebhookDelivery.objects.get(outcome="accepted")
     assert (accepted.event_id, accepted.run_id, run.idempotency_key) == ("evt_race", run.id, "runs:evt_race")
     assert WebhookDelivery.objects.filter(outcome="duplicate", run=None).count() == N - 1
+    # and the duplicates, whose body was the accepted one's, kept no copy of it
+    assert WebhookDelivery.objects.filter(outcome="duplicate", body__isnull=True).count() == N - 1
     assert WebhookDelivery.objects.count() == N

@@ -111,7 +111,7 @@ def test_a_replayed_body_is_not_kept_again() -> None:
     body = encode({**EVENT, "padding": "x" * 3_000})  # near the source's limit
     assert post("runs", body, standard_headers(body, "msg_1")).status_code == 202
     accepted = WebhookDelivery.objects.get(outcome="accepted")
-    assert accepted.body_digest == body_digest(body) and accepted.body is not None
+    assert accepted.body_digest == body_digest("runs", "msg_1", body) and accepted.body is not None
 
     # when it is replayed, re-signed, twenty times
     for _ in range(20):
@@ -141,18 +141,37 @@ def test_a_replay_with_another_body_is_a_duplicate_and_changes_nothing() -> None
     assert sorted(WebhookDelivery.objects.values_list("outcome", flat=True)) == ["accepted", "duplicate"]
     duplicate = WebhookDelivery.objects.get(outcome="duplicate")
     assert duplicate.body == {"type": "order.paid", "data": {"order": "9999"}} and duplicate.message == ""
-    assert duplicate.body_digest == body_digest(other)
+    assert duplicate.body_digest == body_digest("runs", "msg_1", other)
 
 
 def test_a_bodys_digest_is_keyed_so_it_confirms_no_guess_of_what_was_redacted(settings: Any) -> None:
     # the body as received holds the email the stored body redacts; its digest is no plain hash,
     # which anyone reading the row could compare with guesses, and it changes with the key
     body = encode(EVENT)
-    digest = body_digest(body)
+    digest = body_digest("runs", "msg_1", body)
     assert digest not in (hashlib.sha256(body).hexdigest(), hashlib.sha256(encode(EVENT["data"])).hexdigest())
-    assert len(digest) == 64 and digest == body_digest(body)
+    assert len(digest) == 64 and digest == body_digest("runs", "msg_1", body)
+    # another event with the same body (the same email) has another digest
+    assert body_digest("runs", "msg_2", body) != digest and body_digest("sandbox", "msg_1", body) != digest
     settings.SECRET_KEY = "another-secret-key-0123456789abcdefghijklmnop"
-    assert body_digest(body) != digest
+    assert body_digest("runs", "msg_1", body) != digest
+
+
+def test_a_replay_is_compared_with_its_own_sources_accepted_delivery(settings: Any) -> None:
+    # given the same event id and body accepted at two sources
+    settings.WEBHOOK_SOURCES = {**SOURCES, "runs2": SOURCES["runs"]}
+    body = encode(EVENT)
+    assert post("runs", body, standard_headers(body, "msg_1")).status_code == 202
+    assert post("runs2", body, standard_headers(body, "msg_1")).status_code == 202
+
+    # when it is replayed at the second
+    assert post("runs2", body, standard_headers(body, "msg_1")).status_code == 200
+
+    # then the duplicate names that source's accepted delivery
+    first = WebhookDelivery.objects.get(source="runs2", outcome="accepted")
+    duplicate = WebhookDelivery.objects.get(outcome="duplicate")
+    assert (duplicate.source, duplicate.body) == ("runs2", None)
+    assert duplicate.message == f"the body of accepted delivery {first.pk}, not kept again"
 
 
 def test_a_replayed_outcome_is_a_duplicate_and_settles_nothing_twice() -> None:
