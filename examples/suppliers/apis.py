@@ -97,7 +97,10 @@ class ReviewSerializer(serializers.Serializer[dict[str, Any]]):
 class AssessmentDetailSerializer(AssessmentSummarySerializer):
     input = serializers.JSONField()
     sources = SourceSerializer(many=True, help_text="The latest revision of each source.")
-    report = ReportSerializer(allow_null=True, help_text="The latest report version.")
+    report = ReportSerializer(
+        allow_null=True,
+        help_text="While a review is pending, the report version it is of (the one to send back); else the latest.",
+    )
     review = ReviewSerializer(allow_null=True, help_text="The review pending now, if any.")
 
 

@@ -75,6 +75,18 @@ def current_report(assessment: SupplierAssessment) -> AssessmentReport | None:
     return assessment.reports.order_by("-version").first()
 
 
+def report_shown(assessment: SupplierAssessment, request: ApprovalRequest | None) -> AssessmentReport | None:
+    """The report a page shows beside ``request``, the review pending (read first): the version
+    under review, else the latest. Not the latest whatever the review: the two are separate reads,
+    and a new version with its review committed between them paired the older report with the
+    newer review, a page showing one version and sending another back to be approved."""
+    if request is not None:
+        under_review = assessment.reports.filter(version=report_number(request.version)).first()
+        if under_review is not None:
+            return under_review
+    return current_report(assessment)
+
+
 def pending_review(assessment_id: int) -> ApprovalRequest | None:
     """The approval request now waiting for a reviewer, if any."""
     return (
@@ -119,8 +131,8 @@ def assessment_data(*, assessment: SupplierAssessment, user: User, detail: bool 
     }
     if not detail:
         return data
-    report = current_report(assessment)
     request = pending_review(assessment.pk)
+    report = report_shown(assessment, request)
     data.update(
         input=assessment.input,
         sources=latest_sources(assessment),
