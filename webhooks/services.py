@@ -364,11 +364,8 @@ def delivery_act(delivery_id: int, tries: int = 0) -> WebhookDelivery | None:
         if delivery is None:
             return None
         if tries >= settings.WEBHOOKS_ACT_ATTEMPTS:  # the tries were used by ones that never ended
-            delivery.action_state, delivery.reason, delivery.act_after = ActionState.FAILED, "action_failed", None
-            delivery.message = f"none of its {tries} tries finished (each worker stopped in it)"
-            delivery.save(update_fields=ACT_FIELDS)
-            _acted(delivery)
-            return delivery
+            message = f"none of its {tries} tries finished (each worker stopped in it)"
+            return _act_failed(delivery_id, tries, final=False, reason="action_failed", message=message)
         tried = tries + 1
         delivery.action_attempts = tried
         delivery.act_after = timezone.now() + timedelta(seconds=act_backoff(tried))
@@ -407,8 +404,9 @@ def act_backoff(tries: int) -> float:
 
 
 def _act_failed(delivery_id: int, tried: int, *, final: bool, reason: str, message: str) -> WebhookDelivery | None:
-    """Record how try number ``tried`` ended without acting (its transaction was rolled back):
-    refused for good, failed after the last try, or the next try's task sent, due at ``act_after``."""
+    """Record how try number ``tried`` ended without acting (its transaction was rolled back, or
+    its worker stopped in it): refused for good, failed after the last try, or the next try's task
+    sent, due at ``act_after``. Inside a transaction that holds the row already, it finds it too."""
     with transaction.atomic():
         delivery = _pending(delivery_id, tried)
         if delivery is None:
