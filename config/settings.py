@@ -464,7 +464,8 @@ WEBHOOK_SOURCES: dict[str, Any] = envjson(
     if INSTALL_EXAMPLES
     else {},
 )
-# `manage.py webhooks purge` deletes delivery records older than this by default.
+# `manage.py webhooks purge` deletes delivery records older than this by default (not those whose
+# action is pending, nor failed ones unless --include-failed).
 WEBHOOKS_RETENTION_DAYS = envint("WEBHOOKS_RETENTION_DAYS", 30)
 # A source with "act": "later" answers 202 once the delivery is committed, and a worker runs its
 # action (README "Acting now or later"). A try that fails is made again after 5 s, 15 s, 45 s, ...

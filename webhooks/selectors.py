@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, TypedDict
 
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 
 from webhooks.conf import raw_sources, source_problems
-from webhooks.models import Outcome, WebhookDelivery
+from webhooks.models import ActionState, Outcome, WebhookDelivery
 
 
 class SourceSummary(TypedDict):
@@ -53,8 +53,20 @@ def describe_action(action: dict[str, Any]) -> str:
     return str(kind)
 
 
-def deliveries_received_before(cutoff: datetime) -> QuerySet[WebhookDelivery]:
-    return WebhookDelivery.objects.filter(received_at__lt=cutoff)
+def deliveries_received_before(cutoff: datetime, *, include_failed: bool = False) -> QuerySet[WebhookDelivery]:
+    """What the retention purge deletes: deliveries received before ``cutoff``, except those whose
+    action is pending (accepted work not yet done: deleting it would lose it, and let the event be
+    accepted again) or, unless ``include_failed``, failed (it waits for an operator to act again)."""
+    kept = [ActionState.PENDING] if include_failed else [ActionState.PENDING, ActionState.FAILED]
+    return WebhookDelivery.objects.filter(received_at__lt=cutoff).exclude(action_state__in=kept)
+
+
+def open_actions_received_before(cutoff: datetime) -> dict[str, int]:
+    """Deliveries received before ``cutoff`` whose action is pending or failed, counted by state."""
+    rows = WebhookDelivery.objects.filter(
+        received_at__lt=cutoff, action_state__in=[ActionState.PENDING, ActionState.FAILED]
+    )
+    return dict(rows.order_by().values_list("action_state").annotate(n=Count("pk")))
 
 
 def accepted_body_digest(*, source: str, event_id: str) -> tuple[int, str] | None:

@@ -41,7 +41,7 @@ from webhooks.actions import ActionDeferred, ActionRefused, ActionResult, Event,
 from webhooks.conf import Source, source_get
 from webhooks.metrics import ACTION_TRIES, DELIVERIES
 from webhooks.models import ActionState, Outcome, WebhookDelivery
-from webhooks.selectors import accepted_body_digest, deliveries_received_before
+from webhooks.selectors import accepted_body_digest, deliveries_received_before, open_actions_received_before
 from webhooks.statements import insert_delivery, record_result
 from webhooks.verify import SCHEMES, MalformedEvent, SignatureRejected
 from workflows import outbox
@@ -502,17 +502,41 @@ def delivery_act_again(delivery_ids: list[int], *, by: str) -> list[int]:
     return ids
 
 
+@dataclass(frozen=True)
+class DeliveryPurgeResult(PurgeResult):
+    kept_pending: int = 0  # older, and kept: their action is pending
+    kept_failed: int = 0  # older, and kept: their action failed (include_failed deletes them)
+
+
 def delivery_purge(
-    *, older_than: timedelta | None = None, dry_run: bool = False, now: datetime | None = None
-) -> PurgeResult:
+    *,
+    older_than: timedelta | None = None,
+    dry_run: bool = False,
+    include_failed: bool = False,
+    now: datetime | None = None,
+) -> DeliveryPurgeResult:
     """Delete delivery records received before now - ``older_than`` (default WEBHOOKS_RETENTION_DAYS),
-    in batches of short transactions, as the ledger's record_purge does.
+    in batches of short transactions, as the ledger's record_purge does. A delivery whose action is
+    pending is kept, however old (it is work not yet done), and so is a failed one unless
+    ``include_failed`` (an operator's decision that it will not be acted on again).
 
     Deleting an accepted row lets the same event id be accepted again: a sender that replays an
     event older than the retention period starts its work again (a workflow start still answers
     with the run its idempotency key already has; a settled operation stays as it is)."""
     cutoff = retention_cutoff(older_than, default_days=settings.WEBHOOKS_RETENTION_DAYS, now=now)
-    result = purge_in_batches(deliveries_received_before(cutoff), cutoff=cutoff, dry_run=dry_run)
+    result = purge_in_batches(
+        deliveries_received_before(cutoff, include_failed=include_failed), cutoff=cutoff, dry_run=dry_run
+    )
+    kept = open_actions_received_before(cutoff)
+    pending, failed = kept.get(ActionState.PENDING, 0), 0 if include_failed else kept.get(ActionState.FAILED, 0)
     if not dry_run:
-        logger.info("purged %d webhook deliveries received before %s", result.count, cutoff.isoformat())
-    return result
+        logger.info(
+            "purged %d webhook deliveries received before %s (kept %d pending, %d failed)",
+            result.count,
+            cutoff.isoformat(),
+            pending,
+            failed,
+        )
+    return DeliveryPurgeResult(
+        count=result.count, cutoff=cutoff, dry_run=dry_run, kept_pending=pending, kept_failed=failed
+    )

@@ -22,9 +22,13 @@ def run(*args: str) -> str:
     return out.getvalue()
 
 
-def delivery(age: timedelta) -> WebhookDelivery:
+def delivery(age: timedelta, action_state: str = "", event_id: str = "") -> WebhookDelivery:
     return WebhookDelivery.objects.create(
-        source="runs", event_id=f"evt_{age.days}", outcome="accepted", received_at=timezone.now() - age
+        source="runs",
+        event_id=event_id or f"evt_{age.days}",
+        outcome="accepted",
+        received_at=timezone.now() - age,
+        action_state=action_state,
     )
 
 
@@ -48,6 +52,30 @@ def test_purge_older_than_and_dry_run() -> None:
     assert WebhookDelivery.objects.count() == 1
     assert "Deleted 1" in run("purge", "--older-than", "48h")
     assert WebhookDelivery.objects.count() == 0
+
+
+def test_purge_keeps_pending_actions_and_failed_ones_unless_asked() -> None:
+    old = timedelta(days=40)
+    done, refused = delivery(old, "done", "evt_done"), delivery(old, "refused", "evt_refused")
+    pending, failed = delivery(old, "pending", "evt_pending"), delivery(old, "failed", "evt_failed")
+
+    dry = run("purge", "--dry-run")
+    out = run("purge")
+
+    assert "Would delete 2 webhook delivery record(s)" in dry
+    assert "Kept 1 older delivery(ies) whose action is pending" in dry
+    assert "Kept 1 older delivery(ies) whose action failed" in dry and "--include-failed" in dry
+    assert "Deleted 2 webhook delivery record(s)" in out and "Kept 1" in out
+    assert set(WebhookDelivery.objects.values_list("pk", flat=True)) == {pending.pk, failed.pk}
+    assert not WebhookDelivery.objects.filter(pk__in=[done.pk, refused.pk]).exists()
+
+    dry = run("purge", "--include-failed", "--dry-run")
+    out = run("purge", "--include-failed")
+
+    assert "Would delete 1 webhook delivery record(s)" in dry and "action failed" not in dry
+    assert "Deleted 1 webhook delivery record(s)" in out and "action failed" not in out
+    assert "Kept 1 older delivery(ies) whose action is pending" in out
+    assert list(WebhookDelivery.objects.values_list("pk", flat=True)) == [pending.pk]
 
 
 def test_purge_refuses_a_bad_or_zero_duration() -> None:

@@ -1,5 +1,6 @@
 """``manage.py webhooks sources`` (the configured sources, no secrets), ``manage.py webhooks
-purge [--older-than 30d] [--dry-run]`` (the retention of delivery records), and for sources that
+purge [--older-than 30d] [--dry-run] [--include-failed]`` (the retention of delivery records:
+never a pending action, a failed one only when asked), and for sources that
 act later ``manage.py webhooks sweep`` (send lost actions again, as beat does) and ``manage.py
 webhooks act-again <delivery id> ...`` (failed or pending actions tried now)."""
 
@@ -24,6 +25,11 @@ class Command(BaseCommand):
         purge = commands.add_parser("purge", help="Delete delivery records older than the retention period.")
         days = settings.WEBHOOKS_RETENTION_DAYS
         add_retention_arguments(purge, which="records received", setting="WEBHOOKS_RETENTION_DAYS", days=days)
+        purge.add_argument(
+            "--include-failed",
+            action="store_true",
+            help="Delete old deliveries whose action failed too (kept by default, to be acted on again).",
+        )
         commands.add_parser("sweep", help="Send the actions of pending deliveries whose task was lost again.")
         again = commands.add_parser(
             "act-again",
@@ -54,7 +60,9 @@ class Command(BaseCommand):
 
     def purge(self, options: dict[str, Any]) -> None:
         try:
-            result = delivery_purge(older_than=options["older_than"], dry_run=options["dry_run"])
+            result = delivery_purge(
+                older_than=options["older_than"], dry_run=options["dry_run"], include_failed=options["include_failed"]
+            )
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         for line in purge_report(
@@ -65,3 +73,11 @@ class Command(BaseCommand):
             default_days=settings.WEBHOOKS_RETENTION_DAYS,
         ):
             self.stdout.write(line)
+        if result.kept_pending:
+            pending = result.kept_pending
+            self.stdout.write(f"Kept {pending} older delivery(ies) whose action is pending (work not yet done).")
+        if result.kept_failed:
+            self.stdout.write(
+                f"Kept {result.kept_failed} older delivery(ies) whose action failed: act on them again "
+                "(webhooks act-again <id>, or the admin), or delete them with --include-failed."
+            )
