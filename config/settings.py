@@ -20,7 +20,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 DEBUG = envbool("DEBUG", False)
 # SECRET_KEY signs sessions, CSRF tokens and password-reset links: whoever knows it can forge them.
-# It also keys the webhook body digests (webhooks.services.body_digest).
+# It also keys the webhook body digests and replay keys (webhooks.services.body_digest, replay_key).
 # The development default is public, so without DEBUG the process refuses to start rather than
 # use it (scripts/run.sh generates a key into var/, the tests set their own).
 INSECURE_SECRET_KEY = "insecure-development-key-change-me"

@@ -86,8 +86,8 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin[WebhookDelivery]):
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
         # The raw body is never shown, so it may not be filtered on either: a filter on it in the
         # URL (?raw_body__data__email__startswith=a) would read it out a character at a time. Nor
-        # the body's digest, which is never shown either.
-        if lookup.split("__", 1)[0] in ("raw_body", "body_digest"):
+        # the body's digest and replay key, which are never shown either.
+        if lookup.split("__", 1)[0] in ("raw_body", "body_digest", "replay_key"):
             return False
         return super().lookup_allowed(lookup, value, request)
 

@@ -34,6 +34,7 @@ class ActionState(models.TextChoices):
 
 
 ACCEPTED_ONCE = "webhook_accepted_once"
+SIGNED_BODY_ONCE = "webhook_signed_body_once"
 
 
 class WebhookDelivery(models.Model):
@@ -58,6 +59,10 @@ class WebhookDelivery(models.Model):
     # and no copy of its body. Keyed, and never shown: a plain hash of a body with personal data
     # would let anyone who reads the row test guesses of what the redaction took out.
     body_digest = models.CharField(max_length=64, blank=True, default="", db_default="")
+    # For a scheme that signs the body only (github): a keyed digest of the source and the body,
+    # unique among accepted rows, so that a captured delivery sent again under a new event id is a
+    # duplicate, as one under its own id is. Blank for the schemes that sign the id. Never shown.
+    replay_key = models.CharField(max_length=64, blank=True, default="", db_default="")
     # What it did.
     run = models.ForeignKey("workflows.WorkflowRun", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     operation_key = models.CharField(max_length=255, blank=True)
@@ -83,7 +88,12 @@ class WebhookDelivery(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["source", "event_id"], condition=Q(outcome=Outcome.ACCEPTED), name=ACCEPTED_ONCE
-            )
+            ),
+            models.UniqueConstraint(
+                fields=["source", "replay_key"],
+                condition=Q(outcome=Outcome.ACCEPTED) & ~Q(replay_key=""),
+                name=SIGNED_BODY_ONCE,
+            ),
         ]
         indexes = [
             models.Index(fields=["source", "event_id"], name="webhook_source_event"),

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any, NamedTuple, TypedDict
 
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from webhooks.conf import raw_sources, source_problems
 from webhooks.models import ActionState, Outcome, WebhookDelivery
@@ -69,8 +69,19 @@ def open_actions_received_before(cutoff: datetime) -> dict[str, int]:
     return dict(rows.order_by().values_list("action_state").annotate(n=Count("pk")))
 
 
-def accepted_body_digest(*, source: str, event_id: str) -> tuple[int, str] | None:
-    """The accepted delivery of the event, its id and its body's digest (blank if it was accepted
-    before digests were kept); None if there is none (purged already)."""
-    accepted = WebhookDelivery.objects.filter(source=source, event_id=event_id, outcome=Outcome.ACCEPTED)
-    return accepted.order_by().values_list("pk", "body_digest").first()
+class AcceptedLike(NamedTuple):
+    pk: int
+    event_id: str
+    body_digest: str  # blank if it was accepted before digests were kept
+    replay_key: str
+
+
+def accepted_like(*, source: str, event_id: str, replay_key: str) -> AcceptedLike | None:
+    """The accepted delivery a duplicate repeats: the source's accepted row with the same signed
+    body (``replay_key``, when the scheme signs the body only), else with the same event id; None if
+    there is none (purged already)."""
+    same = Q(event_id=event_id) | Q(replay_key=replay_key) if replay_key else Q(event_id=event_id)
+    accepted = WebhookDelivery.objects.filter(same, source=source, outcome=Outcome.ACCEPTED)
+    rows = accepted.order_by().values_list("pk", "event_id", "body_digest", "replay_key")[:2]
+    found = sorted((AcceptedLike(*row) for row in rows), key=lambda row: not replay_key or row.replay_key != replay_key)
+    return found[0] if found else None

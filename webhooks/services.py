@@ -7,7 +7,9 @@ nothing; ``delivery_receive`` records what became of it:
 - accepted: the accepted row and the action's work in ONE transaction (``delivery_accept``). The
   partial unique constraint on (source, event_id) for accepted rows makes a second delivery of the
   same event wait for the first to commit, and then not write its accepted row (an insert that
-  does nothing on that conflict, ``webhooks.statements``): it never runs the action;
+  does nothing on that conflict, ``webhooks.statements``): it never runs the action. Where the
+  scheme signs the body only (github), (source, replay_key) is unique the same way: the same
+  signed body under another event id is a second delivery too;
 - duplicate: that row, nothing else.
 
 A source with ``act: later`` is accepted differently (``delivery_accept_later``): the event's
@@ -41,9 +43,9 @@ from webhooks.actions import ActionDeferred, ActionRefused, ActionResult, Event,
 from webhooks.conf import Source, source_get
 from webhooks.metrics import ACTION_TRIES, DELIVERIES
 from webhooks.models import ActionState, Outcome, WebhookDelivery
-from webhooks.selectors import accepted_body_digest, deliveries_received_before, open_actions_received_before
+from webhooks.selectors import accepted_like, deliveries_received_before, open_actions_received_before
 from webhooks.statements import insert_delivery, record_result
-from webhooks.verify import SCHEMES, MalformedEvent, SignatureRejected
+from webhooks.verify import ID_UNSIGNED, SCHEMES, MalformedEvent, SignatureRejected
 from workflows import outbox
 from workflows.conf import conf as workflows_conf
 from workflows.storable import MAX_JSON_DEPTH, json_loads_strict, json_problem
@@ -84,6 +86,7 @@ class Checked:
     event_id: str
     body: Any  # the parsed JSON
     digest: str  # body_digest() of the body as received
+    replay_key: str = ""  # replay_key() of it, for a scheme that signs the body only
 
 
 # What of a delivery's headers is kept: anyone may send a configured source a request, and its
@@ -133,7 +136,12 @@ def check_delivery(*, source: Source, headers: Mapping[str, str], body: bytes, n
         raise Rejection(401, exc.reason, exc.message) from None
     except MalformedEvent as exc:
         raise Rejection(400, "parse_error", str(exc)) from None
-    return Checked(event_id=event_id, body=parse_json(body), digest=body_digest(source.name, event_id, body))
+    return Checked(
+        event_id=event_id,
+        body=parse_json(body),
+        digest=body_digest(source.name, event_id, body),
+        replay_key=replay_key(source.name, body) if source.scheme in ID_UNSIGNED else "",
+    )
 
 
 def body_digest(source: str, event_id: str, body: bytes) -> str:
@@ -146,6 +154,15 @@ def body_digest(source: str, event_id: str, body: bytes) -> str:
     new SECRET_KEY makes new digests: a replay of an event accepted before it keeps its body."""
     named = f"{source}\0{event_id}\0".encode()
     return salted_hmac("webhooks.body_digest", named + body, algorithm="sha256").hexdigest()
+
+
+def replay_key(source: str, body: bytes) -> str:
+    """What identifies a delivery of a scheme that signs its body only (github), whatever event id
+    it claims: HMAC-SHA256 of the source and the body under a key derived from SECRET_KEY (keyed for
+    the reason ``body_digest`` is). One accepted row per source has it: the same signed body sent
+    again under a new X-GitHub-Delivery is a duplicate. A new SECRET_KEY makes new keys: a body
+    accepted before it would be accepted once more."""
+    return salted_hmac("webhooks.replay_key", f"{source}\0".encode() + body, algorithm="sha256").hexdigest()
 
 
 def parse_json(body: bytes) -> Any:
@@ -238,19 +255,30 @@ def _row(*, source: Source, headers: Mapping[str, str], size: int, checked: Chec
         "headers": redact_headers(headers),
         "body": redact(checked.body),
         "body_digest": checked.digest,
+        "replay_key": checked.replay_key,
         "size": size,
     }
 
 
 def _record_duplicate(row: dict[str, Any], *, received_at: datetime) -> WebhookDelivery:
-    """Record a second delivery of an event the source accepted. Its body is kept only if it is not
-    the accepted delivery's (by ``body_digest``): a captured delivery replayed within the signature's
-    tolerance stores its headers each time, never another copy of a body of up to max_body_bytes."""
+    """Record a second delivery of an event the source accepted (by its id, or by its body where the
+    scheme signs the body only). Its body is kept only if it is not the accepted delivery's (by
+    ``body_digest``, or the replay key): a captured delivery replayed stores its headers each time,
+    never another copy of a body of up to max_body_bytes."""
     duplicate = WebhookDelivery(outcome=Outcome.DUPLICATE, received_at=received_at, **row)
-    first = accepted_body_digest(source=row["source"], event_id=row["event_id"])
-    if first is not None and row["body_digest"] and first[1] == row["body_digest"]:
+    first = accepted_like(source=row["source"], event_id=row["event_id"], replay_key=row["replay_key"])
+    if first is not None and first.replay_key and first.replay_key == row["replay_key"]:
         duplicate.body = None
-        duplicate.message = f"the body of accepted delivery {first[0]}, not kept again"
+        if first.event_id == row["event_id"]:
+            duplicate.message = f"the body of accepted delivery {first.pk}, not kept again"
+        else:  # the id is not signed: the body is what was accepted
+            duplicate.message = (
+                f"the signed body of accepted delivery {first.pk} (event {first.event_id}) under another "
+                "event id: a replay, not acted on; its body is not kept again"
+            )
+    elif first is not None and row["body_digest"] and first.body_digest == row["body_digest"]:
+        duplicate.body = None
+        duplicate.message = f"the body of accepted delivery {first.pk}, not kept again"
     insert_delivery(duplicate)
     return duplicate
 

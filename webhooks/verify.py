@@ -12,7 +12,8 @@ a sender may sign with the old or the new secret while one is rotated.
 - ``stripe``: ``Stripe-Signature: t=<ts>,v1=<hex HMAC-SHA256 of "{t}.{body}">`` (several ``v1``
   allowed); the event id is the JSON body's ``id``.
 - ``github``: ``X-Hub-Signature-256: sha256=<hex HMAC-SHA256 of body>``; the id is
-  ``X-GitHub-Delivery``. No timestamp: replays are caught by the id alone.
+  ``X-GitHub-Delivery``. No timestamp, and the id is not signed: a captured delivery can be sent
+  again under a new id, so its body is what identifies it too (``ID_UNSIGNED``).
 """
 
 from __future__ import annotations
@@ -189,6 +190,9 @@ def verify_github(
 
 Verifier = Callable[..., str]
 SCHEMES: dict[str, Verifier] = {"standard": verify_standard, "stripe": verify_stripe, "github": verify_github}
+# Schemes whose signature does not cover the event id (nor a timestamp): only the body is vouched
+# for, so a delivery's identity is its body as well as its id.
+ID_UNSIGNED = frozenset({"github"})
 
 
 # --- signing: what a sender does (the tests, and a provider written in Python) --------------------

@@ -23,7 +23,7 @@ from webhooks import actions
 from webhooks.conf import source_problems
 from webhooks.models import ActionState, WebhookDelivery
 from webhooks.services import act_backoff, body_digest, delivery_act, delivery_act_again, delivery_sweep
-from webhooks.tests.support import SECRET, SOURCES, encode, perform_workflow_with, standard_headers
+from webhooks.tests.support import SECRET, SOURCES, encode, github_headers, perform_workflow_with, standard_headers
 from workflows.models import WorkflowRun
 from workflows.services import run_start
 
@@ -115,6 +115,29 @@ def test_a_replay_is_a_duplicate_before_and_after_the_action(sent: list[Any]) ->
         (None, None, f"the body of accepted delivery {delivery.pk}, not kept again")
     ] * 2
     assert {d.body_digest for d in duplicates} == {body_digest("later", "evt_1", encode(EVENT))}
+
+
+def test_a_github_body_sent_again_under_a_new_delivery_id_is_a_duplicate_acting_later(
+    sent: list[Any], settings: Any
+) -> None:
+    settings.WEBHOOK_SOURCES = {**SOURCES, "hub-later": {**SOURCES["hub"], "act": "later"}}
+    raw = encode(EVENT)
+
+    def post_hub(delivery_id: str) -> Any:
+        headers = github_headers(raw, delivery_id)
+        return Client().post("/webhooks/hub-later/", data=raw, content_type="application/json", headers=headers)
+
+    first = post_hub("guid-1")
+    assert first.status_code == 202
+    before = post_hub("guid-2")  # before the action
+    delivery_act(first.json()["delivery"])
+    after = post_hub("guid-3")  # and after it
+
+    assert before.json() == after.json() == {"status": "duplicate"}
+    assert WorkflowRun.objects.count() == 1 and acts(sent) == [first.json()["delivery"]]
+    replays = WebhookDelivery.objects.filter(outcome="duplicate")
+    assert sorted(replays.values_list("event_id", flat=True)) == ["guid-2", "guid-3"]
+    assert all(d.body is None and d.raw_body is None and "under another event id" in d.message for d in replays)
 
 
 def test_an_event_of_the_wrong_shape_is_still_a_400_before_anything_is_kept(sent: list[Any]) -> None:
@@ -363,7 +386,14 @@ def test_no_filter_in_the_admin_reads_the_raw_body(users: Users) -> None:
     client = login(User.objects.get(pk=carol.pk))
     url = "/admin/webhooks/webhookdelivery/"
 
-    lookups = ("raw_body__data__email", "raw_body__data__email__startswith", "raw_body__isnull", "body_digest")
+    lookups = (
+        "raw_body__data__email",
+        "raw_body__data__email__startswith",
+        "raw_body__isnull",
+        "body_digest",
+        "replay_key",
+        "replay_key__startswith",
+    )
     for lookup in lookups:
         response = client.get(url, {lookup: "alice@example.com" if "email" in lookup else "False"})
         # refused (Django answers a disallowed lookup 400), not a list that says yes or no

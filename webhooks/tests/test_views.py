@@ -15,7 +15,7 @@ from ledger.models import ExternalOperation, OperationEvent
 from ledger.tests.support import make_operation
 from tests.support import statements_sent
 from webhooks.models import WebhookDelivery
-from webhooks.services import body_digest
+from webhooks.services import body_digest, replay_key
 from webhooks.tests.support import (
     ROTATED,
     SOURCES,
@@ -186,6 +186,52 @@ def test_a_replayed_outcome_is_a_duplicate_and_settles_nothing_twice() -> None:
     assert ExternalOperation.objects.get(key="refund:9:2").status == "succeeded"
     assert OperationEvent.objects.count() == events
     assert sorted(WebhookDelivery.objects.values_list("outcome", flat=True)) == ["accepted", "duplicate"]
+
+
+def test_a_github_delivery_sent_again_under_a_new_delivery_id_is_a_duplicate() -> None:
+    # given a delivery accepted at a source whose scheme signs the body only (github)
+    body = encode(EVENT)
+    assert post("hub", body, github_headers(body, "guid-1")).status_code == 202
+    accepted = WebhookDelivery.objects.get(outcome="accepted")
+    assert accepted.replay_key == replay_key("hub", body)
+
+    # when someone who captured it sends it again under a new X-GitHub-Delivery, its signature and
+    # all, and GitHub redelivers it under its own id
+    again = post("hub", body, github_headers(body, "guid-forged"))
+    redelivered = post("hub", body, github_headers(body, "guid-1"))
+
+    # then both are duplicates: one run, and the replay names the accepted delivery it repeats
+    assert again.status_code == redelivered.status_code == 200 and again.json() == {"status": "duplicate"}
+    assert WorkflowRun.objects.count() == 1
+    forged = WebhookDelivery.objects.get(event_id="guid-forged")
+    assert (forged.outcome, forged.body) == ("duplicate", None)
+    assert forged.message.startswith(f"the signed body of accepted delivery {accepted.pk} (event guid-1) under another")
+    second = WebhookDelivery.objects.get(event_id="guid-1", outcome="duplicate")
+    assert second.body is None and second.message == f"the body of accepted delivery {accepted.pk}, not kept again"
+
+    # and another body under a new id is another event
+    other = encode({**EVENT, "data": {"order": "1043"}})
+    assert post("hub", other, github_headers(other, "guid-2")).status_code == 202
+    assert WorkflowRun.objects.count() == 2
+
+
+def test_a_signed_id_keeps_events_with_equal_bodies_apart() -> None:
+    # the schemes that sign the event id (standard, stripe) keep no replay key: equal bodies under
+    # two signed ids are two events, as their sender said
+    body = encode(EVENT)
+    assert post("runs", body, standard_headers(body, "msg_1")).status_code == 202
+    assert post("runs", body, standard_headers(body, "msg_2")).status_code == 202
+    assert WorkflowRun.objects.count() == 2
+    assert set(WebhookDelivery.objects.values_list("replay_key", flat=True)) == {""}
+
+
+def test_a_replay_key_is_keyed_and_bound_to_its_source(settings: Any) -> None:
+    body = encode(EVENT)
+    key = replay_key("hub", body)
+    assert len(key) == 64 and key != hashlib.sha256(body).hexdigest() and key != body_digest("hub", "", body)
+    assert replay_key("hub2", body) != key
+    settings.SECRET_KEY = "another-secret-key-0123456789abcdefghijklmnop"
+    assert replay_key("hub", body) != key
 
 
 def test_the_same_event_id_at_another_source_is_another_event() -> None:
