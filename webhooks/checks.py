@@ -26,7 +26,30 @@ def check_sources(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             )
         for problem in source_problems(name, raw):
             messages.append(Error(f"webhook source {name!r}: {problem}", id="webhooks.E001"))
+    messages.extend(shared_secrets())
     return messages
+
+
+def shared_secrets() -> list[CheckMessage]:
+    """A secret configured for two sources: a delivery signed for one is accepted by the other as
+    well (no scheme signs the source's name), so one event captured on its way to the first could
+    be acted on by both."""
+    owners: dict[str, list[str]] = {}
+    for name, raw in raw_sources().items():
+        secrets = raw.get("secrets") if isinstance(raw, dict) else None
+        for secret in set(secrets) if isinstance(secrets, list) else ():
+            if isinstance(secret, str):
+                owners.setdefault(secret, []).append(str(name))
+    return [
+        Warning(
+            f"webhook sources {', '.join(map(repr, sorted(names)))} share a secret: a delivery signed for one "
+            "is accepted by the others too",
+            hint="Give each source a secret of its own.",
+            id="webhooks.W002",
+        )
+        for names in owners.values()
+        if len(names) > 1
+    ]
 
 
 @register()

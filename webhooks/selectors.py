@@ -79,9 +79,10 @@ class AcceptedLike(NamedTuple):
 def accepted_like(*, source: str, event_id: str, replay_key: str) -> AcceptedLike | None:
     """The accepted delivery a duplicate repeats: the source's accepted row with the same signed
     body (``replay_key``, when the scheme signs the body only), else with the same event id; None if
-    there is none (purged already)."""
+    there is none."""
     same = Q(event_id=event_id) | Q(replay_key=replay_key) if replay_key else Q(event_id=event_id)
-    accepted = WebhookDelivery.objects.filter(same, source=source, outcome=Outcome.ACCEPTED)
-    rows = accepted.order_by().values_list("pk", "event_id", "body_digest", "replay_key")[:2]
-    found = sorted((AcceptedLike(*row) for row in rows), key=lambda row: not replay_key or row.replay_key != replay_key)
-    return found[0] if found else None
+    accepted = WebhookDelivery.objects.filter(same, source=source, outcome=Outcome.ACCEPTED).order_by()
+    # At most two: one by each unique constraint.
+    rows = [AcceptedLike(*row) for row in accepted.values_list("pk", "event_id", "body_digest", "replay_key")]
+    same_body = [row for row in rows if replay_key and row.replay_key == replay_key]
+    return next(iter(same_body or rows), None)

@@ -44,7 +44,7 @@ from webhooks.conf import Source, source_get
 from webhooks.metrics import ACTION_TRIES, DELIVERIES
 from webhooks.models import ActionState, Outcome, WebhookDelivery
 from webhooks.selectors import accepted_like, deliveries_received_before, open_actions_received_before
-from webhooks.statements import insert_delivery, record_result
+from webhooks.statements import insert_accepted, insert_delivery, record_result
 from webhooks.verify import ID_UNSIGNED, SCHEMES, MalformedEvent, SignatureRejected
 from workflows import outbox
 from workflows.conf import conf as workflows_conf
@@ -267,7 +267,12 @@ def _record_duplicate(row: dict[str, Any], *, received_at: datetime) -> WebhookD
     never another copy of a body of up to max_body_bytes."""
     duplicate = WebhookDelivery(outcome=Outcome.DUPLICATE, received_at=received_at, **row)
     first = accepted_like(source=row["source"], event_id=row["event_id"], replay_key=row["replay_key"])
-    if first is not None and first.replay_key and first.replay_key == row["replay_key"]:
+    if first is None:
+        # The accepted insert met a conflict, but on no accepted row: its primary key (a sequence
+        # behind the table). Not a duplicate: an error, so that the sender is answered 500 and
+        # tries again, rather than an event lost behind a 200.
+        raise RuntimeError(f"webhook {row['source']} {row['event_id']}: the delivery's row could not be stored")
+    if first.replay_key and first.replay_key == row["replay_key"]:
         duplicate.body = None
         if first.event_id == row["event_id"]:
             duplicate.message = f"the body of accepted delivery {first.pk}, not kept again"
@@ -276,7 +281,7 @@ def _record_duplicate(row: dict[str, Any], *, received_at: datetime) -> WebhookD
                 f"the signed body of accepted delivery {first.pk} (event {first.event_id}) under another "
                 "event id: a replay, not acted on; its body is not kept again"
             )
-    elif first is not None and row["body_digest"] and first.body_digest == row["body_digest"]:
+    elif row["body_digest"] and first.body_digest == row["body_digest"]:
         duplicate.body = None
         duplicate.message = f"the body of accepted delivery {first.pk}, not kept again"
     insert_delivery(duplicate)
@@ -299,7 +304,7 @@ def delivery_accept(*, source: Source, headers: Mapping[str, str], size: int, ch
         delivery = WebhookDelivery(
             outcome=Outcome.ACCEPTED, action_state=ActionState.DONE, received_at=now, acted_at=now, **row
         )
-        if not insert_delivery(delivery):
+        if not insert_accepted(delivery):
             duplicate = _record_duplicate(row, received_at=now)
         else:
             duplicate = None
@@ -341,7 +346,7 @@ def delivery_accept_later(
         raw_body=checked.body,
         **row,
     )
-    if insert_delivery(delivery):
+    if insert_accepted(delivery):
         _send_act(delivery.pk, 0)
         message = "webhook %s %s accepted, to act on (delivery %s)"
         _delivered(delivery, logging.INFO, message, checked.event_id, delivery.pk)
@@ -550,7 +555,9 @@ def delivery_purge(
 
     Deleting an accepted row lets the same event id be accepted again: a sender that replays an
     event older than the retention period starts its work again (a workflow start still answers
-    with the run its idempotency key already has; a settled operation stays as it is)."""
+    with the run its idempotency key already has; a settled operation stays as it is). At a source
+    of the github scheme it lets the same body be accepted again under a new delivery id, which is
+    a new event with its own run."""
     cutoff = retention_cutoff(older_than, default_days=settings.WEBHOOKS_RETENTION_DAYS, now=now)
     result = purge_in_batches(
         deliveries_received_before(cutoff, include_failed=include_failed), cutoff=cutoff, dry_run=dry_run

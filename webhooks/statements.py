@@ -1,12 +1,15 @@
 """The endpoint's two statements for an accepted delivery, one round trip each (prepared on
 PostgreSQL, through ``workflows.statements``).
 
-``insert_delivery`` writes a delivery row unless it is a second accepted row of the same (source,
-event id), or of the same (source, replay key) where the scheme signs the body only: ``ON CONFLICT
-DO NOTHING`` on those partial unique indexes (the table's only unique ones but its key) waits for a
-concurrent insert of the event to commit (then there is a conflict: False) or roll back (then this
-one is written), so a duplicate is known without an error and a savepoint. ``record_result`` stores what the action
-did on the accepted row. Every field is written as Django's ``create`` and ``save`` would write it.
+``insert_accepted`` writes an accepted delivery row unless the source has one of the same event id,
+or of the same replay key where the scheme signs the body only: ``ON CONFLICT DO NOTHING`` waits
+for a concurrent insert of the event to commit (then there is a conflict: False) or roll back
+(then this one is written), so a duplicate is known without an error and a savepoint. It has no
+conflict target, because there are two such partial unique indexes, so a clash on the primary key
+(a sequence behind its table, after a restore) would read as a conflict too: the caller confirms
+that an accepted row is there (``services._record_duplicate``). ``insert_delivery`` writes any
+other row, with no ON CONFLICT. ``record_result`` stores what the action did on the accepted row.
+Every field is written as Django's ``create`` and ``save`` would write it.
 """
 
 from __future__ import annotations
@@ -19,10 +22,15 @@ ACCEPTED_ONCE = "DO NOTHING"
 RESULT_FIELDS = ("run", "operation_key", "submission", "result")
 
 
-def insert_delivery(delivery: WebhookDelivery) -> bool:
-    """Store ``delivery`` (its ``pk`` set); False, storing nothing, if it is an accepted row of an
-    event (or, ``replay_key`` set, of a body) that has one already."""
+def insert_accepted(delivery: WebhookDelivery) -> bool:
+    """Store the accepted ``delivery`` (its ``pk`` set); False, storing nothing, if the source has
+    an accepted row of its event (or, ``replay_key`` set, of its body) already."""
     return insert_instance(delivery, on_conflict=ACCEPTED_ONCE)
+
+
+def insert_delivery(delivery: WebhookDelivery) -> None:
+    """Store a duplicate (or any row but an accepted one): an error, not nothing, if it cannot be."""
+    insert_instance(delivery)
 
 
 def record_result(delivery: WebhookDelivery) -> None:

@@ -101,6 +101,8 @@ def purge_in_batches(expired: QuerySet[Any], *, cutoff: datetime, dry_run: bool)
         return PurgeResult(count=expired.count(), cutoff=cutoff, dry_run=True)
     total = 0
     while ids := list(expired.order_by("pk").values_list("pk", flat=True)[:PURGE_BATCH]):
-        deleted, _ = expired.model.objects.filter(pk__in=ids).delete()
+        # ``expired`` again in the DELETE: a row that changed since the SELECT (a failed webhook
+        # delivery an operator made pending again, say) is no longer the purge's to delete.
+        deleted, _ = expired.filter(pk__in=ids).delete()
         total += deleted
     return PurgeResult(count=total, cutoff=cutoff, dry_run=False)

@@ -75,6 +75,20 @@ def test_a_source_without_secrets_is_a_warning(settings: Any) -> None:
     assert [m.split(":")[0] for m in messages(settings, secrets=[])] == ["webhooks.W001"]
 
 
+def test_two_sources_sharing_a_secret_is_a_warning_that_names_them(settings: Any) -> None:
+    other = "another-secret-of-sixteen-bytes"
+    settings.WEBHOOK_SOURCES = {
+        "acme": GOOD,
+        "hub": {**GOOD, "secrets": [other, SECRET]},
+        "own": {**GOOD, "secrets": [other + "!"]},
+    }
+
+    [warning] = check_sources()
+
+    assert warning.id == "webhooks.W002" and warning.msg.startswith("webhook sources 'acme', 'hub' share a secret")
+    assert SECRET not in warning.msg and SECRET not in str(warning.hint)
+
+
 def test_a_workflow_action_naming_a_registered_workflow_passes(settings: Any) -> None:
     assert messages(settings, action={"type": "workflow", "workflow": "test.echo", "payload_from": "data"}) == []
 

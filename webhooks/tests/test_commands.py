@@ -8,12 +8,16 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from webhooks.models import WebhookDelivery
+from webhooks.services import delivery_act_again
 from webhooks.tests.support import SECRET, SOURCES
 
 pytestmark = pytest.mark.django_db
+
+EVENT = {"type": "order.paid", "data": {"order": "1042"}}
 
 
 def run(*args: str) -> str:
@@ -63,8 +67,8 @@ def test_purge_keeps_pending_actions_and_failed_ones_unless_asked() -> None:
     out = run("purge")
 
     assert "Would delete 2 webhook delivery record(s)" in dry
-    assert "Kept 1 older delivery(ies) whose action is pending" in dry
-    assert "Kept 1 older delivery(ies) whose action failed" in dry and "--include-failed" in dry
+    assert "Would keep 1 older delivery(ies) whose action is pending" in dry
+    assert "Would keep 1 older delivery(ies) whose action failed" in dry and "--include-failed" in dry
     assert "Deleted 2 webhook delivery record(s)" in out and "Kept 1" in out
     assert set(WebhookDelivery.objects.values_list("pk", flat=True)) == {pending.pk, failed.pk}
     assert not WebhookDelivery.objects.filter(pk__in=[done.pk, refused.pk]).exists()
@@ -76,6 +80,30 @@ def test_purge_keeps_pending_actions_and_failed_ones_unless_asked() -> None:
     assert "Deleted 1 webhook delivery record(s)" in out and "action failed" not in out
     assert "Kept 1 older delivery(ies) whose action is pending" in out
     assert list(WebhookDelivery.objects.values_list("pk", flat=True)) == [pending.pk]
+
+
+def test_a_failed_delivery_made_pending_while_the_purge_runs_is_not_deleted(monkeypatch: pytest.MonkeyPatch) -> None:
+    # given an old failed delivery, and an operator who acts on it again just after the purge
+    # selected it for deletion (--include-failed) and before its DELETE
+    failed = delivery(timedelta(days=40), "failed", "evt_failed")
+    WebhookDelivery.objects.filter(pk=failed.pk).update(raw_body=EVENT)  # what acting again acts on
+    monkeypatch.setattr("workflows.outbox.send_on_commit", lambda *args, **options: None)
+    delete, acted = QuerySet.delete, list[int]()
+
+    def act_again_then_delete(self: QuerySet[Any]) -> Any:
+        if self.model is WebhookDelivery and not acted:
+            acted.extend(delivery_act_again([failed.pk], by="operator"))
+        return delete(self)
+
+    monkeypatch.setattr(QuerySet, "delete", act_again_then_delete)
+
+    # when the purge deletes what it selected
+    out = run("purge", "--include-failed")
+
+    # then the DELETE checked the state again: the delivery, pending now, is kept
+    monkeypatch.undo()
+    assert acted == [failed.pk] and "Deleted 0 webhook delivery record(s)" in out
+    assert WebhookDelivery.objects.get(pk=failed.pk).action_state == "pending"
 
 
 def test_purge_refuses_a_bad_or_zero_duration() -> None:

@@ -215,6 +215,22 @@ def test_a_github_delivery_sent_again_under_a_new_delivery_id_is_a_duplicate() -
     assert WorkflowRun.objects.count() == 2
 
 
+def test_a_github_replay_matching_one_event_by_id_and_another_by_body_names_the_body() -> None:
+    # given two accepted github deliveries
+    first, second = encode(EVENT), encode({**EVENT, "data": {"order": "1043"}})
+    assert post("hub", first, github_headers(first, "guid-1")).status_code == 202
+    assert post("hub", second, github_headers(second, "guid-2")).status_code == 202
+
+    # when the first's body comes under the second's id
+    again = post("hub", first, github_headers(first, "guid-2"))
+
+    # then it is a duplicate of the first (the body is what its signature vouches for)
+    assert again.json() == {"status": "duplicate"} and WorkflowRun.objects.count() == 2
+    accepted = WebhookDelivery.objects.get(event_id="guid-1", outcome="accepted")
+    duplicate = WebhookDelivery.objects.get(outcome="duplicate")
+    assert duplicate.body is None and f"accepted delivery {accepted.pk} (event guid-1)" in duplicate.message
+
+
 def test_a_signed_id_keeps_events_with_equal_bodies_apart() -> None:
     # the schemes that sign the event id (standard, stripe) keep no replay key: equal bodies under
     # two signed ids are two events, as their sender said
@@ -232,6 +248,25 @@ def test_a_replay_key_is_keyed_and_bound_to_its_source(settings: Any) -> None:
     assert replay_key("hub2", body) != key
     settings.SECRET_KEY = "another-secret-key-0123456789abcdefghijklmnop"
     assert replay_key("hub", body) != key
+
+
+def test_a_clash_on_the_primary_key_is_a_500_for_the_sender_to_try_again_not_a_duplicate() -> None:
+    # given a row stored with the id the table's sequence hands out next (as after a restore that
+    # left the sequence behind)
+    taken = WebhookDelivery.objects.create(source="runs", event_id="evt_old", outcome="rejected")
+    WebhookDelivery.objects.create(pk=taken.pk + 1, source="runs", event_id="evt_restored", outcome="rejected")
+
+    # when a new event arrives, its accepted row gets that id
+    body = encode(EVENT)
+    response = post("runs", body, standard_headers(body, "msg_new"))
+
+    # then it is not taken for a duplicate of an event never accepted: a 500, recorded, and nothing done
+    assert response.status_code == 500 and response.json()["error"]["code"] == "action_failed"
+    assert not WebhookDelivery.objects.filter(outcome__in=["accepted", "duplicate"]).exists()
+    assert WorkflowRun.objects.count() == 0
+    # and the sender's next try is accepted
+    assert post("runs", body, standard_headers(body, "msg_new")).status_code == 202
+    assert WorkflowRun.objects.count() == 1
 
 
 def test_the_same_event_id_at_another_source_is_another_event() -> None:

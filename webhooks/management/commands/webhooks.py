@@ -73,11 +73,12 @@ class Command(BaseCommand):
             default_days=settings.WEBHOOKS_RETENTION_DAYS,
         ):
             self.stdout.write(line)
+        kept = "Would keep" if result.dry_run else "Kept"
         if result.kept_pending:
             pending = result.kept_pending
-            self.stdout.write(f"Kept {pending} older delivery(ies) whose action is pending (work not yet done).")
+            self.stdout.write(f"{kept} {pending} older delivery(ies) whose action is pending (work not yet done).")
         if result.kept_failed:
             self.stdout.write(
-                f"Kept {result.kept_failed} older delivery(ies) whose action failed: act on them again "
+                f"{kept} {result.kept_failed} older delivery(ies) whose action failed: act on them again "
                 "(webhooks act-again <id>, or the admin), or delete them with --include-failed."
             )
