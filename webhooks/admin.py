@@ -100,7 +100,7 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin[WebhookDelivery]):
         open_ = queryset.filter(action_state__in=[ActionState.FAILED, ActionState.PENDING])
         ids = delivery_act_again(list(open_.values_list("pk", flat=True)), by=f"admin user {request.user.pk}")
         for delivery in WebhookDelivery.objects.filter(pk__in=ids):
-            self.log_change(request, delivery, "Acted on again now.")
+            self.log_change(request, delivery, f"Acted on again now; {delivery.message.split('; ', 1)[-1]}.")
         self.message_user(request, f"{len(ids)} delivery(ies) will be acted on now.", messages.SUCCESS)
         if skipped := selected - len(ids):
             self.message_user(request, f"{skipped} neither failed nor pending: left as they were.", messages.WARNING)

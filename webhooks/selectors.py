@@ -50,7 +50,14 @@ def describe_action(action: dict[str, Any]) -> str:
         return f"start workflow {action.get('workflow')!r}"
     if kind == "operation_outcome":
         return f"settle {action.get('system')!r} operations"
+    if kind == "submission":
+        return f"submit to agent {action.get('kind')}/{action.get('name')} of account {action.get('account')!r}"
     return str(kind)
+
+
+def delivery_ids_among(ids: set[int]) -> set[int]:
+    """Which of ``ids`` are deliveries on record."""
+    return set(WebhookDelivery.objects.filter(pk__in=ids).values_list("pk", flat=True))
 
 
 def deliveries_received_before(cutoff: datetime, *, include_failed: bool = False) -> QuerySet[WebhookDelivery]:

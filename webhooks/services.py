@@ -510,29 +510,44 @@ def delivery_sweep(*, now: datetime | None = None, batch: int = 500) -> int:
 
 
 def delivery_act_again(delivery_ids: list[int], *, by: str) -> list[int]:
-    """An operator's "act now" (``by`` says who, for the log): the failed deliveries among
-    ``delivery_ids`` pending again with their tries counted from 0, the pending ones (waiting out a
-    back-off, their cause mended) due now, and their tasks sent; the ids of those. A row a try
-    holds is left to it."""
+    """An operator's "act now" (``by`` says who): the failed deliveries among ``delivery_ids``
+    pending again with their tries counted from 0, the pending ones (waiting out a back-off, their
+    cause mended) due now, and their tasks sent; the ids of those. A pending one whose tries were
+    all used by workers that stopped in them gets its tries from 0 too, as a failed one does. A row
+    a try holds is left to it.
+
+    Each row's message says who acted on it again and how it was before (its last failure), until
+    its next try ends; the log line says the same."""
     with transaction.atomic():
         rows = list(
             WebhookDelivery.objects.select_for_update(skip_locked=True)
             .filter(pk__in=delivery_ids, action_state__in=[ActionState.FAILED, ActionState.PENDING])
             .exclude(raw_body=None)
-            .values_list("pk", "action_state", "action_attempts")
+            .values_list("pk", "action_state", "action_attempts", "reason", "message")
         )
         now = timezone.now()
-        failed = [pk for pk, state, _ in rows if state == ActionState.FAILED]
-        WebhookDelivery.objects.filter(pk__in=failed).update(
-            action_state=ActionState.PENDING, action_attempts=0, reason="", message=""
-        )
-        WebhookDelivery.objects.filter(pk__in=[pk for pk, _, _ in rows]).update(act_after=now, swept_at=None)
-        for pk, state, tries in rows:
-            _send_act(pk, 0 if state == ActionState.FAILED else tries)
-    ids = [pk for pk, _, _ in rows]
-    if ids:
-        logger.info("webhooks: acting now on deliveries %s, by %s", ids, by, extra={"event": "delivery.act_again"})
-    return ids
+        for pk, state, tries, reason, message in rows:
+            before = f"{state} after {tries} tr{'y' if tries == 1 else 'ies'}" + (
+                f" ({reason}: {message})" if reason else ""
+            )
+            fresh = state == ActionState.FAILED or tries >= settings.WEBHOOKS_ACT_ATTEMPTS
+            WebhookDelivery.objects.filter(pk=pk).update(
+                action_state=ActionState.PENDING,
+                action_attempts=0 if fresh else tries,
+                reason="",
+                message=f"acted on again by {by}; before: {before}",
+                act_after=now,
+                swept_at=None,
+            )
+            _send_act(pk, 0 if fresh else tries)
+            logger.info(
+                "webhooks: acting now on delivery %s, by %s; before: %s",
+                pk,
+                by,
+                before,
+                extra={"event": "delivery.act_again"},
+            )
+    return [pk for pk, *_ in rows]
 
 
 @dataclass(frozen=True)

@@ -202,6 +202,11 @@ def test_a_failing_action_is_tried_again_with_a_back_off_then_failed_then_acted_
     assert delivery_act_again([delivery.pk, 99999], by="test") == [delivery.pk]
     delivery.refresh_from_db()
     assert (delivery.action_state, delivery.action_attempts, delivery.reason) == ("pending", 0, "")
+    # how it was before stays said on it until its next try ends
+    assert delivery.message == (
+        "acted on again by test; before: failed after 2 tries (action_failed: the event could not be acted on "
+        "(RuntimeError))"
+    )
     assert sent[-1][:2] == ("webhooks.act", (delivery.pk, 0))
 
     delivery_act(delivery.pk)
@@ -328,9 +333,12 @@ def test_commands_sweep_and_act_again(sent: list[Any], capsys: pytest.CaptureFix
         action_state="failed", act_after=timezone.now() - timedelta(hours=1)
     )
 
-    call_command("webhooks", "act-again", str(delivery.pk), "424242")
+    done = accepted("evt_2")
+    delivery_act(done.pk)
+    call_command("webhooks", "act-again", str(delivery.pk), "424242", str(done.pk))
     out, err = capsys.readouterr()
-    assert "1 delivery(ies) will be acted on now" in out and "neither failed nor pending" in err
+    assert "1 delivery(ies) will be acted on now" in out
+    assert "no delivery 424242\n" in err and f"{done.pk}: neither failed nor pending" in err
     WebhookDelivery.objects.filter(pk=delivery.pk).update(act_after=timezone.now() - timedelta(hours=1))
     call_command("webhooks", "sweep")
     assert "1 overdue action(s) sent again" in capsys.readouterr().out
@@ -370,7 +378,7 @@ def test_the_admin_acts_again_on_failed_deliveries_for_staff_who_may_change_them
     assert (entry.object_id, entry.user_id, entry.get_change_message()) == (
         str(failed.pk),
         carol.pk,
-        "Acted on again now.",
+        "Acted on again now; before: failed after 0 tries.",
     )
     detail = changer.get(f"{url}{failed.pk}/change/").content.decode()
     assert "alice@example.com" not in detail  # the raw body is never shown
@@ -400,6 +408,25 @@ def test_no_filter_in_the_admin_reads_the_raw_body(users: Users) -> None:
         assert response.status_code == 400, (lookup, response.status_code)
     assert client.get(url, {"source": "later"}).status_code == 200
     assert delivery.raw_body is not None
+
+
+def test_acting_again_on_a_pending_delivery_whose_tries_were_all_used_gives_it_its_tries_again(
+    sent: list[Any], settings: Any
+) -> None:
+    # given a pending delivery whose last try's worker was killed in it (every try used, none ended)
+    settings.WEBHOOKS_ACT_ATTEMPTS = 2
+    delivery = accepted()
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(action_attempts=2)
+
+    # when an operator acts on it now
+    assert delivery_act_again([delivery.pk], by="test") == [delivery.pk]
+
+    # then its try is made (not ended failed for the tries used before)
+    assert sent[-1][:2] == ("webhooks.act", (delivery.pk, 0))
+    delivery_act(delivery.pk, 0)
+    delivery.refresh_from_db()
+    assert (delivery.action_state, delivery.action_attempts) == ("done", 1)
+    assert WorkflowRun.objects.count() == 1
 
 
 def test_an_operator_cuts_a_pending_deliverys_back_off_short(sent: list[Any], settings: Any) -> None:

@@ -126,3 +126,12 @@ def test_sources_lists_each_without_secrets(settings: Any) -> None:
     assert "payments: stripe, 1 secret(s), settle 'payments' operations" in out
     assert "broken: nope" in out and "PROBLEMS: scheme must be one of" in out
     assert SECRET not in out
+
+
+def test_sources_names_a_submissions_agent_and_says_when_there_is_none(settings: Any) -> None:
+    action = {"type": "submission", "account": "acme", "kind": "test.chat", "name": "crm", "text_from": "data.text"}
+    settings.WEBHOOK_SOURCES = {"crm": {"scheme": "standard", "secrets": [SECRET], "action": action}}
+    assert "crm: standard, 1 secret(s), submit to agent test.chat/crm of account 'acme', acts now" in run("sources")
+
+    settings.WEBHOOK_SOURCES = {}
+    assert run("sources") == "No webhook source is configured (WEBHOOK_SOURCES_JSON).\n"

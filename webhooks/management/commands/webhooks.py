@@ -12,7 +12,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger.durations import add_retention_arguments, purge_report
-from webhooks.selectors import source_summaries
+from webhooks.selectors import delivery_ids_among, source_summaries
 from webhooks.services import delivery_act_again, delivery_purge, delivery_sweep
 
 
@@ -43,15 +43,22 @@ class Command(BaseCommand):
         elif options["command"] == "sweep":
             self.stdout.write(f"{delivery_sweep()} overdue action(s) sent again")
         elif options["command"] == "act-again":
-            count = len(delivery_act_again(options["ids"], by="manage.py webhooks act-again"))
-            self.stdout.write(f"{count} delivery(ies) will be acted on now")
-            if count < len(set(options["ids"])):
-                self.stderr.write("the others are neither failed nor pending: left as they were")
+            wanted = set(options["ids"])
+            acted = set(delivery_act_again(sorted(wanted), by="manage.py webhooks act-again"))
+            self.stdout.write(f"{len(acted)} delivery(ies) will be acted on now")
+            found = delivery_ids_among(wanted)
+            if missing := sorted(wanted - found):
+                self.stderr.write(f"no delivery {', '.join(map(str, missing))}")
+            if left := sorted(found - acted):
+                listed = ", ".join(map(str, left))
+                self.stderr.write(f"{listed}: neither failed nor pending, or a try is acting now: left as they were")
         else:
             self.purge(options)
 
     def sources(self) -> None:
-        for source in source_summaries():
+        if not (summaries := source_summaries()):
+            self.stdout.write("No webhook source is configured (WEBHOOK_SOURCES_JSON).")
+        for source in summaries:
             problems = f"  PROBLEMS: {'; '.join(source['problems'])}" if source["problems"] else ""
             self.stdout.write(
                 f"{source['name']}: {source['scheme']}, {source['secrets']} secret(s), {source['action']},"
