@@ -122,7 +122,7 @@ class SubmissionAdmin(ReadOnlyAdmin[Any]):
     """Work other systems handed an agent (the API, a webhook, a schedule, the command): what was
     submitted, under which key, and the turn that took it up."""
 
-    list_display = ("id", "agent", "status", "idempotency_key", "submitted_by", "created_at", "finished_at")
+    list_display = ("id", "agent", "status", "caller", "idempotency_key", "submitted_by", "created_at", "finished_at")
     list_filter = ("status", "agent__kind")
     list_select_related = ("agent__account", "submitted_by")
     search_fields = ("=id", "=idempotency_key", "agent__name", "agent__account__slug")
@@ -130,7 +130,9 @@ class SubmissionAdmin(ReadOnlyAdmin[Any]):
         "agent",
         "status",
         "turn",
+        "caller",
         "idempotency_key",
+        "fingerprint",
         "submitted_by",
         "messages",
         "metadata",

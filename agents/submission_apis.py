@@ -153,8 +153,8 @@ class AgentSubmissionsApi(ApiBase):
             NAME,
             AgentQuerySerializer,
             idempotency_key_parameter(
-                "Scoped to the agent. Same key and body again: 200 with the first submission. Same key, "
-                "other body: 409."
+                "Scoped to the agent and the caller (another member's same key is another submission). Same "
+                "key and body again: 200 with the first submission. Same key, other body: 409."
             ),
         ],
         request=InputSerializer,

@@ -37,6 +37,7 @@ from agents.services import (
 from workflows.exceptions import IdempotencyConflict, InvalidPayload, TransitionNotAllowed
 from workflows.services import check_json_size
 from workflows.statements import insert_instance
+from workflows.storable import text_problem
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -54,8 +55,13 @@ class SubmissionResult:
 
 def check_submission(messages: Any, metadata: Any) -> tuple[list[dict[str, str]], dict[str, Any]]:
     """The messages as stored (``[{"role": "user", "content": text}, ...]``) and the metadata, or
-    InvalidPayload saying what is wrong."""
-    limit = int(settings.AGENTS_MAX_SUBMISSION_MESSAGES)
+    InvalidPayload saying what is wrong.
+
+    Every message of a submission reaches the model in its turn, or the submission is refused: no
+    more of them than the model's history holds (AGENTS_HISTORY_MESSAGES), and no more characters
+    of them, as JSON, than it takes (AGENTS_HISTORY_CHARS). The JSON escapes each character past
+    ASCII, so 4,000 characters of Chinese are about 24,000 there."""
+    limit = min(int(settings.AGENTS_MAX_SUBMISSION_MESSAGES), int(settings.AGENTS_HISTORY_MESSAGES))
     if not isinstance(messages, list) or not 1 <= len(messages) <= limit:
         raise InvalidPayload(f"'messages' must be a list of 1 to {limit} messages")
     checked = []
@@ -68,12 +74,36 @@ def check_submission(messages: Any, metadata: Any) -> tuple[list[dict[str, str]]
             checked.append({"role": "user", "content": check_message(item.get("content"))})
         except InvalidPayload as exc:
             raise InvalidPayload(f"messages[{i}]: {exc}") from None
+    budget = int(settings.AGENTS_HISTORY_CHARS)
+    if (size := sum(len(json.dumps(message)) for message in checked)) > budget:
+        raise InvalidPayload(
+            f"the messages are {size:,} characters as the model reads them (JSON, each character past ASCII "
+            f"written as six); the limit is {budget:,}: send fewer or shorter messages"
+        )
     if metadata is None:
         metadata = {}
     if not isinstance(metadata, dict):
         raise InvalidPayload("'metadata' must be a JSON object")
     check_json_size(metadata, what="metadata")
+    try:
+        json.dumps(metadata, sort_keys=True)
+    except TypeError:  # keys that are not all text (JSON would make them text, and mix them)
+        raise InvalidPayload("'metadata' must be a JSON object: its keys text, at every level") from None
     return checked, metadata
+
+
+def check_key(value: Any, *, what: str, max_length: int) -> str:
+    """An idempotency key or a caller's name as given to ``submission_create``: text of at most
+    ``max_length`` characters that PostgreSQL can store (no NUL, no lone surrogate); "" for None."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidPayload(f"the {what} must be text")
+    if len(value) > max_length:
+        raise InvalidPayload(f"the {what} is {len(value):,} characters; the limit is {max_length}")
+    if (problem := text_problem(value)) is not None:
+        raise InvalidPayload(f"the {what} contains {problem}")
+    return value
 
 
 def fingerprint(messages: list[dict[str, str]], metadata: dict[str, Any]) -> str:
@@ -98,8 +128,8 @@ def submission_create(
     ``system``): a key is looked up among that caller's submissions only, so nobody can take
     another caller's key first (a member a webhook's ``<source>:<event id>``)."""
     checked, metadata = check_submission(messages, metadata)
-    key = idempotency_key or ""
-    caller = caller or (f"user:{user.pk}" if user is not None else "system")
+    key = check_key(idempotency_key, what="idempotency key", max_length=255)
+    caller = check_key(caller, what="caller", max_length=300) or (f"user:{user.pk}" if user is not None else "system")
     print_ = fingerprint(checked, metadata)
     with transaction.atomic():
         # The user's row (the lock order), then the agent's: submissions with one key, and the
@@ -153,11 +183,14 @@ def submission_cancel(*, submission: Submission, user: User | None) -> Submissio
     turn = Turn.objects.select_related("agent").get(pk=submission.turn_id)
     try:
         turn_stop(turn=turn, user=user)
-    except TransitionNotAllowed:
-        pass  # its turn ended between the two reads: the submission says how
+        refused = None
+    except TransitionNotAllowed as exc:
+        refused = exc  # its turn ended between the two reads (the submission says how), or kept changing
     submission.refresh_from_db()
-    if submission.status not in (SubmissionStatus.CANCELLED,) and submission.is_ended:
+    if submission.status != SubmissionStatus.CANCELLED and submission.is_ended:
         raise SubmissionNotCancellable(f"the submission has ended ({submission.status})", status=submission.status)
+    if refused is not None and submission.status != SubmissionStatus.CANCELLED:
+        raise refused  # not stopped, and not ended: the caller is told to try again, never a 200
     return submission
 
 

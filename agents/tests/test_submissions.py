@@ -12,13 +12,16 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
+from agents import services
 from agents.models import Message, Submission, SubmissionStatus, Turn, TurnStatus
 from agents.services import TooManyQueuedTurns, message_send
 from agents.submissions import submission_create
 from agents.tests.support import chat_agent, streamed_text, wait_ended
-from tests.factories import Users, api_login
+from agents.workflows import message_for_model, recent_history
+from tests.factories import Users, api_login, login
 from tests.fixtures import NoEnqueue
 from tests.support import Worker, statements_sent, wait_for
+from workflows.exceptions import InvalidPayload
 from workflows.models import RunStatus, WorkflowRun
 
 BASE = "/api/agents/test.chat/t/submissions"
@@ -120,6 +123,8 @@ def test_a_key_is_its_callers_own_so_nobody_takes_another_callers_key_first(
         {"messages": [{"content": "hi"}] * 21},
         {"messages": [{"content": "hi"}], "metadata": [1]},
         {"messages": [{"content": "hi"}], "other": 1},
+        # 20 messages the model could not all read: 96,000 characters, 480,000 as its JSON
+        {"messages": [{"content": f"{i:02}" + "\u6f22" * 3998} for i in range(20)]},
     ],
 )
 def test_a_bad_submission_is_a_400_and_nothing_is_stored(
@@ -176,6 +181,59 @@ def test_a_retry_is_answered_as_the_first_even_at_the_users_limit(
     assert other.status_code == 409
     assert new.status_code == 429
     assert Submission.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_every_message_of_a_submission_that_is_accepted_reaches_the_model(
+    users: Users, no_enqueue: NoEnqueue, settings: Any
+) -> None:
+    # the largest submission accepted, in characters that JSON writes as six each, behind a long
+    # conversation: the model's history keeps all of it (older messages make room)
+    settings.AGENTS_HISTORY_CHARS = 40_000
+    chat_agent(users.alice)
+    big = [{"content": f"{i:02}" + "\u6f22" * 300} for i in range(19)]  # 1,832 characters each as JSON
+    assert post(api_login(users.alice), {"messages": [*big, {"content": "\u6f22" * 900}]}, key="x").status_code == 400
+    big.append({"content": "19" + "\u6f22" * 300})  # 36,640 in all
+    older = [message_for_model("user", "earlier " * 500, None)] * 30
+    history = recent_history([*older, *(message_for_model("user", m["content"], None) for m in big)])
+    assert [m["content"][:2] for m in history[-20:]] == [f"{i:02}" for i in range(20)]
+    assert post(api_login(users.alice), {"messages": big}, key="y").status_code == 202
+
+
+@pytest.mark.django_db
+def test_agents_submit_refuses_a_bad_key_caller_or_metadata_with_invalid_payload(users: Users) -> None:
+    agent = chat_agent(users.alice)
+    bad: list[dict[str, Any]] = [
+        {"idempotency_key": "k" * 256},
+        {"idempotency_key": "a\x00b"},
+        {"idempotency_key": 5},
+        {"idempotency_key": "a\ud800"},
+        {"caller": "c" * 301},
+        {"metadata": {1: "x", "a": "y"}},
+    ]
+    for extra in bad:
+        with pytest.raises(InvalidPayload):
+            submission_create(agent=agent, user=users.alice, messages=[{"content": "hi"}], **extra)
+    assert not Submission.objects.exists() and not Turn.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_cancel_that_could_not_stop_the_turn_is_never_a_200(
+    users: Users, no_enqueue: NoEnqueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a pending submission whose turn keeps changing while it is being stopped
+    agent = chat_agent(users.alice)
+    crm = api_login(users.alice)
+    message_send(agent=agent, user=users.alice, text="hello")
+    pending = post(crm, said("first"), key="a").json()
+    monkeypatch.setattr(services, "_turn_stop_once", lambda **kwargs: None)
+
+    # when it is cancelled
+    answer = crm.post(f"/api/submissions/{pending['id']}/cancel")
+
+    # then the caller is told it was not (to try again), and it is still pending
+    assert answer.status_code == 409 and "try again" in answer.json()["error"]["message"]
+    assert Submission.objects.get(pk=pending["id"]).status == "pending"
 
 
 @pytest.mark.django_db
@@ -374,3 +432,20 @@ def test_past_the_pending_cap_a_submission_is_refused_until_one_runs(
     assert third.accepted and third.submission.status == SubmissionStatus.PENDING
     assert Submission.objects.get(pk=second.pk).status == SubmissionStatus.RUNNING
     assert Submission.objects.get(pk=first.pk).status == SubmissionStatus.ERROR
+
+
+@pytest.mark.django_db
+def test_the_admin_shows_whose_key_a_submission_is_under(users: Users, no_enqueue: NoEnqueue) -> None:
+    agent = chat_agent(users.alice)
+    webhook = submission_create(
+        agent=agent, user=None, messages=[{"content": "hi"}], idempotency_key="crm:evt_1", caller="webhook:crm"
+    )
+    staff = users.carol
+    staff.is_staff = staff.is_superuser = True
+    staff.save()
+
+    page = login(staff).get(f"/admin/agents/submission/{webhook.submission.pk}/change/").content.decode()
+    listed = login(staff).get("/admin/agents/submission/").content.decode()
+
+    assert "webhook:crm" in page and webhook.submission.fingerprint in page
+    assert "webhook:crm" in listed
