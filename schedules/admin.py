@@ -7,14 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
+from django.db.models import OuterRef, QuerySet, Subquery
 from django.forms import ModelForm
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from schedules.models import Schedule, ScheduleFiring
+from schedules.models import Outcome, Schedule, ScheduleFiring
 from schedules.services import schedule_fire, schedule_save, schedules_enable
 from workflows.admin import ReadOnlyAdmin, run_admin_link
 
@@ -36,7 +36,7 @@ class ScheduleAdmin(admin.ModelAdmin[Schedule]):
     ones with any payload, and submit to any account's agent. So only superusers add, change, fire
     or delete them; staff with the view permission see them and their firings."""
 
-    list_display = ("name", "what", "when", "enabled", "next_due_at", "last_fired_at", "firings_link")
+    list_display = ("name", "what", "when", "enabled", "next_due_at", "last_fired_at", "latest_outcome", "firings_link")
     list_filter = ("enabled", "action")
     search_fields = ("name", "workflow", "account", "agent_kind", "agent_name")
     actions = ("enable", "disable", "fire_now")
@@ -48,6 +48,19 @@ class ScheduleAdmin(admin.ModelAdmin[Schedule]):
         ("What: a submission to an agent", {"fields": ("account", "agent_kind", "agent_name", "message")}),
         ("Firings", {"fields": ("recent_firings", "created_at", "updated_at")}),
     )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Schedule]:
+        # The latest firing's outcome, in the list's one query: a schedule that fails every night
+        # says so there (its last_fired_at is when it last fired, however that went).
+        latest = ScheduleFiring.objects.filter(schedule=OuterRef("pk")).order_by("-fired_at", "-id")
+        return super().get_queryset(request).annotate(latest_outcome=Subquery(latest.values("outcome")[:1]))
+
+    @admin.display(description="latest outcome", ordering="latest_outcome")
+    def latest_outcome(self, schedule: Schedule) -> str:
+        outcome = getattr(schedule, "latest_outcome", None)
+        if outcome == Outcome.FAILED:
+            return format_html('<strong style="color: var(--error-fg)">{}</strong>', outcome)
+        return outcome or "-"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.is_superuser) and super().has_add_permission(request)

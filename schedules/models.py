@@ -101,7 +101,7 @@ class Schedule(models.Model):
 
         errors: dict[str, list[str]] = {}
         try:
-            self.spec()
+            self.spec().next_after(timezone.now())  # an expression with no due time ahead is refused too
         except SpecError as exc:
             field = "cron" if self.cron else "interval_seconds"
             if "time zone" in str(exc):

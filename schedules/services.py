@@ -94,6 +94,8 @@ def action_problems(schedule: Schedule) -> list[tuple[str, str]]:
         return [("action", f"the action is {Action.WORKFLOW} or {Action.SUBMISSION}")]
     problems = [(name, "required for a submission") for name in ("account", "agent_kind", "agent_name", "message")]
     problems = [(name, text) for name, text in problems if not getattr(schedule, name)]
+    if schedule.payload:  # it would be kept and never used
+        problems.append(("payload", "a submission sends its message: the payload is for a workflow; leave it empty"))
     if schedule.agent_kind and get_agent_class(schedule.agent_kind) is None:
         problems.append(("agent_kind", f"no agent kind {schedule.agent_kind!r} is registered{NOT_LOADED}"))
     if schedule.agent_name and not reachable_name(schedule.agent_name):
@@ -141,21 +143,40 @@ def _tick_one(schedule: Schedule, now: datetime, report: TickReport) -> None:
             report.armed += 1
             return
         due_at = spec.latest_due(schedule.next_due_at, now)  # the latest due time missed, if several
-        next_due = spec.next_after(due_at)
     except SpecError as exc:
-        # Only a row written around the checks (SQL, a bad migration) gets here: said, and stopped,
-        # rather than tried again at every tick.
-        logger.error("schedule %s disabled: %s", schedule.name, exc)
-        schedule.enabled = False
-        schedule.save(update_fields=["enabled", "updated_at"])
-        report.disabled.append(schedule.name)
+        _disable(schedule, exc, report)
         return
+    if due_at > schedule.next_due_at:
+        # The tick did not run at the due times before (beat or the workers were down): they are
+        # not made up, only the latest fires. Said, so that nobody wonders where they went.
+        logger.warning(
+            "schedule %s: due times from %s to before %s were missed; the latest, %s, fires",
+            schedule.name,
+            schedule.next_due_at.isoformat(),
+            due_at.isoformat(),
+            due_at.isoformat(),
+            extra={"event": "schedule.missed", "schedule": schedule.name},
+        )
     firing = fire_locked(schedule, due_at=due_at, trigger=Trigger.SCHEDULE, now=now)
     if firing is not None:
         report.fired.append(firing)
-    schedule.next_due_at = next_due
     schedule.last_fired_at = now
+    try:
+        schedule.next_due_at = spec.next_after(due_at)
+    except SpecError as exc:  # fired for due_at first: the due time it had is never lost
+        schedule.save(update_fields=["last_fired_at", "updated_at"])
+        _disable(schedule, exc, report)
+        return
     schedule.save(update_fields=["next_due_at", "last_fired_at", "updated_at"])
+
+
+def _disable(schedule: Schedule, exc: SpecError, report: TickReport) -> None:
+    """Only a row written around the checks (SQL, a bad migration) gets here: said, and stopped,
+    rather than tried again at every tick."""
+    logger.error("schedule %s disabled: %s", schedule.name, exc)
+    schedule.enabled = False
+    schedule.save(update_fields=["enabled", "updated_at"])
+    report.disabled.append(schedule.name)
 
 
 def fire_locked(schedule: Schedule, *, due_at: datetime, trigger: str, now: datetime) -> ScheduleFiring | None:

@@ -56,6 +56,28 @@ def test_the_list_and_a_schedule_page_show_when_what_and_the_latest_firings(caro
     assert firing.idempotency_key not in firings and str(firing.run_id) in firings  # the run's link
 
 
+def test_the_list_says_how_each_schedules_latest_firing_went(carol: User) -> None:
+    ok = workflow_schedule("ok", due=timezone.now() - timedelta(seconds=1), every=3600)
+    # ledger.reconcile refuses a payload key it does not know (the row skipped the admin's checks)
+    broken = workflow_schedule(
+        "broken", due=timezone.now() - timedelta(seconds=1), every=3600, workflow="ledger.reconcile", payload={"x": 1}
+    )
+    workflow_schedule("never", due=None, every=3600)  # armed by the tick, never fired
+    schedules_tick()
+    assert {f.schedule_id: f.outcome for f in ScheduleFiring.objects.all()} == {
+        ok.pk: Outcome.STARTED,
+        broken.pk: Outcome.FAILED,
+    }
+
+    listed = login(carol).get(URL).content.decode()
+
+    assert "Latest outcome" in listed
+    rows = {name: listed[listed.index(f">{name}<") :][:2000] for name in ("ok", "broken", "never")}
+    assert ">started<" in rows["ok"].split("</tr>")[0]
+    assert "failed</strong>" in rows["broken"].split("</tr>")[0]
+    assert ">-<" in rows["never"].split("</tr>")[0]
+
+
 def test_add_checks_the_schedule_and_works_out_its_next_due_time(carol: User) -> None:
     form = {"name": "hourly", "cron": "0 * * * *", "timezone": "UTC", "action": "workflow", "workflow": "test.echo"}
     client = login(carol)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 from datetime import UTC, datetime, timedelta
+from unittest.mock import ANY
 
 import pytest
 from django.apps import apps
@@ -59,6 +60,31 @@ def test_after_a_downtime_only_the_latest_missed_due_time_fires() -> None:
     assert [f.due_at for f in firings(schedule)] == [datetime(2025, 1, 6, 10, tzinfo=UTC)]
     schedule.refresh_from_db()
     assert schedule.next_due_at == datetime(2025, 1, 6, 11, tzinfo=UTC)
+
+
+def test_missed_due_times_are_said_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    schedule = workflow_schedule(due=datetime(2025, 1, 6, 7, tzinfo=UTC), every=None, cron="0 * * * *")
+
+    with caplog.at_level("WARNING", logger="schedules"):
+        schedules_tick(now=NOW)
+
+    [record] = [r for r in caplog.records if getattr(r, "event", "") == "schedule.missed"]
+    assert "from 2025-01-06T07:00:00+00:00 to before 2025-01-06T10:00:00+00:00 were missed" in record.getMessage()
+    assert len(firings(schedule)) == 1
+
+
+def test_a_due_time_years_before_the_next_fires_and_the_schedule_goes_on() -> None:
+    # given February 29 on a Sunday, due in 2032 (the next is in 2060)
+    due = datetime(2032, 2, 29, tzinfo=UTC)
+    schedule = workflow_schedule(due=due, every=None, cron="0 0 29 2 */7,0")
+
+    # when the tick runs at that time
+    report = schedules_tick(now=due + timedelta(seconds=3))
+
+    # then it fires for it, and is due next in 2060, still enabled
+    assert [f.due_at for f in report.fired] == [due] and report.disabled == []
+    schedule.refresh_from_db()
+    assert (schedule.enabled, schedule.next_due_at) == (True, datetime(2060, 2, 29, tzinfo=UTC))
 
 
 def test_not_due_disabled_and_unarmed_schedules_do_not_fire() -> None:
@@ -188,6 +214,13 @@ def test_a_schedule_is_checked_with_the_field_at_fault() -> None:
         incomplete.full_clean()
     assert set(refused.value.message_dict) == {"interval_seconds", "account", "agent_kind", "agent_name", "message"}
     assert "no agent kind 'nope'" in " ".join(refused.value.message_dict["agent_kind"])
+
+    account_ensure(slug="acme", name="Acme")
+    with_payload = submission_schedule(name="with-payload", due=None)
+    with_payload.payload = {"ignored": True}  # it would be kept and never used
+    with pytest.raises(ValidationError) as refused:
+        with_payload.full_clean()
+    assert refused.value.message_dict == {"payload": [ANY]} and "leave it empty" in str(refused.value)
 
 
 def test_the_migration_installs_the_nightly_reconcile_and_the_first_tick_arms_it() -> None:

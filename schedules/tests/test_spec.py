@@ -5,6 +5,7 @@ Pure functions: no database."""
 
 from __future__ import annotations
 
+import calendar
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -82,6 +83,17 @@ def test_fall_back_a_repeated_time_fires_once_unless_the_hour_is_a_star() -> Non
         at(2025, 10, 26, 1, 30),
         at(2025, 10, 26, 2, 30),
     ]
+
+
+@pytest.mark.parametrize("weekdays", ["*/7", "*/2", "*/3"])
+def test_february_29_on_given_weekdays_is_found_however_far_ahead(weekdays: str) -> None:
+    # both day fields restricted, the weekday's starting with "*": February 29 AND one of those
+    # weekdays, which recur up to 40 years apart (across 2100, which has no February 29)
+    cron = Cron.parse(f"0 0 29 2 {weekdays}")
+    for start in (2025, 2033, 2061, 2090, 2096):
+        leap_days = (datetime(year, 2, 29, tzinfo=UTC) for year in range(start, start + 60) if calendar.isleap(year))
+        expected = next(day for day in leap_days if day.isoweekday() % 7 in cron.weekdays)
+        assert cron.next_after(at(start, 1, 1)) == expected
 
 
 def test_the_latest_due_time_missed() -> None:
