@@ -37,7 +37,13 @@ def on_commit(fn: Callable[[], Any]) -> None:
 
 
 def send_on_commit(task: str, args: tuple[Any, ...], **options: Any) -> None:
-    """Send the Celery task named ``task`` with ``args`` once the current transaction commits."""
+    """Send the Celery task named ``task`` with ``args`` once the current transaction commits.
+
+    On RabbitMQ a ``countdown`` waits in its native delayed-delivery queues, which count whole
+    seconds: Celery refuses to send one of less than a second (ValueError), and the message would
+    be lost until a sweep. It is rounded up there, so a task is never due before its time."""
+    if options.get("countdown") and _on_rabbitmq():
+        options["countdown"] = math.ceil(options["countdown"])
     on_commit(lambda: _send(task, args, options))
 
 
@@ -66,10 +72,7 @@ def enqueue_run(run_id: UUID, *, queue: str, countdown: float | None = None) -> 
     """Ask a worker on ``queue`` (the run's) to advance the run once the current transaction commits."""
     options: dict[str, Any] = {"queue": queue}
     if countdown:
-        # On RabbitMQ a countdown waits in its native delayed-delivery queues, which count whole
-        # seconds: Celery refuses to send one of less than a second (ValueError), and the message
-        # would be lost until a sweep. Rounded up, it is never due before the run's timer.
-        options["countdown"] = math.ceil(countdown) if _on_rabbitmq() else countdown
+        options["countdown"] = countdown  # whole seconds on RabbitMQ (send_on_commit)
     send_on_commit(ADVANCE_TASK, (str(run_id),), **options)
 
 

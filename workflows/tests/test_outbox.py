@@ -103,3 +103,20 @@ def test_the_tasks_are_registered_under_the_names_the_outbox_sends() -> None:
         outbox.RUN_STEP_TASK,
         outbox.SWEEP_TASK,
     )
+
+
+@pytest.mark.parametrize(("broker_url", "sent"), [("amqp://guest@localhost//", 5), ("redis://localhost/0", 4.2)])
+def test_on_rabbitmq_every_countdown_is_whole_seconds_rounded_up(
+    monkeypatch: pytest.MonkeyPatch, broker_url: str, sent: float
+) -> None:
+    # a countdown of less than a second is refused by Celery on RabbitMQ (and its message lost until
+    # a sweep), whichever task it is for: a run's timer or a webhook's next try
+    monkeypatch.setattr(current_app.conf, "broker_url", broker_url)
+    captured: list[dict[str, Any]] = []
+    monkeypatch.setattr(outbox, "on_commit", lambda fn: fn())
+    monkeypatch.setattr(outbox, "_send", lambda task, args, options: captured.append(options))
+
+    outbox.send_on_commit("webhooks.act", (1, 1), queue="q", countdown=4.2)
+    outbox.enqueue_run(RUN_ID, queue="q", countdown=4.2)
+
+    assert [options["countdown"] for options in captured] == [sent, sent]
