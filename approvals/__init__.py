@@ -1,6 +1,7 @@
 """Versioned approval requests decided by people, waited for durably by workflows.
 
     from approvals import wait_for_approval, approve_current, decide, supersede_pending, decision_details
+    from approvals import approved_content
     from approvals import ApprovalRejected, ApprovalExpired, ApprovalSuperseded, ApprovalRefused
     from approvals import ApprovalDecision, Proposal
 
@@ -21,6 +22,7 @@ from approvals.exceptions import (
 from approvals.types import ApprovalDecision, Proposal
 
 if TYPE_CHECKING:  # what __getattr__ below returns, for the type checker ("as": exported)
+    from approvals.public import approved_content as approved_content
     from approvals.public import decide as decide
     from approvals.public import decision_details as decision_details
     from approvals.public import supersede_pending as supersede_pending
@@ -28,7 +30,7 @@ if TYPE_CHECKING:  # what __getattr__ below returns, for the type checker ("as":
     from approvals.waits import wait_for_approval as wait_for_approval
 
 _WAITS = ("wait_for_approval", "approve_current")
-_PUBLIC = ("decide", "supersede_pending", "decision_details")
+_PUBLIC = ("decide", "supersede_pending", "decision_details", "approved_content")
 
 __all__ = [
     "ApprovalDecision",

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.models import AbstractUser, AnonymousUser
 
 from approvals import services
 from approvals.models import ApprovalRequest, DecisionChannel
 from approvals.selectors import DecisionDetails
+from approvals.selectors import approved_content as _approved_content
 from approvals.selectors import decision_details as _decision_details
 from approvals.services import Subject
 
@@ -49,3 +52,9 @@ def decision_details(request: ApprovalRequest | int) -> DecisionDetails:
     """Who decided the request and their note, for a step body that acts on them (recording the
     reviewer on the subject). Keep them out of the step's result: the run's owner reads it."""
     return _decision_details(request.pk if isinstance(request, ApprovalRequest) else int(request))
+
+
+def approved_content(request: ApprovalRequest | int) -> dict[str, Any]:
+    """The snapshot the reviewer approved (the request's ``content``): act on this, not on a later
+    read of the subject, which may have changed since (LookupError unless it was approved)."""
+    return _approved_content(request.pk if isinstance(request, ApprovalRequest) else int(request))

@@ -103,6 +103,16 @@ class DecisionDetails(TypedDict):
     note: str
 
 
+def approved_content(request_id: int) -> dict[str, Any]:
+    """What the reviewer of request ``request_id`` approved: the snapshot of the version under review
+    (``content``), for a workflow that must act on exactly that, not on a later read of the subject.
+    LookupError unless the request was approved."""
+    request = ApprovalRequest.objects.filter(pk=request_id, status=ApprovalStatus.APPROVED).first()
+    if request is None:
+        raise LookupError(f"approval request {request_id} is not an approved one")
+    return dict(request.content or {})
+
+
 def decision_details(request_id: int) -> DecisionDetails:
     """Who decided request ``request_id`` and their note (staff data: a step body that needs them,
     e.g. to record the reviewer on the subject, uses them without returning them, since a step's

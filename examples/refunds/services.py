@@ -227,7 +227,8 @@ def refund_reserve(*, request_id: int, key: str, request: dict[str, Any]) -> Non
     (the run row locked too: a terminate either came first, and nothing is reserved, or waits for
     this commit, and finds the operation to abandon). From this commit on the operation holds the
     amount whatever becomes of the run. Idempotent: an operation already reserved is kept as it is
-    (a retry of the step). Raises RefundRefused.
+    (a retry of the step). Raises RefundRefused, also when ``request`` (what would be sent) no longer
+    matches the order: its number or currency changed since it was checked and approved.
     """
     with transaction.atomic():
         refund = RefundRequest.objects.get(pk=request_id)
@@ -241,6 +242,15 @@ def refund_reserve(*, request_id: int, key: str, request: dict[str, Any]) -> Non
         )
         if run is None or run.is_terminal:
             raise RefundRefused("the refund was stopped before it was sent")
+        # What is sent is what was checked (and approved): an order whose number or currency changed
+        # since, or a request for another amount, is refused here, under the lock, before anything
+        # is sent, rather than paid on data nobody checked.
+        sent = (str(request.get("order")), str(request.get("currency")), str(request.get("amount")))
+        if sent != (order.number, order.currency, str(refund.amount)):
+            raise RefundRefused(
+                f"the order changed since the refund was checked: it would send {sent[2]} {sent[1]} on order "
+                f"{sent[0]}, and the order is now {order.number} in {order.currency}; nothing was sent, ask again"
+            )
         try:
             check_refundable(order, refund.amount, order_balance(order=order, exclude_request_id=refund.pk))
         except ValidationError as exc:

@@ -33,6 +33,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+import approvals
 from approvals import ApprovalExpired, ApprovalRejected, Proposal, approve_current
 from examples.chat import agent_of, tell_chat
 from examples.refunds.models import Order, RefundRequest, operation_key
@@ -139,7 +140,7 @@ class Refund(Workflow):
             self.report_progress({"stage": "awaiting approval"})
             self.tell(step, event, snapshot, AWAITING_APPROVAL)
             try:
-                approve_current(
+                decision = approve_current(
                     step,
                     name="refund approval",
                     subject=("refunds.order", snapshot["order_id"]),
@@ -152,10 +153,14 @@ class Refund(Workflow):
                 return {"outcome": "rejected", "request_id": request_id}
             except ApprovalExpired:
                 return {"outcome": "expired", "request_id": request_id}
-            # The approved version is current (approve_current re-checked it); act on that data.
+            # Pay exactly what was approved: the approved snapshot's order, amount and currency, not a
+            # later read's (the order may change between approve_current's re-check and here).
+            # refund_reserve refuses it, under the order's lock, if the order no longer matches.
+            approved = step.do("approved refund", approved_body, decision.request_id)
             snapshot = step.do("reload order", load_snapshot, request_id)
             if (refused := self.refused_by_policy(step, "re-check policy", snapshot)) is not None:
                 return refused
+            return self.pay(step, event, snapshot, key, approved)
         return self.pay(step, event, snapshot, key, refund_body(snapshot))
 
     def pay(
@@ -307,6 +312,11 @@ def earlier_refund(key: str) -> dict[str, Any] | None:
 def refund_body(snapshot: dict[str, Any]) -> dict[str, Any]:
     """What the provider gets: no personal data beyond the order number."""
     return {"order": snapshot["order"], "amount": snapshot["refund_amount"], "currency": snapshot["currency"]}
+
+
+def approved_body(approval_request_id: int) -> dict[str, Any]:
+    """The provider's request as the reviewer approved it (their request's snapshot of the order)."""
+    return refund_body(approvals.approved_content(approval_request_id))
 
 
 def submit_refund(request_id: int, key: str, request: dict[str, Any]) -> Any:
