@@ -135,6 +135,14 @@ class AgentConsumer(StreamConsumer):
         self.state_version = snapshot["state_version"]
         self.ready = True
         await self.send_json({"type": "snapshot", **snapshot})
+        self.authorized()
+
+    def may_still_see(self, user: Any) -> bool:
+        """Still a member of the agent's account (its agent the one this socket shows)."""
+        kwargs = self.scope["url_route"]["kwargs"]
+        query = QueryDict(self.scope.get("query_string", b"").decode("latin-1"))
+        agent = selectors.agent_get(user=user, kind=kwargs["kind"], name=kwargs["name"], account=query.get("account"))
+        return agent is not None and agent.pk == self.agent.pk
 
     async def disconnect(self, code: int) -> None:
         if self.group is not None:

@@ -6,9 +6,12 @@ A browser sends its cookies with a WebSocket handshake from any page, so the ser
 port: a page served by another service on the same host (``http://127.0.0.1:9000``, a dev tool, a
 local app) could open the chat socket as the signed-in user. Here the Origin must be the very
 host and port the browser connected to (its ``Host`` header, which must itself be one of
-ALLOWED_HOSTS), as Django's CSRF check requires of a form post, or one of CSRF_TRUSTED_ORIGINS (a
-front end served from another origin). A handshake without an Origin (not a browser) is refused
-too, as channels' validator refuses it.
+ALLOWED_HOSTS) in the connection's own scheme (an ``https`` page for a ``wss`` socket, as Django
+reads it for a request: SECURE_PROXY_SSL_HEADER behind a proxy that terminates TLS), as Django's
+CSRF check requires of a form post, or one of CSRF_TRUSTED_ORIGINS (a front end served from another
+origin). A plain-http page on the same host (an attacker on the network, before HSTS holds) may not
+open the secure socket with the user's cookies. A handshake without an Origin (not a browser) is
+refused too, as channels' validator refuses it.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ def _netloc(scheme: str, host: str) -> str:
     return host
 
 
-def origin_allowed(origin: str | None, host: str | None) -> bool:
+def origin_allowed(origin: str | None, host: str | None, *, secure: bool) -> bool:
+    """Whether a handshake from ``origin`` may open a socket on ``host`` (its Host header), over a
+    connection that is ``secure`` (wss, or https at the proxy)."""
     if not origin or not host:
         return False
     if origin.rstrip("/").lower() in {o.rstrip("/").lower() for o in settings.CSRF_TRUSTED_ORIGINS}:
@@ -42,7 +47,7 @@ def origin_allowed(origin: str | None, host: str | None) -> bool:
         parsed = urlsplit(origin)
     except ValueError:
         return False
-    if parsed.scheme not in DEFAULT_PORTS or not parsed.netloc:
+    if parsed.scheme != ("https" if secure else "http") or not parsed.netloc:
         return False
     allowed_hosts = settings.ALLOWED_HOSTS
     if settings.DEBUG and not allowed_hosts:
@@ -51,6 +56,18 @@ def origin_allowed(origin: str | None, host: str | None) -> bool:
     if not domain or not validate_host(domain, allowed_hosts):
         return False
     return _netloc(parsed.scheme, parsed.netloc) == _netloc(parsed.scheme, host)
+
+
+def is_secure(scope: dict[str, Any], headers: dict[bytes, bytes]) -> bool:
+    """Whether the handshake came over TLS, as Django's ``request.is_secure()`` would say: the
+    proxy's header (SECURE_PROXY_SSL_HEADER) when set and sent, else the socket's own scheme."""
+    proxy_header = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
+    if proxy_header:
+        name, value = (str(part) for part in proxy_header)
+        sent = headers.get(name.removeprefix("HTTP_").lower().replace("_", "-").encode("latin-1"))
+        if sent is not None:
+            return sent.decode("latin-1").split(",", 1)[0].strip() == value
+    return scope.get("scheme") == "wss"
 
 
 class SameOriginValidator:
@@ -67,6 +84,7 @@ class SameOriginValidator:
             if not origin_allowed(
                 origin.decode("latin-1") if origin is not None else None,
                 host.decode("latin-1") if host is not None else None,
+                secure=is_secure(scope, headers),
             ):
                 return await WebsocketDenier()(scope, receive, send)
         return await self.application(scope, receive, send)

@@ -103,6 +103,10 @@ MIDDLEWARE = [
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
 ASGI_APPLICATION = "config.asgi.application"
+# An open WebSocket checks again what it checked when it connected (the session still signed in,
+# the user active, still allowed to see the run or agent): before each client message, and before
+# a push at most this often. Signed out, deactivated or removed from the account: closed by then.
+WEBSOCKET_RECHECK_SECONDS = envfloat("WEBSOCKET_RECHECK_SECONDS", 30.0)
 
 TEMPLATES = [
     {

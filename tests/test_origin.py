@@ -10,7 +10,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 from websockets.typing import Origin
 
-from config.origin import origin_allowed
+from config.origin import is_secure, origin_allowed
 from tests.support import AsgiServer
 
 
@@ -40,25 +40,51 @@ def test_only_the_sites_own_host_and_port_may_open_a_socket(asgi_server: AsgiSer
 
 
 @pytest.mark.parametrize(
-    ("origin", "host", "allowed"),
+    ("origin", "host", "secure", "allowed"),
     [
-        ("http://127.0.0.1:8000", "127.0.0.1:8000", True),
-        ("http://127.0.0.1:8000", "127.0.0.1:8001", False),
-        ("https://chat.example.com", "chat.example.com:443", True),  # the default port, left out of one
-        ("http://chat.example.com:80", "chat.example.com", True),
-        ("https://chat.example.com", "chat.example.com:8443", False),
-        ("http://CHAT.example.com", "chat.example.com", True),
-        ("http://not-allowed.example", "not-allowed.example", False),  # same, but not in ALLOWED_HOSTS
-        ("https://app.partner.example", "chat.example.com", True),  # a trusted origin
-        ("ftp://chat.example.com", "chat.example.com", False),
-        ("null", "chat.example.com", False),
-        ("http://[::1]:8000", "[::1]:8000", True),
-        ("", "chat.example.com", False),
-        ("http://chat.example.com", None, False),
+        ("http://127.0.0.1:8000", "127.0.0.1:8000", False, True),
+        ("http://127.0.0.1:8000", "127.0.0.1:8001", False, False),
+        ("https://chat.example.com", "chat.example.com:443", True, True),  # the default port, left out of one
+        ("http://chat.example.com:80", "chat.example.com", False, True),
+        ("https://chat.example.com", "chat.example.com:8443", True, False),
+        ("http://CHAT.example.com", "chat.example.com", False, True),
+        ("http://not-allowed.example", "not-allowed.example", False, False),  # same, but not in ALLOWED_HOSTS
+        ("https://app.partner.example", "chat.example.com", True, True),  # a trusted origin
+        ("ftp://chat.example.com", "chat.example.com", False, False),
+        ("null", "chat.example.com", False, False),
+        ("http://[::1]:8000", "[::1]:8000", False, True),
+        ("", "chat.example.com", False, False),
+        ("http://chat.example.com", None, False, False),
+        # the scheme too: a plain-http page on the same host may not open the secure socket
+        ("http://chat.example.com", "chat.example.com", True, False),
+        ("https://chat.example.com", "chat.example.com", False, False),
     ],
 )
-def test_what_counts_as_the_same_origin(settings: Any, origin: str, host: str | None, allowed: bool) -> None:
+def test_what_counts_as_the_same_origin(
+    settings: Any, origin: str, host: str | None, secure: bool, allowed: bool
+) -> None:
     settings.ALLOWED_HOSTS = ["chat.example.com", "127.0.0.1", "[::1]"]
     settings.CSRF_TRUSTED_ORIGINS = ["https://app.partner.example"]
 
-    assert origin_allowed(origin, host) is allowed
+    assert origin_allowed(origin, host, secure=secure) is allowed
+
+
+@pytest.mark.parametrize(
+    ("proxy", "scheme", "forwarded", "secure"),
+    [
+        (None, "wss", None, True),
+        (None, "ws", None, False),
+        (None, "ws", b"https", False),  # no proxy is trusted: its header means nothing
+        (("HTTP_X_FORWARDED_PROTO", "https"), "ws", b"https", True),
+        (("HTTP_X_FORWARDED_PROTO", "https"), "ws", b"http", False),
+        (("HTTP_X_FORWARDED_PROTO", "https"), "ws", b"https, http", True),  # the first, as Django reads it
+        (("HTTP_X_FORWARDED_PROTO", "https"), "wss", None, True),
+    ],
+)
+def test_a_socket_is_secure_as_django_reads_a_request(
+    settings: Any, proxy: tuple[str, str] | None, scheme: str, forwarded: bytes | None, secure: bool
+) -> None:
+    settings.SECURE_PROXY_SSL_HEADER = proxy
+    headers = {b"x-forwarded-proto": forwarded} if forwarded is not None else {}
+
+    assert is_secure({"type": "websocket", "scheme": scheme}, headers) is secure

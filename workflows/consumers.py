@@ -20,6 +20,10 @@ Protocol of ``/ws/runs/<id>/`` (also in docs/architecture.md#interfaces):
   that is not UTF-8, and a message over daphne's own size limit, never reach the consumer: daphne
   fails the connection, as the WebSocket protocol requires.)
 - close codes: 4401 not authenticated, 4404 no such run *or* another user's run (indistinguishable).
+- what connect checked is checked again while the socket is open (``StreamConsumer``): before
+  every client message, and before a push at most every WEBSOCKET_RECHECK_SECONDS. A user signed
+  out (the session gone), deactivated or whose password changed is closed with 4401; one who may no
+  longer see the run (or the agent: removed from its account) with 4404.
 
 Any other ``/ws/`` path (a malformed id, no trailing slash, no such socket) is accepted and closed
 with 4404 by ``NotFoundConsumer``, signed in or not.
@@ -30,7 +34,10 @@ from __future__ import annotations
 import json
 import logging
 import reprlib
+import time
 from dataclasses import dataclass, field
+from importlib import import_module
+from types import SimpleNamespace
 from typing import Any
 from uuid import UUID
 
@@ -39,6 +46,8 @@ from asgiref.sync import sync_to_async
 from channels.consumer import get_handler_name
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
+from django.conf import settings
+from django.contrib.auth import get_user
 
 from workflows import streams
 from workflows.selectors import run_get, run_snapshot
@@ -120,11 +129,65 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
     connections on each visit itself; so a message goes straight to its handler.
     """
 
+    # When what connect checked was last checked again (time.monotonic()); None until connect
+    # accepted the user (a socket refused at connect is closing: nothing of it is guarded).
+    authorized_at: float | None = None
+
     async def dispatch(self, message: dict[str, Any]) -> None:
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
+        if self.authorized_at is not None and message["type"] not in ("websocket.connect", "websocket.disconnect"):
+            # A client's message is acted on only for who may still act; a push is forwarded
+            # for a while on the last check, then checked again.
+            if not await self.still_authorized(every_time=message["type"] == "websocket.receive"):
+                return
         await handler(message)
+
+    def authorized(self) -> None:
+        """Call at the end of a connect that let the user in: from then on it is checked again."""
+        self.authorized_at = time.monotonic()
+
+    async def still_authorized(self, *, every_time: bool) -> bool:
+        """Whether the socket's user is still signed in (the session as Django reads a request's:
+        still there, the user active, the password unchanged) and may still see what connect let
+        them see (``may_still_see``); otherwise the socket is closed (4401, 4404) and False.
+        ``every_time``: check now, not only when the last check is WEBSOCKET_RECHECK_SECONDS old."""
+        assert self.authorized_at is not None
+        now = time.monotonic()
+        if not every_time and now - self.authorized_at < float(settings.WEBSOCKET_RECHECK_SECONDS):
+            return True
+        user = await database_sync_to_async(session_user)(self.scope)
+        if user is None:
+            code, reason = CLOSE_UNAUTHENTICATED, "signed out"
+        elif not await database_sync_to_async(self.may_still_see)(user):
+            code, reason = CLOSE_NOT_FOUND, "not found"
+        else:
+            self.scope["user"], self.authorized_at = user, now
+            return True
+        self.authorized_at = None  # nothing more is forwarded, or acted on, on this socket
+        await self.close(code=code, reason=reason)
+        return False
+
+    def may_still_see(self, user: Any) -> bool:
+        """Whether ``user`` may still see what the socket shows (in a thread: the ORM is allowed)."""
+        raise NotImplementedError
+
+
+def session_user(scope: dict[str, Any]) -> Any:
+    """The socket's user as a request with its session would have them now, or None: signed out
+    (the session deleted), deactivated, their password changed (the session's hash no longer
+    matches), or another user's session."""
+    session = scope.get("session")
+    key = getattr(session, "session_key", None)
+    if not key:
+        return None
+    store = import_module(settings.SESSION_ENGINE).SessionStore(session_key=key)
+    user = get_user(SimpleNamespace(session=store))  # type: ignore[arg-type]  # all get_user reads
+    connected = scope.get("user")
+    if not user.is_authenticated or connected is None or user.pk != connected.pk:
+        return None
+    return user
 
 
 class RunConsumer(StreamConsumer):
@@ -158,6 +221,7 @@ class RunConsumer(StreamConsumer):
             return
         self.cursor = Cursor(low=snapshot["seq"], high=snapshot["seq"])
         await self.send_json(snapshot)
+        self.authorized()
 
     async def disconnect(self, code: int) -> None:
         if self.group is not None:
@@ -233,7 +297,10 @@ class RunConsumer(StreamConsumer):
 
     # --- reads ---------------------------------------------------------------------------------------
     def _visible(self) -> bool:
-        return run_get(user=self.scope["user"], run_id=self.run_id) is not None
+        return self.may_still_see(self.scope["user"])
+
+    def may_still_see(self, user: Any) -> bool:
+        return run_get(user=user, run_id=self.run_id) is not None
 
     @database_sync_to_async  # type: ignore[untyped-decorator]  # channels has no types
     def _snapshot(self) -> dict[str, Any] | None:

@@ -1,0 +1,129 @@
+"""An open socket loses what its user lost: signed out, deactivated, removed from the account. What
+``connect`` checked is checked again before each client message and, every
+WEBSOCKET_RECHECK_SECONDS, before a push (``workflows.consumers.StreamConsumer``), against a real
+daphne whose interval is half a second."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+from websockets.typing import Origin
+
+from accounts.models import Membership
+from agents.models import Message, Turn
+from agents.services import message_send
+from agents.tests.test_consumers import KIND, World
+from agents.tests.test_consumers import world as world  # noqa: F401  # the fixture, used by name
+from tests.factories import login
+from tests.support import AsgiServer
+from workflows.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
+from workflows.models import WorkflowRun
+from workflows.streams import publisher
+from workflows.tests.test_consumers import TIMEOUT, receive
+
+pytestmark = pytest.mark.django_db(transaction=True)
+CHAT = f"/ws/agents/{KIND}/help/"
+
+
+@pytest.fixture(scope="module")
+def server(django_db_setup: None, django_db_blocker: Any) -> Iterator[AsgiServer]:
+    process = AsgiServer(WEBSOCKET_RECHECK_SECONDS="0.5")
+    yield process
+    with django_db_blocker.unblock():
+        process.stop()
+
+
+def signed_in(user: User) -> tuple[Any, str]:
+    """A browser's session for ``user``: its client (to sign out with) and its Cookie header."""
+    client = login(user)
+    return client, f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
+
+
+def open_socket(server: AsgiServer, path: str, cookie: str) -> ClientConnection:
+    return connect(
+        f"{server.ws_url}{path}",
+        origin=Origin(server.url),
+        additional_headers={"Cookie": cookie},
+        proxy=None,
+        open_timeout=TIMEOUT,
+    )
+
+
+def closed_with(ws: ClientConnection) -> tuple[int, list[dict[str, Any]]]:
+    """Read until the server closes: its close code, and what it sent first."""
+    sent = []
+    try:
+        while True:
+            sent.append(receive(ws))
+    except ConnectionClosed as closed:
+        assert closed.rcvd is not None
+        return closed.rcvd.code, sent
+
+
+def test_a_signed_out_user_can_no_longer_send_on_a_socket_opened_before(server: AsgiServer, world: World) -> None:
+    # given bob's chat open
+    client, cookie = signed_in(world.users.bob)
+    with open_socket(server, CHAT, cookie) as ws:
+        assert receive(ws)["type"] == "snapshot"
+        # when he signs out (in another tab), then the socket sends a message
+        assert client.post("/accounts/logout/").status_code == 302
+        ws.send('{"type": "message", "text": "still here?"}')
+
+        # then it is closed as unauthenticated, and nothing was stored
+        code, sent = closed_with(ws)
+    assert code == CLOSE_UNAUTHENTICATED and sent == []
+    assert not Turn.objects.exists() and not Message.objects.exists()
+
+
+def test_a_member_removed_from_the_account_can_no_longer_send_or_read(server: AsgiServer, world: World) -> None:
+    # given bob's chat open, then bob removed from acme
+    _, cookie = signed_in(world.users.bob)
+    with open_socket(server, CHAT, cookie) as ws:
+        assert receive(ws)["type"] == "snapshot"
+        Membership.objects.filter(user=world.users.bob, account=world.acme).delete()
+
+        # when alice, still a member, writes in the agent's conversation, after the check's interval
+        time.sleep(0.6)
+        message_send(agent=world.agent, user=world.users.alice, text="our secret plan")
+        assert publisher.flush(TIMEOUT)
+
+        # then bob's socket is closed instead of being sent it
+        code, sent = closed_with(ws)
+    assert code == CLOSE_NOT_FOUND
+    assert "our secret plan" not in str(sent)
+
+
+def test_a_removed_member_sending_at_once_is_refused_without_waiting_for_the_interval(
+    server: AsgiServer, world: World
+) -> None:
+    _, cookie = signed_in(world.users.bob)
+    with open_socket(server, CHAT, cookie) as ws:
+        assert receive(ws)["type"] == "snapshot"
+        Membership.objects.filter(user=world.users.bob, account=world.acme).delete()
+        ws.send('{"type": "message", "text": "still here after removal"}')
+        code, sent = closed_with(ws)
+    assert code == CLOSE_NOT_FOUND and sent == []
+    assert not Turn.objects.exists()
+
+
+def test_a_deactivated_user_loses_a_run_socket_too(server: AsgiServer, world: World) -> None:
+    # given bob watching his own run
+    run = WorkflowRun.objects.create(workflow="test.echo", owner=world.users.bob, payload={})
+    _, cookie = signed_in(world.users.bob)
+    with open_socket(server, f"/ws/runs/{run.pk}/", cookie) as ws:
+        assert receive(ws)["type"] == "snapshot"
+
+        # when he is deactivated, then asks for a fresh snapshot
+        User.objects.filter(pk=world.users.bob.pk).update(is_active=False)
+        ws.send('{"type": "snapshot"}')
+
+        # then the socket is closed as unauthenticated, with no snapshot sent
+        code, sent = closed_with(ws)
+    assert code == CLOSE_UNAUTHENTICATED and sent == []
