@@ -10,6 +10,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from agents import selectors
+from agents.consumers import max_text_chars
 
 
 @login_required
@@ -26,5 +27,6 @@ def chat(request: HttpRequest, kind: str, name: str) -> HttpResponse:
         "agent": agent,
         "snapshot": snapshot,
         "ws_path": f"/ws/agents/{quote(kind, safe='')}/{quote(name, safe='')}/{query}",
+        "max_text_chars": max_text_chars(),
     }
     return render(request, "agents/chat.html", context)

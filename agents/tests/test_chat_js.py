@@ -23,8 +23,9 @@ TURN = "7f0e2a64-4a8e-4d3c-9a36-5b1c3c1d2e01"
 PAGE = f"""<!doctype html><html><body>
 <div id="chat" data-ws-path="/ws/agents/test.chat/help/">
   <span id="connection">not connected</span>
-  <ol id="messages"></ol><p id="status"></p>
-  <form id="composer"><textarea id="text"></textarea><button type="button" id="stop" hidden>Stop</button></form>
+  <ol id="messages"></ol><p id="notice" hidden></p><p id="status"></p>
+  <form id="composer"><textarea id="text"></textarea><button type="submit" id="send">Send</button>
+  <button type="button" id="stop" hidden>Stop</button></form>
   <div id="state-body"></div>
 </div>
 <script>{SCRIPT}</script>
@@ -39,6 +40,16 @@ SNAPSHOT = {
     "state": {},
     "state_version": 0,
 }
+
+
+def open_page(browser: Any, server: Any) -> Any:
+    """PAGE in a new tab, its socket played by ``server``, once the page says it is live."""
+    page = new_page(browser)
+    page.route(f"{ORIGIN}/", lambda route: route.fulfill(status=200, content_type="text/html", body=PAGE))
+    page.route_web_socket("**/ws/agents/**", server)
+    page.goto(f"{ORIGIN}/")
+    page.wait_for_selector("#connection:text-is('live')")
+    return page
 
 
 def chunk(seq: int, word: str, *, replay: bool = False) -> str:
@@ -69,11 +80,7 @@ def streamed_text(replayed: list[int], live: list[int]) -> str:
             ws.send(chunk(seq, words[seq]))
 
     with chromium() as browser:
-        page = new_page(browser)
-        page.route(f"{ORIGIN}/", lambda route: route.fulfill(status=200, content_type="text/html", body=PAGE))
-        page.route_web_socket("**/ws/agents/**", server)
-        page.goto(f"{ORIGIN}/")
-        page.wait_for_selector("#connection:text-is('live')")
+        page = open_page(browser, server)
         # the last word is drawn last (held until what comes before it has been drawn, or the replay ended)
         page.wait_for_function("() => document.querySelector('#messages li.streaming')?.textContent.endsWith('refund')")
         text = page.evaluate(
@@ -92,3 +99,58 @@ def test_a_chunk_the_replay_never_brings_does_not_stop_the_rest() -> None:
     # seq 4 is lost for good (stored nowhere the replay reads): once the replay is complete, what
     # was held after it is drawn rather than held for ever
     assert streamed_text(replayed=[1, 2, 3], live=[5]) == "I've asked for refund"
+
+
+def frames_sent_after(actions: Any, answer: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Open the page on SNAPSHOT (turn 1 running), do ``actions(page)``; the frames the page sent
+    but its resumes, and what ``#notice``, ``#text`` and the stop button show then. ``answer``:
+    what the server sends back to each frame (a function of it, None for nothing)."""
+    sent: list[dict[str, Any]] = []
+
+    def server(ws: Any) -> None:
+        def received(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame.get("type") == "resume":
+                ws.send(json.dumps({"type": "replay_complete", "turn": TURN, "seq": 3}))
+                return
+            sent.append(frame)
+            if answer is not None and (reply := answer(frame)) is not None:
+                ws.send(json.dumps(reply))
+
+        ws.on_message(received)
+        ws.send(json.dumps(SNAPSHOT))
+
+    with chromium() as browser:
+        page = open_page(browser, server)
+        actions(page)
+        shown = page.evaluate(
+            "() => ({notice: document.querySelector('#notice').hidden ? null : "
+            "document.querySelector('#notice').textContent, text: document.querySelector('#text').value})"
+        )
+    return sent, shown
+
+
+def test_stop_names_the_turn_the_page_shows_running() -> None:
+    # a bare stop would stop whatever runs when the server reads it: the next person's turn, if
+    # this one ended meanwhile
+    def stop(page: Any) -> None:
+        page.click("#stop")
+        page.wait_for_timeout(200)
+
+    sent, _ = frames_sent_after(stop)
+
+    assert sent == [{"type": "stop", "turn": TURN}]
+
+
+def test_a_refused_message_is_said_and_its_text_given_back() -> None:
+    refusal = "5 messages are waiting for an answer already (the limit is 5)"
+
+    def write(page: Any) -> None:
+        page.fill("#text", "one more thing")
+        page.click("#send")
+        page.wait_for_selector("#notice:not([hidden])")
+
+    sent, shown = frames_sent_after(write, answer=lambda frame: {"type": "error", "message": refusal})
+
+    assert sent == [{"type": "message", "text": "one more thing"}]
+    assert shown == {"notice": refusal, "text": "one more thing"}

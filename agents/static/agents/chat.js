@@ -17,6 +17,8 @@
   const turns = new Map();     // id -> {id, number, status, end_reason}
   const streams = new Map();   // turn id -> {seq, parts: [{kind, text|tool}], notices, finished, held}
   let stateVersion = -1;
+  let activeTurn = null;       // the id of the turn drawn as running or waiting (what Stop stops)
+  let unanswered = null;       // the text of the message last sent, until the server takes or refuses it
   let resumed = new Set();     // turns asked to resume on the current socket
   let whole = true;            // the next socket asks for the whole conversation (no ?since=)
   const ENDED = ["completed", "cancelled", "sealed", "failed"];
@@ -144,6 +146,7 @@
     if (!list.children.length) list.append(el("li", {class: "muted", id: "empty"}, "No messages yet: say what you need."));
     let active = null;
     for (const t of turns.values()) if (t.status === "running" || t.status === "waiting") active = t;
+    activeTurn = active ? active.id : null;
     $("status").textContent = active ? (active.status === "waiting" ? "waiting for an approval" : "answering…") : "";
     $("stop").hidden = !active;
   }
@@ -200,6 +203,7 @@
         }
         break;
       case "turn": {
+        unanswered = null;  // the server took it (its turn comes first), or this is another's news
         const known = turns.get(msg.id);
         if (known && ENDED.includes(known.status)) break;  // an ended turn never changes again
         turns.set(msg.id, msg);
@@ -215,7 +219,12 @@
         if (msg.version > stateVersion) { stateVersion = msg.version; renderState(msg.state); }
         break;
       case "error":
-        console.warn("chat:", msg.message);
+        // The answer to something this page sent (a message the server would not take: a full
+        // queue, too long): said where the customer looks, and their text given back.
+        $("notice").textContent = msg.message;
+        $("notice").hidden = false;
+        if (unanswered !== null && !$("text").value) $("text").value = unanswered;
+        unanswered = null;
         break;
     }
   }
@@ -283,10 +292,13 @@
     event.preventDefault();
     const text = $("text").value;
     if (!text.trim()) return;
-    if (send({type: "message", text})) $("text").value = "";
+    $("notice").hidden = true;
+    if (send({type: "message", text})) { $("text").value = ""; unanswered = text; }
     else setConnection("not connected: your message was not sent");
   });
-  $("stop").addEventListener("click", () => send({type: "stop"}));
+  // The turn this page shows running: a Stop meant for it never stops the next one, should it
+  // have ended meanwhile (the server answers that it has ended instead).
+  $("stop").addEventListener("click", () => { if (activeTurn) send({type: "stop", turn: activeTurn}); });
   // Offline, a socket can stay open for minutes with nothing arriving, and closing it can wait as
   // long for the server's answer: let it go now. Back online, reconnect at once, not at the
   // backoff's next try.
