@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ledger.exceptions import UnknownSystem
@@ -110,3 +111,32 @@ def get_adapter(system: str) -> Adapter:
 
 def has_adapter(system: str) -> bool:
     return system in _adapters
+
+
+def contradiction(op: ExternalOperation, record: Any) -> str | None:
+    """What of a provider's record of ``op`` (an answer, a lookup, a webhook) contradicts what we
+    sent, in words; None if nothing does. A record names our key, and echoes fields of the request:
+    another key, or an echoed field with another value (an amount, a currency), is another
+    operation's record (an installation sharing the provider account, ids reused after a restore),
+    never our outcome. Fields the record leaves out are not compared."""
+    if not isinstance(record, dict):
+        return None
+    if "key" in record and str(record["key"]) != op.key:
+        return f"its key is {str(record['key'])!r}, not {op.key!r}"
+    sent = op.request if isinstance(op.request, dict) else {}
+    for name, value in sent.items():
+        if name in record and not _same_value(record[name], value):
+            return f"its {name} is {record[name]!r}, and {value!r} was sent"
+    return None
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal, or the same number written two ways ("90.00" and 90, say)."""
+    if a == b:
+        return True
+    if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, dict | list) or isinstance(b, dict | list):
+        return False
+    try:
+        return Decimal(str(a)) == Decimal(str(b))
+    except (InvalidOperation, ValueError):
+        return str(a) == str(b)

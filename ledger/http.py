@@ -32,13 +32,24 @@ import logging
 import ssl
 import threading
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
 
-from ledger.adapters import Failed, LookupOutcome, NoEffect, NotFound, SubmitOutcome, Succeeded, Unknown
+from ledger.adapters import (
+    Failed,
+    LookupOutcome,
+    NoEffect,
+    NotFound,
+    SubmitOutcome,
+    Succeeded,
+    Unknown,
+    contradiction,
+)
 from ledger.conf import conf
+
+Outcome = TypeVar("Outcome", bound=SubmitOutcome | LookupOutcome)
 
 if TYPE_CHECKING:
     from ledger.models import ExternalOperation
@@ -112,7 +123,7 @@ class HttpAdapter:
             return Unknown(f"no answer from {self.where} in time: {_describe(exc)}")
         except httpx.HTTPError as exc:
             return Unknown(f"the request to {self.where} failed after it was sent: {_describe(exc)}")
-        return self.submit_outcome(response)
+        return self.believed(op, self.submit_outcome(response))
 
     def lookup(self, op: ExternalOperation) -> LookupOutcome:
         if self.lookup_path is None:
@@ -122,7 +133,7 @@ class HttpAdapter:
         except httpx.HTTPError as exc:
             # A lookup changes nothing at the provider: whatever went wrong, we simply do not know.
             return Unknown(f"the lookup at {self.where} failed: {_describe(exc)}")
-        return self.lookup_outcome(response)
+        return self.believed(op, self.lookup_outcome(response))
 
     def lookup_many(self, ops: list[ExternalOperation]) -> list[LookupOutcome]:
         """One POST of ``{"keys": [...]}`` to ``batch_lookup_path`` answered with ``{"found": {key:
@@ -153,7 +164,7 @@ class HttpAdapter:
             return [Unknown(f"the batch lookup answered HTTP {response.status_code}")] * len(ops)
         found, missing = body["found"], set(body["missing"])
         return [
-            self.body_outcome(found[op.key])
+            self.believed(op, self.body_outcome(found[op.key]))
             if op.key in found
             else NotFound()
             if op.key in missing
@@ -162,6 +173,23 @@ class HttpAdapter:
         ]
 
     # --- what answers mean ---
+    def believed(self, op: ExternalOperation, outcome: Outcome) -> Outcome | Unknown:
+        """``outcome``, unless it settles ``op`` on a record that is not its own: then Unknown, for a
+        person to look at. A success whose body is not JSON (a proxy's or a misconfigured URL's
+        page) says nothing of the operation; a record whose key or echoed request fields differ
+        from ours is another operation's (``ledger.adapters.contradiction``)."""
+        if isinstance(outcome, Succeeded):
+            record = outcome.response
+        elif isinstance(outcome, Failed):
+            record = outcome.detail
+        else:
+            return outcome
+        if isinstance(outcome, Succeeded) and isinstance(record, dict) and record.get(NOT_JSON):
+            return Unknown(f"{self.where} answered with a body that is not JSON: it says nothing of this operation")
+        if (problem := contradiction(op, record)) is not None:
+            return Unknown(f"the provider's record is not this operation's ({problem}): left unknown for a person")
+        return outcome
+
     def submit_body(self, op: ExternalOperation) -> Any:
         return op.request
 
@@ -246,11 +274,14 @@ def _tls() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+NOT_JSON = "_not_json"  # marks what _json made of a body that is not JSON
+
+
 def _json(response: httpx.Response) -> Any:
     try:
         return response.json()
     except ValueError:
-        return {"body": response.text[:2000]}
+        return {"body": response.text[:2000], NOT_JSON: True}
 
 
 def _error_code(body: Any) -> str | None:

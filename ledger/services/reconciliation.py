@@ -26,7 +26,16 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from ledger import hooks
-from ledger.adapters import Failed, LookupOutcome, NotFound, Succeeded, get_adapter, has_adapter, has_lookup_many
+from ledger.adapters import (
+    Failed,
+    LookupOutcome,
+    NotFound,
+    Succeeded,
+    contradiction,
+    get_adapter,
+    has_adapter,
+    has_lookup_many,
+)
 from ledger.conf import conf
 from ledger.exceptions import ResolutionRefused
 from ledger.models import (
@@ -352,6 +361,13 @@ def operation_report(*, key: str, system: str, outcome: Succeeded | Failed, repo
     if op is None:
         return None
     before = op.status
+    record = outcome.response if isinstance(outcome, Succeeded) else outcome.detail
+    if (problem := contradiction(op, record)) is not None:
+        # Another operation's record under our key (an installation sharing the provider account,
+        # ids reused after a restore): never our outcome. Left as it is, and said.
+        note = f"a report by {reported_by} does not match this operation ({problem}): changes nothing"
+        logger.warning("operation %s: %s", op.key, note, extra={"event": "operation.report_mismatch", "key": op.key})
+        return _result(op, op.status, "skipped", note)
     if op.status == OperationStatus.FAILED and isinstance(outcome, Succeeded) and op.submit_count:
         # A failure we recorded (an earlier report, a lookup, a person) that the provider now
         # contradicts: it did take effect. Believed, and flagged: something may have been done on

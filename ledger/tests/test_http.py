@@ -29,7 +29,8 @@ def answer(status: int, body: Any = None) -> httpx.Response:
     [
         (201, {"id": "re_1", "status": "succeeded"}, Succeeded({"id": "re_1", "status": "succeeded"})),
         (200, {"id": "re_1"}, Succeeded({"id": "re_1"})),
-        (200, None, Succeeded({"body": "oops"})),  # it did succeed, whatever the body says
+        # a success that says nothing of the operation: what submit() makes of it is below
+        (200, None, Succeeded({"body": "oops", "_not_json": True})),
         (
             200,
             {"status": "declined", "reason": "insufficient_funds"},
@@ -38,12 +39,38 @@ def answer(status: int, body: Any = None) -> httpx.Response:
         (202, {"status": "processing"}, Unknown("the provider says the operation is processing")),
         (422, {"error": {"code": "card_declined"}}, Failed("card_declined", {"error": {"code": "card_declined"}})),
         (400, {"error": "bad amount"}, Failed("bad amount", {"error": "bad amount"})),
-        (403, None, Failed("http_403", {"body": "oops"})),
+        (403, None, Failed("http_403", {"body": "oops", "_not_json": True})),
         (429, None, NoEffect("the provider refused it before acting (HTTP 429, too many requests)")),
     ],
 )
 def test_definitive_submit_answers(status: int, body: Any, expected: Any) -> None:
     assert ADAPTER.submit_outcome(answer(status, body)) == expected
+
+
+@pytest.mark.parametrize(
+    ("outcome", "believed"),
+    [
+        # our record: believed
+        (Succeeded({"key": "refund:1042:7", "amount": "90.00", "status": "succeeded"}), True),
+        (Succeeded({"id": "re_1", "amount": 90, "currency": "GBP"}), True),  # the same amount written otherwise
+        (Failed("declined", {"key": "refund:1042:7", "status": "declined"}), True),
+        # another operation's record under our key (another installation, ids reused): unknown
+        (Succeeded({"key": "refund:1042:7", "amount": "1.00", "status": "succeeded"}), False),
+        (Succeeded({"key": "refund:9999:1", "status": "succeeded"}), False),
+        (Succeeded({"id": "re_1", "currency": "EUR"}), False),
+        (Failed("declined", {"key": "refund:9999:1"}), False),
+        # a 200 page that is not JSON (a misconfigured URL, a proxy) says nothing of the operation
+        (Succeeded({"body": "<html>welcome</html>", "_not_json": True}), False),
+    ],
+)
+def test_an_outcome_is_believed_only_on_the_operations_own_record(outcome: Any, believed: bool) -> None:
+    op = ExternalOperation(key="refund:1042:7", request={"order": "1042", "amount": "90.00", "currency": "GBP"})
+
+    result = ADAPTER.believed(op, outcome)
+
+    assert (result == outcome) is believed
+    if not believed:
+        assert isinstance(result, Unknown) and ("not this operation's" in result.reason or "not JSON" in result.reason)
 
 
 @pytest.mark.parametrize("status", [408, 409, 425, 500, 502, 503, 504])

@@ -174,6 +174,21 @@ def test_a_replay_is_compared_with_its_own_sources_accepted_delivery(settings: A
     assert duplicate.message == f"the body of accepted delivery {first.pk}, not kept again"
 
 
+def test_an_outcome_whose_record_is_not_the_operations_settles_nothing() -> None:
+    # given our unknown refund of 10.00, and a signed outcome under its key for 1.00 (another
+    # installation sharing the provider account made that one)
+    make_operation("refund:9:3", request={"order": "9", "amount": "10.00", "currency": "GBP"})
+    body = encode(outcome_event("refund:9:3", "succeeded", order="9", amount="1.00", currency="GBP"))
+
+    response = post("sandbox", body, standard_headers(body, "evt_other"))
+
+    # then the delivery is recorded, and says the report did not match; the refund is still unknown
+    assert response.status_code == 202
+    assert ExternalOperation.objects.get(key="refund:9:3").status == "unknown"
+    result = WebhookDelivery.objects.get(outcome="accepted").result
+    assert result is not None and result["changed"] is False and "does not match this operation (its amount is '1.00'" in result["note"]
+
+
 def test_a_replayed_outcome_is_a_duplicate_and_settles_nothing_twice() -> None:
     make_operation("refund:9:2")
     body = encode(outcome_event("refund:9:2", "succeeded"))
