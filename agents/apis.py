@@ -288,9 +288,12 @@ class AgentTurnStopApi(ApiBase):
             return ended(turn)
         try:
             stopped = services.turn_stop(turn=turn, user=user_of(request))
-        except services.TurnNotStoppable:  # it ended between the check and the lock
+        except services.TurnNotStoppable:
             turn.refresh_from_db()
-            return ended(turn)
+            if turn.is_ended:  # it ended between the check and the lock
+                return ended(turn)
+            # It kept changing while being stopped: not "already ended"; a 409 that says try again.
+            raise
         return Response(self.OutputSerializer(turn_detail_data(stopped)).data)
 
 

@@ -6,7 +6,7 @@ from uuid import uuid4
 
 import pytest
 
-from agents import selectors
+from agents import selectors, services
 from agents.models import Agent, Chunk, Message, Turn, TurnStatus
 from agents.tests.test_consumers import KIND, World, as_json, make_turn, stored_counts
 from agents.tests.test_consumers import world as world  # noqa: F401  the fixture
@@ -137,6 +137,19 @@ def test_a_message_is_a_202_with_its_turn(world: World) -> None:
     assert turn.agent_id == world.agent.pk and turn.requested_by == world.users.bob
     assert answer.json()["number"] == 1
     assert Message.objects.get(turn=turn, role="user").text == "Where is order 1042?"
+
+
+def test_a_stop_that_could_not_stop_a_turn_that_kept_changing_does_not_say_it_ended(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    turn = make_turn(world.agent, status=TurnStatus.QUEUED)
+    monkeypatch.setattr(services, "_turn_stop_once", lambda **kwargs: None)  # changed under every try
+
+    answer = api_login(world.users.alice).post(f"{BASE}/turns/{turn.pk}/stop")
+
+    assert answer.status_code == 409 and answer.json()["error"]["code"] != "turn_ended"
+    assert "try again" in answer.json()["error"]["message"] and answer.json()["error"]["detail"] == {"status": "queued"}
+    assert Turn.objects.get(pk=turn.pk).status == TurnStatus.QUEUED
 
 
 def test_stop_cancels_a_queued_turn(world: World) -> None:
