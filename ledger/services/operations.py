@@ -286,6 +286,19 @@ def _record_submit(op: ExternalOperation, outcome: SubmitOutcome) -> Plan:
     with transaction.atomic():
         current = lock(op.pk)
         before = current.status
+        if before == OperationStatus.FAILED and isinstance(outcome, Succeeded):
+            # Recorded failed meanwhile (a webhook, a lookup, a person), and now the provider's own
+            # answer to our submit says it did it: the truth about the money. Corrected and
+            # flagged, as a report of success after a failure is (operation_report): its amount
+            # counts again, and whatever was done on the strength of the failure is for a person.
+            from ledger.services.reconciliation import _correct_failed  # it imports from here
+
+            note = (
+                f"recorded as failed ({current.note or 'no note'}), but the submit's own answer, arriving "
+                "after, says it succeeded: corrected; check what was done on the strength of the failure"
+            )
+            _correct_failed(current, outcome, note, kind=EventKind.SUBMIT)
+            return _settled(current)
         if before != OperationStatus.SUBMITTED or current.submit_count != op.submit_count:
             # Resolved by reconciliation or a person while the provider was slow (possible only
             # once the submit had gone stale). That record stands; this answer is kept beside it.

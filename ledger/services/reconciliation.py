@@ -140,7 +140,9 @@ def _recheck_failed_by_hand(op: ExternalOperation, *, dry_run: bool) -> Reconcil
         return _correct_failed(current, outcome, note)
 
 
-def _correct_failed(current: ExternalOperation, outcome: Succeeded, note: str) -> ReconcileResult:
+def _correct_failed(
+    current: ExternalOperation, outcome: Succeeded, note: str, *, kind: str = EventKind.LOOKUP
+) -> ReconcileResult:
     """The provider has as succeeded what we recorded as failed: it is the truth about the money.
     Succeeded, with ``note`` for people, an event, the settled hooks (a refund's order is marked, so
     its amount counts again) and an error logged; the result is flagged. Call inside atomic() with
@@ -150,7 +152,7 @@ def _correct_failed(current: ExternalOperation, outcome: Succeeded, note: str) -
     current.save()
     record_event(
         current,
-        kind=EventKind.LOOKUP,
+        kind=kind,
         outcome=EventOutcome.SUCCEEDED,
         before=OperationStatus.FAILED,
         detail=outcome_detail(outcome),

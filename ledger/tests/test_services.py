@@ -28,6 +28,7 @@ from ledger import (
     register_adapter,
     unregister_adapter,
 )
+from ledger.adapters import Failed
 from ledger.exceptions import (
     InvalidOperation,
     OperationInProgress,
@@ -36,6 +37,7 @@ from ledger.exceptions import (
     UnknownSystem,
 )
 from ledger.models import EventKind, ExternalOperation, OperationEvent, OperationStatus
+from ledger.services import operation_report
 from ledger.tests.provider import FakeProvider, Fault
 from ledger.tests.support import make_operation, snapshot
 from tests.support import free_port, race, wait_for
@@ -345,6 +347,27 @@ def test_an_interrupted_call_is_recorded_as_unknown(payments: FakeProvider) -> N
     register_adapter("payments", HttpAdapter(base_url=payments.url))
     assert refund("refund:14")["status"] == "succeeded"
     assert payments.submits() == 1 and payments.applied == ["refund:14"]
+
+
+def test_a_success_answered_after_a_failure_was_recorded_meanwhile_corrects_it(payments: FakeProvider) -> None:
+    """The submit was in flight when a report (a webhook, a lookup) recorded it failed; then the
+    provider's own answer says it succeeded: the money moved, so the failure is corrected, flagged."""
+
+    class FailedMeanwhile(HttpAdapter):
+        def submit(self, op: ExternalOperation) -> Any:
+            answer = super().submit(op)
+            with transaction.atomic():
+                operation_report(key=op.key, system="payments", outcome=Failed("declined"), reported_by="a test")
+            assert operation(op.key).status == OperationStatus.FAILED
+            return answer
+
+    register_adapter("payments", FailedMeanwhile(base_url=payments.url))
+
+    assert refund("refund:15") == payments.records["refund:15"]  # the caller gets the success
+
+    op = operation("refund:15")
+    assert op.status == OperationStatus.SUCCEEDED and "corrected" in op.note
+    assert events("refund:15")[-1][:2] == ("submit", "succeeded")
 
 
 # --- concurrency --------------------------------------------------------------------------------

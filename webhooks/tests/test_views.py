@@ -186,7 +186,8 @@ def test_an_outcome_whose_record_is_not_the_operations_settles_nothing() -> None
     assert response.status_code == 202
     assert ExternalOperation.objects.get(key="refund:9:3").status == "unknown"
     result = WebhookDelivery.objects.get(outcome="accepted").result
-    assert result is not None and result["changed"] is False and "does not match this operation (its amount is '1.00'" in result["note"]
+    assert result is not None and result["changed"] is False
+    assert "does not match this operation (its amount is '1.00'" in result["note"]
 
 
 def test_a_replayed_outcome_is_a_duplicate_and_settles_nothing_twice() -> None:
