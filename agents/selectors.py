@@ -168,20 +168,23 @@ def turn_seq(*, turn_id: UUID | str) -> int:
 def turn_partial_text(*, turn_id: UUID | str) -> str:
     """The answer a turn's stream has shown so far: its text deltas, a round's text after the tool
     calls before it set apart as a paragraph, and none of what a ``data-reset`` (a recovered round
-    starting again) took back."""
-    rounds: list[str] = []
+    starting again) took back: the round's text before its tool calls too, which it writes again
+    (its tool calls are not sent twice). A round ends with its tools' results."""
+    rounds: list[str] = []  # the text of rounds that ended
+    this_round: list[str] = []  # the text of the round in progress, before its tool calls
     current = ""
     for type_, data in Chunk.objects.filter(turn_id=turn_id).order_by("seq").values_list("type", "data"):
         if type_ == "text-delta":
             current += str((data or {}).get("delta", ""))
         elif type_ == "data-reset":
-            current = ""
+            this_round, current = [], ""
         elif type_ == "tool-input-available" and current:
-            rounds.append(current)
+            this_round.append(current)
             current = ""
-    if current:
-        rounds.append(current)
-    return "\n\n".join(r.strip() for r in rounds if r.strip())
+        elif type_ == "tool-output-available":  # the round ended (text it wrote again is its own)
+            rounds += [*this_round, current]
+            this_round, current = [], ""
+    return "\n\n".join(r.strip() for r in [*rounds, *this_round, current] if r.strip())
 
 
 def turn_stopped_messages(*, turn_id: UUID | str) -> list[dict[str, Any]]:

@@ -154,3 +154,36 @@ def test_a_refused_message_is_said_and_its_text_given_back() -> None:
 
     assert sent == [{"type": "message", "text": "one more thing"}]
     assert shown == {"notice": refusal, "text": "one more thing"}
+
+
+def test_a_round_recovered_after_its_tool_call_is_drawn_once() -> None:
+    # a round wrote text and called a tool, then was recovered ("retry"): it writes its text again,
+    # and its tool call, sent once, is not sent again
+    stream = [
+        ("text-delta", {"delta": "Let me check. "}),
+        ("tool-input-available", {"toolCallId": "c1", "toolName": "find_order", "input": {"number": "1042"}}),
+        ("data-reset", {}),
+        ("text-delta", {"delta": "Let me check. "}),
+        ("tool-output-available", {"toolCallId": "c1", "output": {}}),
+        ("text-delta", {"delta": "It is on its way."}),
+    ]
+
+    def server(ws: Any) -> None:
+        def received(message: str | bytes) -> None:
+            if json.loads(message).get("type") != "resume":
+                return
+            for seq, (type_, data) in enumerate(stream, start=1):
+                frame = {"type": "chunk", "turn": TURN, "seq": seq, "chunk_type": type_, "data": data, "replay": True}
+                ws.send(json.dumps(frame))
+            ws.send(json.dumps({"type": "replay_complete", "turn": TURN, "seq": len(stream)}))
+
+        ws.on_message(received)
+        ws.send(json.dumps({**SNAPSHOT, "turn": {**SNAPSHOT["turn"], "seq": 0}}))  # type: ignore[dict-item]
+
+    with chromium() as browser:
+        page = open_page(browser, server)
+        page.wait_for_function("() => document.querySelector('#messages li.streaming')?.textContent.endsWith('way.')")
+        shown = page.evaluate("() => document.querySelector('#messages li.streaming').textContent")
+
+    assert shown.count("Let me check.") == 1, shown
+    assert shown.index("Let me check.") < shown.index("find_order") < shown.index("It is on its way."), shown

@@ -122,6 +122,26 @@ def test_a_turns_partial_text_is_what_its_stream_showed(users: Users) -> None:
     assert selectors.turn_partial_text(turn_id=Turn.objects.create(agent=agent, number=2).pk) == ""
 
 
+def test_a_round_reset_after_its_tool_call_is_not_shown_twice(users: Users) -> None:
+    # given a round that wrote text and called a tool, then was recovered ("retry"): it writes its
+    # text again, and its tool call, sent once already, is not sent again
+    account_ensure(slug="acme", members=[users.alice])
+    agent = agent_get(user=users.alice, kind="test.chat", name="help")
+    assert agent is not None
+    turn = Turn.objects.create(agent=agent, number=1, status=TurnStatus.RUNNING)
+    stream = [
+        ("text-delta", {"delta": "Let me check."}),
+        ("tool-input-available", {"toolName": "find_order", "toolCallId": "c1"}),
+        ("data-reset", {}),
+        ("text-delta", {"delta": "Let me check."}),
+        ("tool-output-available", {"toolCallId": "c1", "output": {}}),
+        ("text-delta", {"delta": "It is on its way."}),
+    ]
+    Chunk.objects.bulk_create(Chunk(turn=turn, seq=i + 1, type=t, data=d) for i, (t, d) in enumerate(stream))
+
+    assert selectors.turn_partial_text(turn_id=turn.pk) == "Let me check.\n\nIt is on its way."
+
+
 def test_a_stopped_turns_messages_keep_its_answered_tool_calls(users: Users) -> None:
     # given a stream: text, two calls of which one has its result stored, the next round's text
     account_ensure(slug="acme", members=[users.alice])

@@ -41,7 +41,7 @@
 
   // --- the stream of a turn ----------------------------------------------------------------------
   function stream(turnId) {
-    if (!streams.has(turnId)) streams.set(turnId, {seq: 0, parts: [], notices: [], finished: false, held: new Map()});
+    if (!streams.has(turnId)) streams.set(turnId, {seq: 0, parts: [], roundStart: 0, refill: null, notices: [], finished: false, held: new Map()});
     return streams.get(turnId);
   }
 
@@ -79,19 +79,27 @@
     const last = s.parts[s.parts.length - 1];
     switch (msg.chunk_type) {
       case "text-delta":
-        if (last && last.kind === "text") last.text += data.delta || "";
+        if (s.refill !== null) s.parts[s.refill].text += data.delta || "";
+        else if (last && last.kind === "text") last.text += data.delta || "";
         else s.parts.push({kind: "text", text: data.delta || ""});
         break;
-      case "data-reset":  // a recovered round starts its text again
-        if (last && last.kind === "text") last.text = "";
+      case "data-reset": {  // a recovered round starts its text again, in the place it had: what
+        // it wrote so far goes (its tool calls stay: they are not sent twice)
+        const own = s.parts.map((part, i) => i).filter((i) => i >= s.roundStart && s.parts[i].kind === "text");
+        for (const i of own) s.parts[i].text = "";
+        s.refill = own.length ? own[0] : null;
         break;
+      }
       case "tool-input-available":
+        s.refill = null;
         s.parts.push({kind: "tool", id: data.toolCallId, text: "Using " + data.toolName + (data.input ? " (" + words(data.input) + ")" : "") + "…"});
         break;
       case "tool-output-available":
         for (const part of s.parts) {
           if (part.kind === "tool" && part.id === data.toolCallId) part.text = part.text.replace(/…$/, ": done.");
         }
+        s.roundStart = s.parts.length;  // the round ended: what it wrote stays
+        s.refill = null;
         break;
       case "data-notice":
         s.notices.push(data.text || "");
