@@ -13,7 +13,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
-from webhooks.models import ActionState, WebhookDelivery
+from webhooks.models import OPEN_ACTIONS, WebhookDelivery
 from webhooks.selectors import source_summaries
 from webhooks.services import delivery_act_again
 from workflows.admin import ReadOnlyAdmin, pretty_json, run_admin_link
@@ -97,7 +97,7 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin[WebhookDelivery]):
     @admin.action(description="Act now on the selected failed or pending deliveries", permissions=["act"])
     def act_again(self, request: HttpRequest, queryset: QuerySet[WebhookDelivery]) -> None:
         selected = queryset.count()
-        open_ = queryset.filter(action_state__in=[ActionState.FAILED, ActionState.PENDING])
+        open_ = queryset.filter(action_state__in=OPEN_ACTIONS)  # not every selected id, when all are
         ids = delivery_act_again(list(open_.values_list("pk", flat=True)), by=f"admin user {request.user.pk}")
         for delivery in WebhookDelivery.objects.filter(pk__in=ids):
             self.log_change(request, delivery, f"Acted on again now; {delivery.message.split('; ', 1)[-1]}.")

@@ -33,6 +33,9 @@ class ActionState(models.TextChoices):
     FAILED = "failed"  # every attempt failed (reason, message); an operator may act again
 
 
+# A later action not done yet: pending (a worker will act) or failed (an operator may act again).
+OPEN_ACTIONS = [ActionState.PENDING, ActionState.FAILED]
+
 ACCEPTED_ONCE = "webhook_accepted_once"
 SIGNED_BODY_ONCE = "webhook_signed_body_once"
 

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple, TypedDict
 from django.db.models import Count, Q, QuerySet
 
 from webhooks.conf import raw_sources, source_problems
-from webhooks.models import ActionState, Outcome, WebhookDelivery
+from webhooks.models import OPEN_ACTIONS, ActionState, Outcome, WebhookDelivery
 
 
 class SourceSummary(TypedDict):
@@ -64,15 +64,13 @@ def deliveries_received_before(cutoff: datetime, *, include_failed: bool = False
     """What the retention purge deletes: deliveries received before ``cutoff``, except those whose
     action is pending (accepted work not yet done: deleting it would lose it, and let the event be
     accepted again) or, unless ``include_failed``, failed (it waits for an operator to act again)."""
-    kept = [ActionState.PENDING] if include_failed else [ActionState.PENDING, ActionState.FAILED]
+    kept = [ActionState.PENDING] if include_failed else OPEN_ACTIONS
     return WebhookDelivery.objects.filter(received_at__lt=cutoff).exclude(action_state__in=kept)
 
 
 def open_actions_received_before(cutoff: datetime) -> dict[str, int]:
     """Deliveries received before ``cutoff`` whose action is pending or failed, counted by state."""
-    rows = WebhookDelivery.objects.filter(
-        received_at__lt=cutoff, action_state__in=[ActionState.PENDING, ActionState.FAILED]
-    )
+    rows = WebhookDelivery.objects.filter(received_at__lt=cutoff, action_state__in=OPEN_ACTIONS)
     return dict(rows.order_by().values_list("action_state").annotate(n=Count("pk")))
 
 

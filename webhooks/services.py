@@ -42,7 +42,7 @@ from ledger.services import PurgeResult, purge_in_batches, retention_cutoff
 from webhooks.actions import ActionDeferred, ActionRefused, ActionResult, Event, action_check, action_perform
 from webhooks.conf import Source, source_get
 from webhooks.metrics import ACTION_TRIES, DELIVERIES
-from webhooks.models import ActionState, Outcome, WebhookDelivery
+from webhooks.models import OPEN_ACTIONS, ActionState, Outcome, WebhookDelivery
 from webhooks.selectors import accepted_like, deliveries_received_before, open_actions_received_before
 from webhooks.statements import insert_accepted, insert_delivery, record_result
 from webhooks.verify import ID_UNSIGNED, SCHEMES, MalformedEvent, SignatureRejected
@@ -272,18 +272,16 @@ def _record_duplicate(row: dict[str, Any], *, received_at: datetime) -> WebhookD
         # behind the table). Not a duplicate: an error, so that the sender is answered 500 and
         # tries again, rather than an event lost behind a 200.
         raise RuntimeError(f"webhook {row['source']} {row['event_id']}: the delivery's row could not be stored")
-    if first.replay_key and first.replay_key == row["replay_key"]:
+    same_key = bool(row["replay_key"]) and first.replay_key == row["replay_key"]
+    if same_key or (row["body_digest"] and first.body_digest == row["body_digest"]):
         duplicate.body = None
         if first.event_id == row["event_id"]:
             duplicate.message = f"the body of accepted delivery {first.pk}, not kept again"
-        else:  # the id is not signed: the body is what was accepted
+        else:  # the id is not signed (a replay key matched): the body is what was accepted
             duplicate.message = (
                 f"the signed body of accepted delivery {first.pk} (event {first.event_id}) under another "
                 "event id: a replay, not acted on; its body is not kept again"
             )
-    elif row["body_digest"] and first.body_digest == row["body_digest"]:
-        duplicate.body = None
-        duplicate.message = f"the body of accepted delivery {first.pk}, not kept again"
     insert_delivery(duplicate)
     return duplicate
 
@@ -521,7 +519,7 @@ def delivery_act_again(delivery_ids: list[int], *, by: str) -> list[int]:
     with transaction.atomic():
         rows = list(
             WebhookDelivery.objects.select_for_update(skip_locked=True)
-            .filter(pk__in=delivery_ids, action_state__in=[ActionState.FAILED, ActionState.PENDING])
+            .filter(pk__in=delivery_ids, action_state__in=OPEN_ACTIONS)
             .exclude(raw_body=None)
             .values_list("pk", "action_state", "action_attempts", "reason", "message")
         )

@@ -18,14 +18,14 @@ from webhooks.models import WebhookDelivery
 from workflows.statements import insert_instance, update_instance
 
 # No conflict target: both partial unique indexes of accepted rows (ACCEPTED_ONCE, SIGNED_BODY_ONCE).
-ACCEPTED_ONCE = "DO NOTHING"
+ON_EITHER_INDEX = "DO NOTHING"
 RESULT_FIELDS = ("run", "operation_key", "submission", "result")
 
 
 def insert_accepted(delivery: WebhookDelivery) -> bool:
     """Store the accepted ``delivery`` (its ``pk`` set); False, storing nothing, if the source has
     an accepted row of its event (or, ``replay_key`` set, of its body) already."""
-    return insert_instance(delivery, on_conflict=ACCEPTED_ONCE)
+    return insert_instance(delivery, on_conflict=ON_EITHER_INDEX)
 
 
 def insert_delivery(delivery: WebhookDelivery) -> None:

@@ -46,7 +46,7 @@ class Command(BaseCommand):
             wanted = set(options["ids"])
             acted = set(delivery_act_again(sorted(wanted), by="manage.py webhooks act-again"))
             self.stdout.write(f"{len(acted)} delivery(ies) will be acted on now")
-            found = delivery_ids_among(wanted)
+            found = acted if acted == wanted else delivery_ids_among(wanted)
             if missing := sorted(wanted - found):
                 self.stderr.write(f"no delivery {', '.join(map(str, missing))}")
             if left := sorted(found - acted):
