@@ -113,6 +113,11 @@ def has_adapter(system: str) -> bool:
     return system in _adapters
 
 
+def record_of(outcome: Succeeded | Failed) -> Any:
+    """The provider's record an outcome was read from: a success's response, a failure's detail."""
+    return outcome.response if isinstance(outcome, Succeeded) else outcome.detail
+
+
 def contradiction(op: ExternalOperation, record: Any) -> str | None:
     """What of a provider's record of ``op`` (an answer, a lookup, a webhook) contradicts what we
     sent, in words; None if nothing does. A record names our key, and echoes fields of the request:

@@ -46,6 +46,7 @@ from ledger.adapters import (
     Succeeded,
     Unknown,
     contradiction,
+    record_of,
 )
 from ledger.conf import conf
 
@@ -178,12 +179,9 @@ class HttpAdapter:
         person to look at. A success whose body is not JSON (a proxy's or a misconfigured URL's
         page) says nothing of the operation; a record whose key or echoed request fields differ
         from ours is another operation's (``ledger.adapters.contradiction``)."""
-        if isinstance(outcome, Succeeded):
-            record = outcome.response
-        elif isinstance(outcome, Failed):
-            record = outcome.detail
-        else:
+        if not isinstance(outcome, Succeeded | Failed):
             return outcome
+        record = record_of(outcome)
         if isinstance(outcome, Succeeded) and isinstance(record, dict) and record.get(NOT_JSON):
             return Unknown(f"{self.where} answered with a body that is not JSON: it says nothing of this operation")
         if (problem := contradiction(op, record)) is not None:

@@ -35,6 +35,7 @@ from ledger.adapters import (
     get_adapter,
     has_adapter,
     has_lookup_many,
+    record_of,
 )
 from ledger.conf import conf
 from ledger.exceptions import ResolutionRefused
@@ -363,8 +364,7 @@ def operation_report(*, key: str, system: str, outcome: Succeeded | Failed, repo
     if op is None:
         return None
     before = op.status
-    record = outcome.response if isinstance(outcome, Succeeded) else outcome.detail
-    if (problem := contradiction(op, record)) is not None:
+    if (problem := contradiction(op, record_of(outcome))) is not None:
         # Another operation's record under our key (an installation sharing the provider account,
         # ids reused after a restore): never our outcome. Left as it is, and said.
         note = f"a report by {reported_by} does not match this operation ({problem}): changes nothing"
