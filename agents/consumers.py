@@ -104,11 +104,8 @@ class AgentConsumer(StreamConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED, reason="authentication required")
             return
-        kwargs = self.scope["url_route"]["kwargs"]
         query = QueryDict(self.scope.get("query_string", b"").decode("latin-1"))
-        agent = await database_sync_to_async(selectors.agent_get)(
-            user=user, kind=kwargs["kind"], name=kwargs["name"], account=query.get("account")
-        )
+        agent = await database_sync_to_async(self._agent_for)(user)
         if agent is None:
             await self.close(code=CLOSE_NOT_FOUND, reason="agent not found")
             return
@@ -139,10 +136,14 @@ class AgentConsumer(StreamConsumer):
 
     def may_still_see(self, user: Any) -> bool:
         """Still a member of the agent's account (its agent the one this socket shows)."""
-        kwargs = self.scope["url_route"]["kwargs"]
-        query = QueryDict(self.scope.get("query_string", b"").decode("latin-1"))
-        agent = selectors.agent_get(user=user, kind=kwargs["kind"], name=kwargs["name"], account=query.get("account"))
+        agent = self._agent_for(user)
         return agent is not None and agent.pk == self.agent.pk
+
+    def _agent_for(self, user: Any) -> Agent | None:
+        """The agent the socket's path (and ``?account=``) names, as ``user`` reaches it."""
+        kwargs = self.scope["url_route"]["kwargs"]
+        account = QueryDict(self.scope.get("query_string", b"").decode("latin-1")).get("account")
+        return selectors.agent_get(user=user, kind=kwargs["kind"], name=kwargs["name"], account=account)
 
     async def disconnect(self, code: int) -> None:
         if self.group is not None:

@@ -157,17 +157,24 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
         now = time.monotonic()
         if not every_time and now - self.authorized_at < float(settings.WEBSOCKET_RECHECK_SECONDS):
             return True
-        user = await database_sync_to_async(session_user)(self.scope)
-        if user is None:
-            code, reason = CLOSE_UNAUTHENTICATED, "signed out"
-        elif not await database_sync_to_async(self.may_still_see)(user):
-            code, reason = CLOSE_NOT_FOUND, "not found"
-        else:
-            self.scope["user"], self.authorized_at = user, now
+        refused = await database_sync_to_async(self._refusal)()  # one visit to the thread pool
+        if refused is None:
+            self.authorized_at = now
             return True
         self.authorized_at = None  # nothing more is forwarded, or acted on, on this socket
-        await self.close(code=code, reason=reason)
+        await self.close(code=refused[0], reason=refused[1])
         return False
+
+    def _refusal(self) -> tuple[int, str] | None:
+        """Why the socket may no longer be used (its close code and reason), or None; the user as
+        the session has them now is the scope's from here on."""
+        user = session_user(self.scope)
+        if user is None:
+            return CLOSE_UNAUTHENTICATED, "signed out"
+        if not self.may_still_see(user):
+            return CLOSE_NOT_FOUND, "not found"
+        self.scope["user"] = user
+        return None
 
     def may_still_see(self, user: Any) -> bool:
         """Whether ``user`` may still see what the socket shows (in a thread: the ORM is allowed)."""
