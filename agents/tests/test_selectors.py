@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -99,12 +100,18 @@ def test_a_snapshot_since_a_message_holds_only_the_later_ones_and_says_when_it_l
     assert (texts(after_last), after_last["more"]) == ([], False)
 
 
-def test_a_turns_partial_text_is_what_its_stream_showed(users: Users) -> None:
-    # given a stream: a round's text, a tool call, a round that was reset and streamed again
+def streamed_turn(users: Users, stream: Sequence[tuple[str, object]]) -> Turn:
+    """A running turn of alice's agent with ``stream`` stored as its chunks, in order."""
     account_ensure(slug="acme", members=[users.alice])
     agent = agent_get(user=users.alice, kind="test.chat", name="help")
     assert agent is not None
     turn = Turn.objects.create(agent=agent, number=1, status=TurnStatus.RUNNING)
+    Chunk.objects.bulk_create(Chunk(turn=turn, seq=i + 1, type=t, data=d) for i, (t, d) in enumerate(stream))
+    return turn
+
+
+def test_a_turns_partial_text_is_what_its_stream_showed(users: Users) -> None:
+    # given a stream: a round's text, a tool call, a round that was reset and streamed again
     stream = [
         ("start", {}),
         ("text-delta", {"delta": "Let me "}),
@@ -116,19 +123,15 @@ def test_a_turns_partial_text_is_what_its_stream_showed(users: Users) -> None:
         ("text-delta", {"delta": "It is "}),
         ("text-delta", {"delta": "on its way"}),
     ]
-    Chunk.objects.bulk_create(Chunk(turn=turn, seq=i + 1, type=t, data=d) for i, (t, d) in enumerate(stream))
+    turn = streamed_turn(users, stream)
 
     assert selectors.turn_partial_text(turn_id=turn.pk) == "Let me look.\n\nIt is on its way"
-    assert selectors.turn_partial_text(turn_id=Turn.objects.create(agent=agent, number=2).pk) == ""
+    assert selectors.turn_partial_text(turn_id=Turn.objects.create(agent=turn.agent, number=2).pk) == ""
 
 
 def test_a_round_reset_after_its_tool_call_is_not_shown_twice(users: Users) -> None:
     # given a round that wrote text and called a tool, then was recovered ("retry"): it writes its
     # text again, and its tool call, sent once already, is not sent again
-    account_ensure(slug="acme", members=[users.alice])
-    agent = agent_get(user=users.alice, kind="test.chat", name="help")
-    assert agent is not None
-    turn = Turn.objects.create(agent=agent, number=1, status=TurnStatus.RUNNING)
     stream = [
         ("text-delta", {"delta": "Let me check."}),
         ("tool-input-available", {"toolName": "find_order", "toolCallId": "c1"}),
@@ -137,17 +140,13 @@ def test_a_round_reset_after_its_tool_call_is_not_shown_twice(users: Users) -> N
         ("tool-output-available", {"toolCallId": "c1", "output": {}}),
         ("text-delta", {"delta": "It is on its way."}),
     ]
-    Chunk.objects.bulk_create(Chunk(turn=turn, seq=i + 1, type=t, data=d) for i, (t, d) in enumerate(stream))
+    turn = streamed_turn(users, stream)
 
     assert selectors.turn_partial_text(turn_id=turn.pk) == "Let me check.\n\nIt is on its way."
 
 
 def test_a_stopped_turns_messages_keep_its_answered_tool_calls(users: Users) -> None:
     # given a stream: text, two calls of which one has its result stored, the next round's text
-    account_ensure(slug="acme", members=[users.alice])
-    agent = agent_get(user=users.alice, kind="test.chat", name="help")
-    assert agent is not None
-    turn = Turn.objects.create(agent=agent, number=1, status=TurnStatus.RUNNING)
     stream = [
         ("start", {}),
         ("text-delta", {"delta": "Let me look. "}),
@@ -156,7 +155,7 @@ def test_a_stopped_turns_messages_keep_its_answered_tool_calls(users: Users) -> 
         ("tool-output-available", {"toolCallId": "a", "output": {"amount": "150.00"}}),
         ("text-delta", {"delta": "It cost "}),
     ]
-    Chunk.objects.bulk_create(Chunk(turn=turn, seq=i + 1, type=t, data=d) for i, (t, d) in enumerate(stream))
+    turn = streamed_turn(users, stream)
 
     added = selectors.turn_stopped_messages(turn_id=turn.pk)
 
