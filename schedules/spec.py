@@ -39,8 +39,8 @@ WEEKDAYS = {name: i for i, name in enumerate("sun mon tue wed thu fri sat".split
 # The longest any month can be (February 29 in a leap year).
 MONTH_DAYS = {1: 31, 2: 29, 3: 31, 4: 30, 5: 31, 6: 30, 7: 31, 8: 31, 9: 30, 10: 31, 11: 30, 12: 31}
 # A search for the next time looks this far ahead. The rarest an accepted expression can be is a day
-# that is both February 29 and a given weekday ("0 0 29 2 */2": both fields restricted, the day
-# field starting with "*", so both must match): up to 40 years apart (14,609 days, across 2100,
+# that is both February 29 and a given weekday ("0 0 29 2 */2": both day fields restricted, the
+# weekday's starting with "*", so both must match): up to 40 years apart (14,609 days, across 2100,
 # which has no February 29). Every accepted expression has a due time in any 41 years.
 HORIZON = timedelta(days=366 * 41)
 MAX_INTERVAL_SECONDS = 366 * 24 * 3600
