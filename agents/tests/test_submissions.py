@@ -15,7 +15,8 @@ from django.core.management import call_command
 from agents import services
 from agents.models import Message, Submission, SubmissionStatus, Turn, TurnStatus
 from agents.services import TooManyQueuedTurns, message_send
-from agents.submissions import submission_create
+from agents.submission_apis import MAX_CONTENT_CHARS, MAX_MESSAGES, AgentSubmissionsApi, plainly_valid
+from agents.submissions import check_submission, submission_create
 from agents.tests.support import chat_agent, streamed_text, wait_ended
 from agents.workflows import message_for_model, recent_history
 from tests.factories import Users, api_login, login
@@ -449,3 +450,57 @@ def test_the_admin_shows_whose_key_a_submission_is_under(users: Users, no_enqueu
 
     assert "webhook:crm" in page and webhook.submission.fingerprint in page
     assert "webhook:crm" in listed
+
+
+# Inputs near every edge of InputSerializer: each either read by plainly_valid exactly as the
+# serializer validates it, or left to the serializer.
+EDGES: list[Any] = [
+    said("hi"),
+    {"messages": [{"content": "hi"}]},
+    {"messages": [{"role": "user", "content": " padded\n"}], "metadata": {}},
+    {"messages": [{"content": "a"}] * MAX_MESSAGES, "metadata": {"nested": {"list": [1, None, "x"]}}},
+    {"messages": [{"content": "\u6f22" * MAX_CONTENT_CHARS}]},
+    {"messages": [{"content": "\U0001f600 emoji"}], "metadata": {"": None}},
+    {"messages": [{"content": "\u3000x\u3000"}]},  # ideographic spaces around a character
+    # refused, by the one or the other
+    {"messages": [{"content": "a"}] * (MAX_MESSAGES + 1)},
+    {"messages": [{"content": "\u6f22" * (MAX_CONTENT_CHARS + 1)}]},
+    {"messages": []},
+    {"messages": [{"content": ""}]},
+    {"messages": [{"content": " \t\n\u3000\u2028"}]},
+    {"messages": [{"content": "nul\x00"}]},
+    {"messages": [{"content": "lone \ud800"}]},
+    {"messages": [{"content": 7}]},
+    {"messages": [{"content": None}]},
+    {"messages": [{"role": "assistant", "content": "hi"}]},
+    {"messages": [{"role": None, "content": "hi"}]},
+    {"messages": [{"role": "user"}]},
+    {"messages": [{"content": "hi", "name": "x"}]},
+    {"messages": ["hi"]},
+    {"messages": "hi"},
+    {"messages": {"content": "hi"}},
+    {"messages": [{"content": "hi"}], "metadata": None},
+    {"messages": [{"content": "hi"}], "metadata": []},
+    {"messages": [{"content": "hi"}], "metadata": "x"},
+    {"messages": [{"content": "hi"}], "other": 1},
+    {"metadata": {}},
+    [],
+    "text",
+    None,
+]
+
+
+@pytest.mark.parametrize("data", EDGES)
+def test_the_plain_reading_of_a_submission_takes_only_what_the_serializer_does_and_reads_it_alike(data: Any) -> None:
+    serializer = AgentSubmissionsApi.InputSerializer(data=data)
+    valid = serializer.is_valid()
+
+    plain = plainly_valid(data)
+
+    if plain is not None:  # taken without DRF: DRF would take it, and read the same
+        assert valid, serializer.errors
+        assert check_submission(plain["messages"], plain["metadata"]) == check_submission(
+            serializer.validated_data["messages"], serializer.validated_data["metadata"]
+        )
+    # what a caller sends when all is well is taken without DRF
+    assert (plain is not None) == (valid and data in EDGES[:7])
