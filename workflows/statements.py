@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
+import weakref
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypeVar
@@ -405,10 +406,27 @@ def instance_from_row(db: BaseDatabaseWrapper, model: type[M], row: Any) -> M:
 
 def value_from_db(db: BaseDatabaseWrapper, field: Any, value: Any) -> Any:
     """A raw statement's value of ``field``'s column as a queryset gives it (see instance_from_row)."""
-    col = field.get_col(field.model._meta.db_table)
-    for converter in [*db.ops.get_db_converters(col), *field.get_db_converters(db)]:
+    col, converters = _converters(db, field)
+    for converter in converters:
         value = converter(value, col, db)
     return value
+
+
+# A connection's converters for a field, found once: asking the backend and the field for them
+# cost more than converting (every hot read comes through here, a token's, an agent's, a run's).
+_CONVERTERS: weakref.WeakKeyDictionary[BaseDatabaseWrapper, dict[Any, tuple[Any, list[Any]]]]
+_CONVERTERS = weakref.WeakKeyDictionary()
+
+
+def _converters(db: BaseDatabaseWrapper, field: Any) -> tuple[Any, list[Any]]:
+    known = _CONVERTERS.get(db)
+    if known is None:
+        known = _CONVERTERS[db] = {}
+    found = known.get(field)
+    if found is None:
+        col = field.get_col(field.model._meta.db_table)
+        found = known[field] = (col, [*db.ops.get_db_converters(col), *field.get_db_converters(db)])
+    return found
 
 
 def checkpoint(
