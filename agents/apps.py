@@ -7,11 +7,13 @@ class AgentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.models.signals import post_delete
         from django.utils.module_loading import autodiscover_modules
 
+        from accounts.models import Membership
         from agents import fibers, services
         from agents.registry import import_agent_modules
-        from workflows import hooks
+        from workflows import access, hooks
 
         # A turn's run terminated by anyone (a stop, staff in the admin) cancels the turn.
         hooks.on_run_terminated(services.on_run_terminated)
@@ -20,5 +22,12 @@ class AgentsConfig(AppConfig):
         # A fiber's run terminated by anyone (a cancel, staff in the admin) cancels the fiber.
         hooks.on_run_terminated(fibers.on_run_terminated)
         hooks.on_run_failed(fibers.on_run_failed)
+        # A member removed from an account: their open chats of its agents close at once.
+        post_delete.connect(
+            lambda sender, instance, **kwargs: access.access_changed(instance.user_id),
+            sender=Membership,
+            weak=False,
+            dispatch_uid="agents.membership_removed",
+        )
         autodiscover_modules("agents")
         import_agent_modules(getattr(settings, "AGENTS_MODULES", []))

@@ -132,7 +132,7 @@ class AgentConsumer(StreamConsumer):
         self.state_version = snapshot["state_version"]
         self.ready = True
         await self.send_json({"type": "snapshot", **snapshot})
-        self.authorized()
+        await self.authorized()
 
     def may_still_see(self, user: Any) -> bool:
         """Still a member of the agent's account (its agent the one this socket shows)."""

@@ -20,10 +20,12 @@ Protocol of ``/ws/runs/<id>/`` (also in docs/architecture.md#interfaces):
   that is not UTF-8, and a message over daphne's own size limit, never reach the consumer: daphne
   fails the connection, as the WebSocket protocol requires.)
 - close codes: 4401 not authenticated, 4404 no such run *or* another user's run (indistinguishable).
-- what connect checked is checked again while the socket is open (``StreamConsumer``): before
-  every client message, and before a push at most every WEBSOCKET_RECHECK_SECONDS. A user signed
-  out (the session gone), deactivated or whose password changed is closed with 4401; one who may no
-  longer see the run (or the agent: removed from its account) with 4404.
+- what connect checked is checked again while the socket is open (``StreamConsumer``): at once
+  when the user's access changes (``workflows.access``: they sign out, are deactivated, change
+  their password, leave an account), before every client message, and before a push at most every
+  WEBSOCKET_RECHECK_SECONDS. A user signed out (the session gone), deactivated or whose password
+  changed is closed with 4401; one who may no longer see the run (or the agent: removed from its
+  account) with 4404.
 
 Any other ``/ws/`` path (a malformed id, no trailing slash, no such socket) is accepted and closed
 with 4404 by ``NotFoundConsumer``, signed in or not.
@@ -49,11 +51,13 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocke
 from django.conf import settings
 from django.contrib.auth import get_user
 
-from workflows import streams
+from workflows import access, streams
 from workflows.selectors import run_get, run_snapshot
 
 logger = logging.getLogger(__name__)
 
+# Checked by their handlers themselves: a connect and a disconnect, and a change of access (now).
+UNGUARDED = ("websocket.connect", "websocket.disconnect", "access.changed")
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 # Seqs skipped while waiting for a late live event; more than the stream keeps is pointless.
@@ -132,21 +136,42 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
     # When what connect checked was last checked again (time.monotonic()); None until connect
     # accepted the user (a socket refused at connect is closing: nothing of it is guarded).
     authorized_at: float | None = None
+    access_group: str | None = None  # the user's (workflows.access), joined once connect let them in
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
-        if self.authorized_at is not None and message["type"] not in ("websocket.connect", "websocket.disconnect"):
+        if self.authorized_at is not None and message["type"] not in UNGUARDED:
             # A client's message is acted on only for who may still act; a push is forwarded
             # for a while on the last check, then checked again.
             if not await self.still_authorized(every_time=message["type"] == "websocket.receive"):
                 return
         await handler(message)
 
-    def authorized(self) -> None:
-        """Call at the end of a connect that let the user in: from then on it is checked again."""
+    async def authorized(self) -> None:
+        """Call at the end of a connect that let the user in: from then on it is checked again,
+        at once whenever the user's access changes."""
         self.authorized_at = time.monotonic()
+        self.access_group = access.group_name(self.scope["user"].pk)
+        await self.channel_layer.group_add(self.access_group, self.channel_name)
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        if self.access_group is not None:
+            await self.channel_layer.group_discard(self.access_group, self.channel_name)
+        await super().websocket_disconnect(message)
+
+    async def access_changed(self, message: dict[str, Any]) -> None:
+        """The user's access changed (``workflows.access``): a sign-out of this socket's session
+        closes it (the session may not be gone yet); anything else is checked now."""
+        if self.authorized_at is None:
+            return  # closing already
+        session = getattr(self.scope.get("session"), "session_key", None)
+        if message.get("session") is not None and message["session"] == session:
+            self.authorized_at = None
+            await self.close(code=CLOSE_UNAUTHENTICATED, reason="signed out")
+            return
+        await self.still_authorized(every_time=True)
 
     async def still_authorized(self, *, every_time: bool) -> bool:
         """Whether the socket's user is still signed in (the session as Django reads a request's:
@@ -228,7 +253,7 @@ class RunConsumer(StreamConsumer):
             return
         self.cursor = Cursor(low=snapshot["seq"], high=snapshot["seq"])
         await self.send_json(snapshot)
-        self.authorized()
+        await self.authorized()
 
     async def disconnect(self, code: int) -> None:
         if self.group is not None:

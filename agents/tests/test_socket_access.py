@@ -72,9 +72,13 @@ def test_a_signed_out_user_can_no_longer_send_on_a_socket_opened_before(server: 
     client, cookie = signed_in(world.users.bob)
     with open_socket(server, CHAT, cookie) as ws:
         assert receive(ws)["type"] == "snapshot"
-        # when he signs out (in another tab), then the socket sends a message
+        # when he signs out (in another tab), then the socket sends a message (if the sign-out's
+        # push has not closed it already)
         assert client.post("/accounts/logout/").status_code == 302
-        ws.send('{"type": "message", "text": "still here?"}')
+        try:
+            ws.send('{"type": "message", "text": "still here?"}')
+        except ConnectionClosed:
+            pass
 
         # then it is closed as unauthenticated, and nothing was stored
         code, sent = closed_with(ws)
@@ -127,3 +131,69 @@ def test_a_deactivated_user_loses_a_run_socket_too(server: AsgiServer, world: Wo
         # then the socket is closed as unauthenticated, with no snapshot sent
         code, sent = closed_with(ws)
     assert code == CLOSE_UNAUTHENTICATED and sent == []
+
+
+# --- at once: the user's access changed (workflows.access) ------------------------------------------
+@pytest.fixture(scope="module")
+def patient_server(django_db_setup: None, django_db_blocker: Any) -> Iterator[AsgiServer]:
+    """A daphne that checks again only on a client's message or the access group's push: its
+    interval is an hour, so a socket closed without a message was closed by the push."""
+    process = AsgiServer(WEBSOCKET_RECHECK_SECONDS="3600")
+    yield process
+    with django_db_blocker.unblock():
+        process.stop()
+
+
+def still_open(ws: ClientConnection) -> bool:
+    """Nothing sent and not closed for a second."""
+    try:
+        ws.recv(timeout=1)
+    except TimeoutError:
+        return True
+    except ConnectionClosed:
+        return False
+    return True
+
+
+def test_signing_out_closes_that_sessions_sockets_at_once_and_no_other(
+    patient_server: AsgiServer, world: World
+) -> None:
+    # given bob's chat open in two browsers, and his run in the first
+    run = WorkflowRun.objects.create(workflow="test.echo", owner=world.users.bob, payload={})
+    first, cookie = signed_in(world.users.bob)
+    _, other_cookie = signed_in(world.users.bob)
+    with (
+        open_socket(patient_server, CHAT, cookie) as chat,
+        open_socket(patient_server, f"/ws/runs/{run.pk}/", cookie) as watching,
+        open_socket(patient_server, CHAT, other_cookie) as other,
+    ):
+        for ws in (chat, watching, other):
+            assert receive(ws)["type"] == "snapshot"
+
+        # when he signs out in the first browser, and nobody sends anything
+        assert first.post("/accounts/logout/").status_code == 302
+
+        # then both of its sockets close as signed out, and the other browser's stays open
+        assert closed_with(chat) == (CLOSE_UNAUTHENTICATED, [])
+        assert closed_with(watching) == (CLOSE_UNAUTHENTICATED, [])
+        assert still_open(other)
+
+
+def test_removing_a_member_or_deactivating_a_user_closes_their_sockets_at_once(
+    patient_server: AsgiServer, world: World
+) -> None:
+    # given bob's and alice's chats open
+    _, bob_cookie = signed_in(world.users.bob)
+    _, alice_cookie = signed_in(world.users.alice)
+    with open_socket(patient_server, CHAT, bob_cookie) as bob, open_socket(patient_server, CHAT, alice_cookie) as alice:
+        assert receive(bob)["type"] == "snapshot" and receive(alice)["type"] == "snapshot"
+
+        # when bob is removed from acme: his chat closes as not found; alice's stays
+        Membership.objects.get(user=world.users.bob, account=world.acme).delete()
+        assert closed_with(bob) == (CLOSE_NOT_FOUND, [])
+        assert still_open(alice)
+
+        # when alice is deactivated (saved, as the admin does): hers closes as signed out
+        world.users.alice.is_active = False
+        world.users.alice.save()
+        assert closed_with(alice) == (CLOSE_UNAUTHENTICATED, [])

@@ -1,0 +1,60 @@
+"""A user's access changed: their open sockets check it again at once.
+
+Every socket (``workflows.consumers.StreamConsumer``) joins its user's group once connect lets
+them in. ``access_changed`` pushes to that group once the change is committed, and each socket
+checks again what connect checked, closing if it no longer holds (4401 signed out, 4404 no longer
+visible). Without it a socket found out on its next client message or within
+WEBSOCKET_RECHECK_SECONDS of pushes; that re-check stays, for what sends no signal (a session
+deleted in the database, a membership removed by raw SQL) and for a push that was lost.
+
+Sent for: a sign-out (the message names the session, which Django deletes only after the signal:
+that session's sockets close without asking the database), any save of the user but a sign-in's
+``last_login`` (deactivated, password changed), the user deleted, and, from the agents app, a
+membership removed. Best effort, as every push: it goes through the process's publisher.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.contrib.auth.signals import user_logged_out
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+
+from workflows.streams import group_send_later
+
+MESSAGE_TYPE = "access.changed"  # StreamConsumer.access_changed
+
+
+def group_name(user_id: Any) -> str:
+    return f"user.{user_id}"
+
+
+def access_changed(user_id: Any, *, session: str | None = None) -> None:
+    """Have ``user_id``'s open sockets check their access again, once the transaction commits;
+    ``session``: the session signed out (its sockets close without checking)."""
+    message = {"type": MESSAGE_TYPE, "session": session}
+    transaction.on_commit(lambda: group_send_later(group_name(user_id), message))
+
+
+def _signed_out(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
+    if user is not None:
+        access_changed(user.pk, session=getattr(getattr(request, "session", None), "session_key", None))
+
+
+def _user_saved(sender: Any, instance: Any, created: bool, update_fields: Any, **kwargs: Any) -> None:
+    if not created and (update_fields is None or set(update_fields) != {"last_login"}):
+        access_changed(instance.pk)
+
+
+def _user_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
+    access_changed(instance.pk)
+
+
+def connect_signals() -> None:
+    """From the app's ``ready()``."""
+    user_model = get_user_model()
+    user_logged_out.connect(_signed_out, dispatch_uid="workflows.access.signed_out")
+    post_save.connect(_user_saved, sender=user_model, dispatch_uid="workflows.access.user_saved")
+    post_delete.connect(_user_deleted, sender=user_model, dispatch_uid="workflows.access.user_deleted")
