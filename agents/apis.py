@@ -166,11 +166,19 @@ def query_params(request: Request, serializer: type[AgentQuerySerializer] = Agen
     return dict(params.validated_data)
 
 
+class AgentLimitReached(exceptions.APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "too_many_agents"
+
+
 def visible_agent(request: Request, kind: str, name: str, *, params: dict[str, Any] | None = None) -> Agent:
     """The agent for a member of its account (created on first use), else NotFound. ``params``: the
     query string as validated already (default: as AgentQuerySerializer validates it)."""
     params = query_params(request) if params is None else params
-    agent = selectors.agent_get(user=request.user, kind=kind, name=name, account=params.get("account"))
+    try:
+        agent = selectors.agent_get(user=request.user, kind=kind, name=name, account=params.get("account"))
+    except selectors.TooManyAgents as exc:
+        raise AgentLimitReached(str(exc)) from None
     if agent is None:
         raise exceptions.NotFound()
     return agent
@@ -209,7 +217,7 @@ class AgentSnapshotApi(ApiBase):
         operation_id="agent_snapshot",
         tags=TAGS,
         parameters=[KIND, NAME, SnapshotQuerySerializer],
-        responses={200: OutputSerializer, **error_responses(400, 401, 404)},
+        responses={200: OutputSerializer, **error_responses(400, 401, 404, 409)},
     )
     def get(self, request: Request, kind: str, name: str) -> Response:
         params = query_params(request, SnapshotQuerySerializer)
@@ -235,7 +243,7 @@ class AgentMessageApi(ApiBase):
         request=InputSerializer,
         description="202 with the turn, running or queued. 429 too_many_requests when the agent has "
         "AGENTS_MAX_QUEUED_TURNS turns queued already (nothing is stored).",
-        responses={202: OutputSerializer, **error_responses(400, 401, 403, 404, 413, 415, 429)},
+        responses={202: OutputSerializer, **error_responses(400, 401, 403, 404, 409, 413, 415, 429)},
         examples=[
             OpenApiExample(
                 "refund", value={"text": "I'd like a refund for order 1042, it arrived damaged"}, request_only=True
@@ -262,7 +270,7 @@ class AgentTurnApi(ApiBase):
         operation_id="agent_turn_retrieve",
         tags=TAGS,
         parameters=[KIND, NAME, TURN_ID, AgentQuerySerializer],
-        responses={200: OutputSerializer, **error_responses(400, 401, 404)},
+        responses={200: OutputSerializer, **error_responses(400, 401, 404, 409)},
     )
     def get(self, request: Request, kind: str, name: str, turn_id: str) -> Response:
         turn = visible_turn(agent=visible_agent(request, kind, name), turn_id=turn_id)

@@ -143,7 +143,10 @@ class AgentConsumer(StreamConsumer):
         """The agent the socket's path (and ``?account=``) names, as ``user`` reaches it."""
         kwargs = self.scope["url_route"]["kwargs"]
         account = QueryDict(self.scope.get("query_string", b"").decode("latin-1")).get("account")
-        return selectors.agent_get(user=user, kind=kwargs["kind"], name=kwargs["name"], account=account)
+        try:
+            return selectors.agent_get(user=user, kind=kwargs["kind"], name=kwargs["name"], account=account)
+        except selectors.TooManyAgents:
+            return None  # a new agent the account has no room for: its page said why
 
     async def disconnect(self, code: int) -> None:
         if self.group is not None:

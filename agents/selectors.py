@@ -86,10 +86,19 @@ def kind_registered(kind: str) -> bool:
     return get_agent_class(kind) is not None
 
 
+class TooManyAgents(Exception):
+    """A member opened a new agent in an account that has AGENTS_MAX_AGENTS_PER_ACCOUNT already: a
+    409 ``too_many_agents`` (the chat page says so too). Only a member is told: anyone else is
+    answered as for an agent that does not exist."""
+
+    code = "too_many_agents"
+
+
 def agent_get(*, user: User, kind: str, name: str, account: str | None = None) -> Agent | None:
     """The agent ``(account, kind, name)`` for a member of the account, created on first use for a
     registered kind. None for a non-member, an unknown account or kind, or a name no agent can
-    have: the same answer for each, so it confirms nothing."""
+    have: the same answer for each, so it confirms nothing. TooManyAgents for a new name in an
+    account at its limit."""
     if not user.is_authenticated or not _storable_name(kind, KIND_MAX) or not _storable_name(name, NAME_MAX):
         return None
     if account is not None and text_problem(account) is not None:
@@ -105,9 +114,13 @@ def agent_get(*, user: User, kind: str, name: str, account: str | None = None) -
         return None
     if agent is None:
         # Opening an agent creates it, so the count per account is bounded: past the limit a new
-        # name is not found (the account's existing agents stay reachable).
-        if Agent.objects.filter(account=found).count() >= settings.AGENTS_MAX_AGENTS_PER_ACCOUNT:
-            return None
+        # name is refused, saying why (the account's existing agents stay reachable).
+        limit = int(settings.AGENTS_MAX_AGENTS_PER_ACCOUNT)
+        if Agent.objects.filter(account=found).count() >= limit:
+            raise TooManyAgents(
+                f"The account {found.slug!r} has {limit} agents, its limit: open one of them, or ask staff to "
+                "remove some (AGENTS_MAX_AGENTS_PER_ACCOUNT)."
+            )
         agent, _ = Agent.objects.get_or_create(account=found, kind=kind, name=name)
     agent.account = found  # read already: the snapshot's agent.account.slug costs no query
     return agent

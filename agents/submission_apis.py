@@ -226,7 +226,7 @@ class AgentSubmissionsApi(ApiBase):
         operation_id="submission_list",
         tags=TAGS,
         parameters=[KIND, NAME, FilterSerializer],
-        responses={200: PageSerializer, **error_responses(400, 401, 404)},
+        responses={200: PageSerializer, **error_responses(400, 401, 404, 409)},
     )
     def get(self, request: Request, kind: str, name: str) -> Response:
         filters = self.FilterSerializer(data=request.query_params.dict())

@@ -17,7 +17,10 @@ from agents.consumers import max_text_chars
 def chat(request: HttpRequest, kind: str, name: str) -> HttpResponse:
     """The conversation with the agent ``kind``/``name`` of an account the user belongs to."""
     account = request.GET.get("account")
-    agent = selectors.agent_get(user=request.user, kind=kind, name=name, account=account)
+    try:
+        agent = selectors.agent_get(user=request.user, kind=kind, name=name, account=account)
+    except selectors.TooManyAgents as exc:
+        return render(request, "agents/too_many.html", {"kind": kind, "name": name, "message": str(exc)}, status=409)
     if agent is None:
         # The same answer for another account's agent, an unknown account and an unknown kind.
         raise Http404("No such agent.")

@@ -12,20 +12,34 @@ from accounts.services import account_ensure
 from agents import selectors
 from agents.models import Agent, Chunk, Message, MessageRole, Turn, TurnStatus
 from agents.selectors import FAILED_REASON, SNAPSHOT_BYTES, AgentSnapshot, agent_get, agent_snapshot, turn_data
-from tests.factories import Users
+from tests.factories import Users, api_login, login
 
 pytestmark = pytest.mark.django_db
 
 
-def test_opening_new_names_stops_at_the_accounts_limit(settings: Any, users: Users) -> None:
+def test_opening_new_names_stops_at_the_accounts_limit_and_says_so_to_members_only(settings: Any, users: Users) -> None:
     # given an account allowed three agents, with three already opened
     settings.AGENTS_MAX_AGENTS_PER_ACCOUNT = 3
     account_ensure(slug="acme", members=[users.alice, users.bob])
     opened = [agent_get(user=users.alice, kind="test.chat", name=f"a{i}") for i in range(3)]
 
-    # then a fourth name is not found, and the three stay reachable, for bob too
-    assert agent_get(user=users.alice, kind="test.chat", name="a3") is None
+    # then a fourth name is refused, saying why, and the three stay reachable, for bob too
+    with pytest.raises(selectors.TooManyAgents, match="'acme' has 3 agents, its limit"):
+        agent_get(user=users.alice, kind="test.chat", name="a3")
     assert [agent_get(user=users.bob, kind="test.chat", name=f"a{i}") for i in range(3)] == opened
+    # and someone outside the account is told nothing about it
+    assert agent_get(user=users.carol, kind="test.chat", name="a3", account="acme") is None
+    assert Agent.objects.count() == 3
+
+    # and a member opening the fourth, on the chat page or through the API, reads why, not "No such agent"
+    page = login(users.alice).get("/chat/test.chat/a3/")
+    assert page.status_code == 409 and "has 3 agents, its limit" in page.content.decode()
+    answer = api_login(users.alice).post(
+        "/api/agents/test.chat/a3/submissions", {"messages": [{"content": "hi"}]}, format="json"
+    )
+    assert answer.status_code == 409 and answer.json()["error"]["code"] == "too_many_agents"
+    assert "has 3 agents, its limit" in answer.json()["error"]["message"]
+    assert login(users.carol).get("/chat/test.chat/a3/?account=acme").status_code == 404
     assert Agent.objects.count() == 3
 
 
