@@ -87,6 +87,7 @@ def source_get(name: str) -> Source | None:
     return sources().get(name)
 
 
+RESERVED_NAMES = frozenset({"schedule"})
 KNOWN_KEYS = frozenset({"scheme", "secrets", "tolerance_seconds", "max_body_bytes", "action", "act"})
 
 
@@ -97,6 +98,11 @@ def source_problems(name: Any, raw: Any) -> list[str]:
 
     if not isinstance(name, str) or not name or not set(name) <= SOURCE_NAME_CHARS or len(name) > 100:
         return ["its name must be 1 to 100 lower-case letters, digits, '-' or '_' (it is the URL's last part)"]
+    if name in RESERVED_NAMES:
+        # What an event starts is keyed <source>:<event id>; a firing of a schedule, with the same
+        # owner (none), schedule:<name>:<due time>: an event of a source so named could pass for a
+        # firing, or a firing find the event's run and count as done.
+        return [f"the name {name!r} is reserved: schedules key their work with it"]
     if not isinstance(raw, dict):
         return ["it must be an object with scheme, secrets and action"]
     problems = [f"unknown key {key!r}" for key in sorted(set(raw) - KNOWN_KEYS)]

@@ -71,6 +71,15 @@ def test_a_bad_name_is_an_error(settings: Any) -> None:
     assert [m.id for m in check_sources()] == ["webhooks.E001"]
 
 
+def test_a_source_named_schedule_is_refused_so_its_events_never_pass_for_a_schedules_firings(settings: Any) -> None:
+    # its event "nightly:<time>" would be keyed schedule:nightly:<time>, as that firing's work is
+    settings.WEBHOOK_SOURCES = {"schedule": GOOD}
+    found = [f"{m.id}: {m.msg}" for m in check_sources()]
+    assert len(found) == 1 and found[0].startswith("webhooks.E001: webhook source 'schedule': "), found
+    assert "reserved" in found[0]
+    assert sources() == {}
+
+
 def test_a_source_without_secrets_is_a_warning(settings: Any) -> None:
     assert [m.split(":")[0] for m in messages(settings, secrets=[])] == ["webhooks.W001"]
 
