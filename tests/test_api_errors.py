@@ -166,6 +166,28 @@ def test_json_nested_too_deep_is_a_parse_error(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("name", [*ENDPOINTS, "submission"])
+@pytest.mark.parametrize("number", [b"1e400", b"-1E400"])
+def test_a_number_too_large_for_a_float_is_a_parse_error(
+    endpoints: dict[str, Endpoint], users: Users, name: str, number: bytes
+) -> None:
+    # Python reads it as infinity, which is not JSON: every endpoint refuses it the same way
+    url, user = (
+        ("/api/agents/test.chat/t/submissions", "alice")
+        if name == "submission"
+        else (endpoints[name].url, endpoints[name].user)
+    )
+    before = written()
+
+    response = post_json(api_login(getattr(users, user), via="force"), url, b'{"metadata": {"x": ' + number + b"}}")
+
+    assert response.status_code == 400, response.content[:300]
+    assert error_of(response)["code"] == "parse_error"
+    assert "too large a number" in error_of(response)["message"]
+    assert written() == before
+
+
+@pytest.mark.django_db
 def test_json_at_the_depth_limit_is_accepted(users: Users) -> None:
     nested: Any = "deep"
     for _ in range(MAX_JSON_DEPTH - 1):  # plus the payload object itself: exactly the limit

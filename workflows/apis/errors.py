@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 from django.conf import settings
@@ -24,7 +23,7 @@ from workflows.exceptions import (
     TransitionNotAllowed,
     UnknownWorkflow,
 )
-from workflows.storable import MAX_JSON_DEPTH, json_too_deep
+from workflows.storable import MAX_JSON_DEPTH, json_loads_strict, json_too_deep
 
 
 @extend_schema_serializer(component_name="ErrorBody")
@@ -67,7 +66,8 @@ class RequestBodyTooLarge(exceptions.APIException):
 
 class LimitedJSONParser(JSONParser):
     """JSON only, no more than WORKFLOWS_MAX_PAYLOAD_BYTES of it and no deeper than MAX_JSON_DEPTH
-    levels (each plus room for the envelope).
+    levels (each plus room for the envelope), and only JSON's numbers: Python's decoder reads
+    ``1e400`` as infinity, which no JSON can say back (``json_loads_strict``).
 
     DRF reads the stream itself, bypassing Django's DATA_UPLOAD_MAX_MEMORY_SIZE, so the size limit
     is enforced here, before anything is parsed. Python's decoder recurses once a level: 100 KB of
@@ -82,10 +82,13 @@ class LimitedJSONParser(JSONParser):
             raise RequestBodyTooLarge(f"The request body is larger than {limit:,} bytes.")
         depth = MAX_JSON_DEPTH + 1  # room for the envelope: {"payload": <MAX_JSON_DEPTH levels>}
         too_deep = exceptions.ParseError(f"JSON parse error - nested more than {depth} levels deep")
+        encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         try:
-            data = super().parse(io.BytesIO(body), media_type, parser_context)
+            data = json_loads_strict(body.decode(encoding))
         except RecursionError:
             raise too_deep from None
+        except ValueError as exc:  # as JSONParser says it (a UnicodeDecodeError is one too)
+            raise exceptions.ParseError(f"JSON parse error - {exc}") from None
         # Every level costs a bracket, so most bodies need no walk.
         if body.count(b"[") + body.count(b"{") > depth and json_too_deep(data, max_depth=depth):
             raise too_deep
