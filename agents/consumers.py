@@ -104,6 +104,7 @@ class AgentConsumer(StreamConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED, reason="authentication required")
             return
+        await self.follow_access()
         query = QueryDict(self.scope.get("query_string", b"").decode("latin-1"))
         agent = await database_sync_to_async(self._agent_for)(user)
         if agent is None:
@@ -132,7 +133,7 @@ class AgentConsumer(StreamConsumer):
         self.state_version = snapshot["state_version"]
         self.ready = True
         await self.send_json({"type": "snapshot", **snapshot})
-        await self.authorized()
+        self.authorized()
 
     def may_still_see(self, user: Any) -> bool:
         """Still a member of the agent's account (its agent the one this socket shows)."""

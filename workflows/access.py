@@ -7,10 +7,11 @@ visible). Without it a socket found out on its next client message or within
 WEBSOCKET_RECHECK_SECONDS of pushes; that re-check stays, for what sends no signal (a session
 deleted in the database, a membership removed by raw SQL) and for a push that was lost.
 
-Sent for: a sign-out (the message names the session, which Django deletes only after the signal:
-that session's sockets close without asking the database), any save of the user but a sign-in's
-``last_login`` (deactivated, password changed), the user deleted, and, from the agents app, a
-membership removed. Best effort, as every push: it goes through the process's publisher.
+Sent for: a sign-out (the message names the session, by an HMAC of its key: Django deletes the
+session only after the signal, and that session's sockets close without asking the database), any
+save of the user but a sign-in's ``last_login`` (deactivated, password changed), the user deleted,
+and, from the agents app, a membership removed or moved to another user or account. Best effort,
+as every push: it goes through the process's publisher.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.contrib.auth.signals import user_logged_out
 from django.db import transaction
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import post_delete, post_save, pre_save
+from django.utils.crypto import salted_hmac
 
 from workflows.streams import group_send_later
 
@@ -31,16 +33,34 @@ def group_name(user_id: Any) -> str:
     return f"user.{user_id}"
 
 
+def session_mark(session_key: str) -> str:
+    """What a push says of a session: an HMAC of its key, never the key (a bearer credential)."""
+    return salted_hmac("workflows.access.session", session_key, algorithm="sha256").hexdigest()
+
+
 def access_changed(user_id: Any, *, session: str | None = None) -> None:
     """Have ``user_id``'s open sockets check their access again, once the transaction commits;
-    ``session``: the session signed out (its sockets close without checking)."""
-    message = {"type": MESSAGE_TYPE, "session": session}
+    ``session``: the key of the session signed out (its sockets close without checking)."""
+    message = {"type": MESSAGE_TYPE, "session": session_mark(session) if session else None}
     transaction.on_commit(lambda: group_send_later(group_name(user_id), message))
 
 
 def _signed_out(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
     if user is not None:
         access_changed(user.pk, session=getattr(getattr(request, "session", None), "session_key", None))
+
+
+def membership_changed(*, sender: Any, instance: Any, **kwargs: Any) -> None:
+    """A membership of an account (``accounts.Membership``, connected by the agents app) removed,
+    or saved: for another user or account, the user it was for loses what it gave them."""
+    if kwargs.get("signal") is pre_save:
+        if instance.pk is None:
+            return  # a new one takes nothing away
+        before = type(instance).objects.filter(pk=instance.pk).values_list("user_id", "account_id").first()
+        if before is not None and before != (instance.user_id, instance.account_id):
+            access_changed(before[0])
+        return
+    access_changed(instance.user_id)
 
 
 def _user_saved(sender: Any, instance: Any, created: bool, update_fields: Any, **kwargs: Any) -> None:

@@ -149,25 +149,33 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
                 return
         await handler(message)
 
-    async def authorized(self) -> None:
-        """Call at the end of a connect that let the user in: from then on it is checked again,
-        at once whenever the user's access changes."""
-        self.authorized_at = time.monotonic()
+    async def follow_access(self) -> None:
+        """Call in connect once the user is known to be signed in, before what they may see is
+        checked: a change of their access from then on reaches the socket (handled once connect
+        has let them in, by ``access_changed``)."""
         self.access_group = access.group_name(self.scope["user"].pk)
         await self.channel_layer.group_add(self.access_group, self.channel_name)
 
+    def authorized(self) -> None:
+        """Call at the end of a connect that let the user in: from then on it is checked again."""
+        self.authorized_at = time.monotonic()
+
     async def websocket_disconnect(self, message: dict[str, Any]) -> None:
-        if self.access_group is not None:
-            await self.channel_layer.group_discard(self.access_group, self.channel_name)
-        await super().websocket_disconnect(message)
+        try:
+            if self.access_group is not None:
+                await self.channel_layer.group_discard(self.access_group, self.channel_name)
+        finally:  # the socket's own groups and clean-up whatever the layer said
+            await super().websocket_disconnect(message)
 
     async def access_changed(self, message: dict[str, Any]) -> None:
         """The user's access changed (``workflows.access``): a sign-out of this socket's session
-        closes it (the session may not be gone yet); anything else is checked now."""
+        closes it (the session may not be gone yet); anything else is checked now. Before connect
+        let the user in, or once the socket is closing, there is nothing to do."""
         if self.authorized_at is None:
-            return  # closing already
+            return
         session = getattr(self.scope.get("session"), "session_key", None)
-        if message.get("session") is not None and message["session"] == session:
+        signed_out = message.get("session")
+        if signed_out is not None and session and signed_out == access.session_mark(session):
             self.authorized_at = None
             await self.close(code=CLOSE_UNAUTHENTICATED, reason="signed out")
             return
@@ -237,6 +245,7 @@ class RunConsumer(StreamConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED, reason="authentication required")
             return
+        await self.follow_access()
         # The route takes the hyphenated form in either case (config/routing.py); UUID() normalises it.
         self.run_id = UUID(self.scope["url_route"]["kwargs"]["run_id"])
         if not await database_sync_to_async(self._visible)():
@@ -253,7 +262,7 @@ class RunConsumer(StreamConsumer):
             return
         self.cursor = Cursor(low=snapshot["seq"], high=snapshot["seq"])
         await self.send_json(snapshot)
-        await self.authorized()
+        self.authorized()
 
     async def disconnect(self, code: int) -> None:
         if self.group is not None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import json
 import threading
-import weakref
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TypeVar
@@ -412,16 +411,12 @@ def value_from_db(db: BaseDatabaseWrapper, field: Any, value: Any) -> Any:
     return value
 
 
-# A connection's converters for a field, found once: asking the backend and the field for them
-# cost more than converting (every hot read comes through here, a token's, an agent's, a run's).
-_CONVERTERS: weakref.WeakKeyDictionary[BaseDatabaseWrapper, dict[Any, tuple[Any, list[Any]]]]
-_CONVERTERS = weakref.WeakKeyDictionary()
-
-
 def _converters(db: BaseDatabaseWrapper, field: Any) -> tuple[Any, list[Any]]:
-    known = _CONVERTERS.get(db)
-    if known is None:
-        known = _CONVERTERS[db] = {}
+    """The connection's converters for ``field``, found once: asking the backend and the field for
+    them cost more than converting (every hot read comes through here, a token's, an agent's, a
+    run's). Kept on the connection's wrapper, and gone with it: SQLite's are methods of the
+    wrapper's own, which a cache outside it would keep alive."""
+    known: dict[Any, tuple[Any, list[Any]]] = db.__dict__.setdefault("_statement_converters", {})
     found = known.get(field)
     if found is None:
         col = field.get_col(field.model._meta.db_table)

@@ -197,3 +197,20 @@ def test_removing_a_member_or_deactivating_a_user_closes_their_sockets_at_once(
         world.users.alice.is_active = False
         world.users.alice.save()
         assert closed_with(alice) == (CLOSE_UNAUTHENTICATED, [])
+
+
+def test_a_membership_moved_to_another_user_closes_the_former_members_chat_at_once(
+    patient_server: AsgiServer, world: World
+) -> None:
+    # given bob's chat open
+    _, cookie = signed_in(world.users.bob)
+    with open_socket(patient_server, CHAT, cookie) as bob:
+        assert receive(bob)["type"] == "snapshot"
+
+        # when staff change his membership of acme into dave's (the account's admin inline can)
+        membership = Membership.objects.get(user=world.users.bob, account=world.acme)
+        membership.user = world.users.dave
+        membership.save()
+
+        # then bob's chat closes as not found, at once
+        assert closed_with(bob) == (CLOSE_NOT_FOUND, [])

@@ -122,10 +122,13 @@ class Command(BaseCommand):
 
     def seed_agent(self, alice: User) -> None:
         """alice's support agent in acme (bob, in the same account, chats with the same agent)."""
-        from agents.selectors import agent_get
+        from agents.selectors import TooManyAgents, agent_get
 
         kind, name = SUPPORT_AGENT
-        agent = agent_get(user=alice, kind=kind, name=name, account="acme")  # created on first use
+        try:
+            agent = agent_get(user=alice, kind=kind, name=name, account="acme")  # created on first use
+        except TooManyAgents as exc:
+            raise CommandError(f"could not create alice's {kind} agent: {exc}") from None
         if agent is None:
             raise CommandError(
                 f"could not create alice's {kind} agent: is its kind registered (manage.py agents list)?"
