@@ -128,8 +128,12 @@ def agent_get(*, user: User, kind: str, name: str, account: str | None = None) -
 
 def _storable_name(value: str, limit: int) -> bool:
     """1 to ``limit`` characters PostgreSQL can store, none of them U+FFFD: a path's bytes that
-    are not UTF-8 decode to it, and different such paths must not all name one agent."""
-    return 0 < len(value) <= limit and text_problem(value) is None and "\ufffd" not in value
+    are not UTF-8 decode to it, and different such paths must not all name one agent. Not ``.``
+    or ``..`` either: a browser, and most HTTP clients, resolve them out of a path, so an agent so
+    named could be created (by a client that sends the path as it is) and never opened again."""
+    return (
+        0 < len(value) <= limit and value not in (".", "..") and text_problem(value) is None and "\ufffd" not in value
+    )
 
 
 def reachable_name(value: str) -> bool:

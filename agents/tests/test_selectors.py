@@ -49,6 +49,15 @@ def test_a_name_decoded_from_bytes_that_are_not_utf8_names_no_agent(users: Users
     assert agent_get(user=users.alice, kind="test.chat", name="\ufffd\ufffd\ufffd") is None
     assert agent_get(user=users.alice, kind="test.chat", name="caf\ufffd") is None
     assert agent_get(user=users.alice, kind="test.chat", name="café") is not None
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_dot_segment_names_no_agent_since_no_browser_could_open_it_again(users: Users, name: str) -> None:
+    account_ensure(slug="acme", members=[users.alice])
+    assert agent_get(user=users.alice, kind="test.chat", name=name) is None
+    assert not selectors.reachable_name(name)
+    assert not Agent.objects.exists()
+    assert agent_get(user=users.alice, kind="test.chat", name="...") is not None  # only those two
     assert not Agent.objects.filter(name__contains="\ufffd").exists()
 
 
