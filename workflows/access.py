@@ -1,11 +1,12 @@
 """A user's access changed: their open sockets check it again at once.
 
-Every socket (``workflows.consumers.StreamConsumer``) joins its user's group once connect lets
-them in. ``access_changed`` pushes to that group once the change is committed, and each socket
-checks again what connect checked, closing if it no longer holds (4401 signed out, 4404 no longer
-visible). Without it a socket found out on its next client message or within
-WEBSOCKET_RECHECK_SECONDS of pushes; that re-check stays, for what sends no signal (a session
-deleted in the database, a membership removed by raw SQL) and for a push that was lost.
+Every socket (``workflows.consumers.StreamConsumer``) joins its user's group as soon as connect
+knows the user is signed in, before it checks what they may see. ``access_changed`` pushes to that
+group once the change is committed, and each socket checks again what connect checked (once
+connect has ended), closing if it no longer holds (4401 signed out, 4404 no longer visible).
+Without it a socket found out on its next client message or within WEBSOCKET_RECHECK_SECONDS of
+pushes; that re-check stays, for what sends no signal (a session deleted in the database, a
+membership removed by raw SQL) and for a push that was lost.
 
 Sent for: a sign-out (the message names the session, by an HMAC of its key: Django deletes the
 session only after the signal, and that session's sockets close without asking the database), any

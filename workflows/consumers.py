@@ -57,7 +57,7 @@ from workflows.selectors import run_get, run_snapshot
 logger = logging.getLogger(__name__)
 
 # Checked by their handlers themselves: a connect and a disconnect, and a change of access (now).
-UNGUARDED = ("websocket.connect", "websocket.disconnect", "access.changed")
+UNGUARDED = ("websocket.connect", "websocket.disconnect", access.MESSAGE_TYPE)
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NOT_FOUND = 4404
 # Seqs skipped while waiting for a late live event; more than the stream keeps is pointless.
@@ -136,7 +136,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
     # When what connect checked was last checked again (time.monotonic()); None until connect
     # accepted the user (a socket refused at connect is closing: nothing of it is guarded).
     authorized_at: float | None = None
-    access_group: str | None = None  # the user's (workflows.access), joined once connect let them in
+    access_group: str | None = None  # the user's (workflows.access), joined once they are known
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         handler = getattr(self, get_handler_name(message), None)
