@@ -107,6 +107,10 @@ ASGI_APPLICATION = "config.asgi.application"
 # the user active, still allowed to see the run or agent): before each client message, and before
 # a push at most this often. Signed out, deactivated or removed from the account: closed by then.
 WEBSOCKET_RECHECK_SECONDS = envfloat("WEBSOCKET_RECHECK_SECONDS", 30.0)
+# Messages a WebSocket client may send a second, in bursts of up to twice as many; one past that is
+# answered with an error frame and not read (0: no limit). Each message is re-checked against the
+# database (above): a client sending as fast as its connection goes would keep a server busy.
+WEBSOCKET_MAX_FRAMES_PER_SECOND = envfloat("WEBSOCKET_MAX_FRAMES_PER_SECOND", 10.0)
 
 TEMPLATES = [
     {

@@ -14,6 +14,9 @@ Protocol of ``/ws/runs/<id>/`` (also in docs/architecture.md#interfaces):
   where H is the highest seq sent; live events follow.
 - client: ``{"type": "snapshot"}`` -> a fresh snapshot (the page asks after a status change, to
   redraw the timeline).
+- a client sending more than WEBSOCKET_MAX_FRAMES_PER_SECOND messages a second (in bursts of up
+  to twice as many) gets ``{"type": "error", "message": "too many messages: ..."}`` for each one
+  past it, which is not read; the connection stays open.
 - bad client messages get ``{"type": "error", "message": ...}``; the connection stays open: a
   binary frame, text that is not JSON (or nested past the parser's limit), a message over
   MAX_MESSAGE_CHARS, a JSON value that is not an object, an unknown type, a bad ``after``. (Text
@@ -138,16 +141,34 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
     authorized_at: float | None = None
     access_group: str | None = None  # the user's (workflows.access), joined once they are known
 
+    frames: FrameBudget | None = None  # the client's, made with its first message
+
     async def dispatch(self, message: dict[str, Any]) -> None:
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
+        if message["type"] == "websocket.receive" and not self.frame_allowed():
+            # Before the re-check below: a flood costs the server no database visit.
+            rate = float(settings.WEBSOCKET_MAX_FRAMES_PER_SECOND)
+            await self.send_json(
+                {"type": "error", "message": f"too many messages: at most {rate:g} a second; this one was not read"}
+            )
+            return
         if self.authorized_at is not None and message["type"] not in UNGUARDED:
             # A client's message is acted on only for who may still act; a push is forwarded
             # for a while on the last check, then checked again.
             if not await self.still_authorized(every_time=message["type"] == "websocket.receive"):
                 return
         await handler(message)
+
+    def frame_allowed(self) -> bool:
+        """Whether the client's message may be read (WEBSOCKET_MAX_FRAMES_PER_SECOND)."""
+        rate = float(settings.WEBSOCKET_MAX_FRAMES_PER_SECOND)
+        if rate <= 0:
+            return True
+        if self.frames is None:
+            self.frames = FrameBudget(rate)
+        return self.frames.take(time.monotonic())
 
     async def follow_access(self) -> None:
         """Call in connect once the user is known to be signed in, before what they may see is
@@ -212,6 +233,22 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
     def may_still_see(self, user: Any) -> bool:
         """Whether ``user`` may still see what the socket shows (in a thread: the ORM is allowed)."""
         raise NotImplementedError
+
+
+class FrameBudget:
+    """A token bucket: ``rate`` messages a second, in bursts of up to twice as many (at least one)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.burst = rate, max(1.0, 2 * rate)
+        self.tokens, self.at = self.burst, time.monotonic()
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 def session_user(scope: dict[str, Any]) -> Any:

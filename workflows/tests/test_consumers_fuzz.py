@@ -16,6 +16,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -179,6 +181,25 @@ FIXED_FRAMES: list[tuple[str, Frame]] = [
 ]
 
 
+# --- servers --------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def asgi_server(django_db_setup: None, django_db_blocker: Any) -> Iterator[AsgiServer]:
+    """A daphne of this module's own that reads every message: the frames here go back to back,
+    hundreds a second, far past WEBSOCKET_MAX_FRAMES_PER_SECOND (tested on its own below)."""
+    server = AsgiServer(WEBSOCKET_MAX_FRAMES_PER_SECOND="0")
+    yield server
+    with django_db_blocker.unblock():
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def limited_server(django_db_setup: None, django_db_blocker: Any) -> Iterator[AsgiServer]:
+    server = AsgiServer(WEBSOCKET_MAX_FRAMES_PER_SECOND="5")
+    yield server
+    with django_db_blocker.unblock():
+        server.stop()
+
+
 # --- helpers --------------------------------------------------------------------------------------------
 def assert_error_and_open(ws: ClientConnection, frame: Frame, what: str) -> None:
     ws.send(frame)
@@ -267,4 +288,33 @@ def test_a_message_over_daphnes_limit_closes_the_connection_and_writes_nothing(
             receive(ws, timeout=TIMEOUT)
     assert database_fingerprint() == before
     with open_socket(asgi_server, run.id, alice) as ws:
+        assert receive(ws)["type"] == "snapshot"
+
+
+def test_a_client_sending_past_its_rate_is_answered_with_errors_and_not_read(
+    limited_server: AsgiServer, users: Users
+) -> None:
+    # given alice watching her run on a server that reads 5 messages a second, 10 at once
+    alice = users.alice
+    run = make_run(owner=alice)
+    with open_socket(limited_server, run.id, alice) as ws:
+        assert receive(ws)["type"] == "snapshot"
+
+        # when she sends 40 snapshot requests back to back
+        started = time.monotonic()
+        for _ in range(40):
+            ws.send(json.dumps({"type": "snapshot"}))
+        answers = [receive(ws) for _ in range(40)]
+        elapsed = time.monotonic() - started
+
+        # then the burst and what the rate allows meanwhile are read, each other one refused
+        read = [a for a in answers if a["type"] == "snapshot"]
+        refused = [a for a in answers if a["type"] == "error"]
+        assert len(read) + len(refused) == 40
+        assert 10 <= len(read) <= 10 + 5 * elapsed + 1, (len(read), elapsed)
+        assert refused and all(a["message"].startswith("too many messages: at most 5 a second") for a in refused)
+
+        # and after a pause she is read again, on the same connection
+        time.sleep(1)
+        ws.send(json.dumps({"type": "snapshot"}))
         assert receive(ws)["type"] == "snapshot"
