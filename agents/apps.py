@@ -7,7 +7,7 @@ class AgentsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.db.models.signals import post_delete, pre_save
+        from django.db.models.signals import post_delete, post_save, pre_save
         from django.utils.module_loading import autodiscover_modules
 
         from accounts.models import Membership
@@ -23,7 +23,7 @@ class AgentsConfig(AppConfig):
         hooks.on_run_terminated(fibers.on_run_terminated)
         hooks.on_run_failed(fibers.on_run_failed)
         # A member removed from an account (or the membership moved): their open chats close at once.
-        for signal in (pre_save, post_delete):
+        for signal in (pre_save, post_save, post_delete):
             signal.connect(access.membership_changed, sender=Membership, dispatch_uid="agents.membership_changed")
         autodiscover_modules("agents")
         import_agent_modules(getattr(settings, "AGENTS_MODULES", []))

@@ -188,6 +188,22 @@ def test_a_number_too_large_for_a_float_is_a_parse_error(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("charset", ["bz2_codec", "base64_codec", "rot13"])
+def test_a_charset_that_is_no_text_encoding_is_a_parse_error(users: Users, charset: str) -> None:
+    # Django takes any charset Python's codecs know; these decode bytes to bytes, or text to text
+    response = api_login(users.alice, via="force").generic(
+        "POST",
+        "/api/workflows/test.echo/runs",
+        b'{"payload": {}}',  # type: ignore[arg-type]  # bytes, as post_json sends them
+        content_type=f"application/json; charset={charset}",
+    )
+
+    assert response.status_code == 400, response.content[:300]
+    assert error_of(response)["code"] == "parse_error"
+    assert not WorkflowRun.objects.exists()
+
+
+@pytest.mark.django_db
 def test_json_at_the_depth_limit_is_accepted(users: Users) -> None:
     nested: Any = "deep"
     for _ in range(MAX_JSON_DEPTH - 1):  # plus the payload object itself: exactly the limit

@@ -51,15 +51,21 @@ def _signed_out(sender: Any, request: Any, user: Any, **kwargs: Any) -> None:
         access_changed(user.pk, session=getattr(getattr(request, "session", None), "session_key", None))
 
 
-def membership_changed(*, sender: Any, instance: Any, **kwargs: Any) -> None:
-    """A membership of an account (``accounts.Membership``, connected by the agents app) removed,
-    or saved: for another user or account, the user it was for loses what it gave them."""
-    if kwargs.get("signal") is pre_save:
-        if instance.pk is None:
-            return  # a new one takes nothing away
-        before = type(instance).objects.filter(pk=instance.pk).values_list("user_id", "account_id").first()
-        if before is not None and before != (instance.user_id, instance.account_id):
-            access_changed(before[0])
+def membership_changed(*, sender: Any, instance: Any, signal: Any, **kwargs: Any) -> None:
+    """A membership of an account (``accounts.Membership``, connected by the agents app for
+    pre_save, post_save and post_delete) removed, or saved for another user or account: the user
+    it was for loses what it gave them. Pushed after the write (a push sent before it, outside a
+    transaction, could have sockets check before the change is there)."""
+    if signal is pre_save:
+        if instance.pk is not None:  # a new one takes nothing away
+            before = type(instance).objects.filter(pk=instance.pk).values_list("user_id", "account_id").first()
+            if before is not None and before != (instance.user_id, instance.account_id):
+                instance._access_moved_from = before[0]
+        return
+    if signal is post_save:
+        moved_from = instance.__dict__.pop("_access_moved_from", None)
+        if moved_from is not None:
+            access_changed(moved_from)
         return
     access_changed(instance.user_id)
 

@@ -143,10 +143,22 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
 
     frames: FrameBudget | None = None  # the client's, made with its first message
 
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:  # however the socket ended, a handler's error included: its user's group is left
+            if self.access_group is not None:
+                await self.channel_layer.group_discard(self.access_group, self.channel_name)
+
     async def dispatch(self, message: dict[str, Any]) -> None:
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"No handler for message type {message['type']}")
+        if message["type"] == "websocket.receive" and self.authorized_at is None:
+            # A socket connect refused, or closed since: it is closing, and its client's messages
+            # are not read (channels hands a consumer its messages one at a time, so none is
+            # handled before connect has ended).
+            return
         if message["type"] == "websocket.receive" and not self.frame_allowed():
             # Before the re-check below: a flood costs the server no database visit.
             rate = float(settings.WEBSOCKET_MAX_FRAMES_PER_SECOND)
@@ -180,13 +192,6 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
     def authorized(self) -> None:
         """Call at the end of a connect that let the user in: from then on it is checked again."""
         self.authorized_at = time.monotonic()
-
-    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
-        try:
-            if self.access_group is not None:
-                await self.channel_layer.group_discard(self.access_group, self.channel_name)
-        finally:  # the socket's own groups and clean-up whatever the layer said
-            await super().websocket_disconnect(message)
 
     async def access_changed(self, message: dict[str, Any]) -> None:
         """The user's access changed (``workflows.access``): a sign-out of this socket's session

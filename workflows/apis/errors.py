@@ -87,7 +87,9 @@ class LimitedJSONParser(JSONParser):
             data = json_loads_strict(body.decode(encoding))
         except RecursionError:
             raise too_deep from None
-        except ValueError as exc:  # as JSONParser says it (a UnicodeDecodeError is one too)
+        except (ValueError, LookupError) as exc:
+            # As JSONParser says it. A UnicodeDecodeError is a ValueError; a LookupError is a charset
+            # Django took (codecs knows it) that is not a text encoding (charset=bz2_codec).
             raise exceptions.ParseError(f"JSON parse error - {exc}") from None
         # Every level costs a bracket, so most bodies need no walk.
         if body.count(b"[") + body.count(b"{") > depth and json_too_deep(data, max_depth=depth):

@@ -9,10 +9,12 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from uuid import UUID, uuid4
 
 import pytest
+import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -21,8 +23,8 @@ from websockets.typing import Origin
 
 from tests.factories import Users, login, make_run
 from tests.support import AsgiServer, Worker, wait_for, wait_for_status
+from workflows import access, streams
 from workflows import public as wf
-from workflows import streams
 from workflows.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, Cursor
 from workflows.models import RunAttempt, RunStatus, WorkflowRun
 from workflows.selectors import run_snapshot
@@ -138,6 +140,38 @@ def test_another_users_run_is_refused_exactly_like_a_missing_one(asgi_server: As
     # staff with the view permission see it
     with open_socket(asgi_server, run.id, users.carol) as ws:
         assert receive(ws)["run"]["id"] == str(run.id)
+
+
+def test_a_refused_socket_that_sends_at_once_is_not_read_and_leaves_its_users_group(
+    asgi_server: AsgiServer, users: Users
+) -> None:
+    # given someone opening alice's run, and sending a resume before the refusal reaches them (as a
+    # run page does on every reconnect), ten times
+    run = make_run(owner=users.alice)
+    stranger = User.objects.create_user(f"stranger-{uuid4().hex[:8]}")  # no socket of theirs before
+    log = Path(asgi_server.log.name)
+    logged = len(log.read_text())
+    for _ in range(10):
+        with open_socket(asgi_server, run.id, stranger) as ws:
+            try:
+                ws.send(json.dumps({"type": "resume", "after": 0}))
+            except ConnectionClosed:
+                pass  # refused first, this time
+            # then each is refused as before, answered nothing
+            with pytest.raises(ConnectionClosed) as closed:
+                receive(ws)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == CLOSE_NOT_FOUND
+
+    # and the server kept no subscription to their group, and no handler failed
+    wait_for(lambda: subscriptions(stranger) == 0, timeout=10, what="the stranger's group left")
+    assert "Exception inside application" not in log.read_text()[logged:]
+
+
+def subscriptions(user: User) -> int:
+    """The Redis pub/sub channel layer's subscriptions to ``user``'s access group."""
+    layer: dict[str, Any] = settings.CHANNEL_LAYERS["default"]
+    channel = f"{layer['CONFIG']['prefix']}__group__{access.group_name(user.pk)}"
+    return int(dict(redis.Redis.from_url(settings.REDIS_URL).pubsub_numsub(channel))[channel.encode()])
 
 
 # --- snapshot and live events from a real worker ------------------------------------------------
