@@ -51,7 +51,6 @@ from workflows.apis.common import (
 from workflows.apis.errors import error_response, error_responses
 from workflows.apis.runs import idempotency_key_parameter
 from workflows.apis.schema import NOT_BLANK
-from workflows.storable import text_problem
 
 TAGS = ["submissions"]
 # What InputSerializer takes, fixed when the module loads (as DRF fixes a field's limits).
@@ -131,11 +130,11 @@ def plainly_valid(data: Any) -> dict[str, Any] | None:
     for item in messages:
         if not isinstance(item, dict) or not set(item) <= {"role", "content"} or item.get("role", "user") != "user":
             return None
-        content = item.get("content")
-        # NOT_BLANK: no NUL (text_problem), and a character that is not whitespace (str.strip's).
-        if not isinstance(content, str) or len(content) > MAX_CONTENT_CHARS or not content.strip():
-            return None
-        if text_problem(content) is not None:
+        try:
+            # The chat's own check: text, not blank (NOT_BLANK: a character str.strip keeps), within
+            # AGENTS_MAX_MESSAGE_CHARS (MAX_CONTENT_CHARS), storable (no NUL, no lone surrogate).
+            services.check_message(item.get("content"))
+        except services.InvalidMessage:
             return None
     return {"messages": messages, "metadata": metadata}
 
