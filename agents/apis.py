@@ -168,7 +168,7 @@ def query_params(request: Request, serializer: type[AgentQuerySerializer] = Agen
 
 class AgentLimitReached(exceptions.APIException):
     status_code = status.HTTP_409_CONFLICT
-    default_code = "too_many_agents"
+    default_code = selectors.TooManyAgents.code
 
 
 def visible_agent(request: Request, kind: str, name: str, *, params: dict[str, Any] | None = None) -> Agent:

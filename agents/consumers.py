@@ -169,9 +169,7 @@ class AgentConsumer(StreamConsumer):
 
     # --- from the client ---------------------------------------------------------------------------
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
-        if not self.ready:  # a socket refused at connect (4401, 4404) and closing: nothing to answer
-            return
-        try:
+        try:  # (a socket connect refused is not read: StreamConsumer.dispatch)
             await self.receive_json(parse_frame(text_data, max_chars=max_frame_chars()))
         except ClientError as exc:
             await self.send_json({"type": "error", "message": str(exc)})

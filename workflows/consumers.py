@@ -161,9 +161,12 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
             return
         if message["type"] == "websocket.receive" and not self.frame_allowed():
             # Before the re-check below: a flood costs the server no database visit.
-            rate = float(settings.WEBSOCKET_MAX_FRAMES_PER_SECOND)
+            assert self.frames is not None  # made by frame_allowed, which only a budget refuses
             await self.send_json(
-                {"type": "error", "message": f"too many messages: at most {rate:g} a second; this one was not read"}
+                {
+                    "type": "error",
+                    "message": f"too many messages: at most {self.frames.rate:g} a second; this one was not read",
+                }
             )
             return
         if self.authorized_at is not None and message["type"] not in UNGUARDED:
@@ -290,7 +293,7 @@ class RunConsumer(StreamConsumer):
         await self.follow_access()
         # The route takes the hyphenated form in either case (config/routing.py); UUID() normalises it.
         self.run_id = UUID(self.scope["url_route"]["kwargs"]["run_id"])
-        if not await database_sync_to_async(self._visible)():
+        if not await database_sync_to_async(self.may_still_see)(user):
             await self.close(code=CLOSE_NOT_FOUND, reason="run not found")
             return
         # Join before reading the counter: every event with a higher seq is then delivered live.
@@ -379,9 +382,6 @@ class RunConsumer(StreamConsumer):
             return []
 
     # --- reads ---------------------------------------------------------------------------------------
-    def _visible(self) -> bool:
-        return self.may_still_see(self.scope["user"])
-
     def may_still_see(self, user: Any) -> bool:
         return run_get(user=user, run_id=self.run_id) is not None
 
