@@ -22,12 +22,14 @@ from drf_spectacular.utils import (
     extend_schema_serializer,
 )
 from rest_framework import exceptions, serializers, status
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from agents import selectors, services
 from agents.consumers import max_text_chars
 from agents.models import Agent, Turn, TurnStatus
+from config.origin import started_elsewhere
 from workflows.apis.common import ApiBase, StrictCharField, StrictSerializer, authenticated_user
 from workflows.apis.converters import name_parameter
 from workflows.apis.errors import error_response, error_responses
@@ -173,10 +175,14 @@ class AgentLimitReached(exceptions.APIException):
 
 def visible_agent(request: Request, kind: str, name: str, *, params: dict[str, Any] | None = None) -> Agent:
     """The agent for a member of its account (created on first use), else NotFound. ``params``: the
-    query string as validated already (default: as AgentQuerySerializer validates it)."""
+    query string as validated already (default: as AgentQuerySerializer validates it). A GET that
+    another site's page started (a link followed with the user's session) creates nothing."""
     params = query_params(request) if params is None else params
+    create = request.method not in SAFE_METHODS or not started_elsewhere(request)
     try:
-        agent = selectors.agent_get(user=request.user, kind=kind, name=name, account=params.get("account"))
+        agent = selectors.agent_get(
+            user=request.user, kind=kind, name=name, account=params.get("account"), create=create
+        )
     except selectors.TooManyAgents as exc:
         raise AgentLimitReached(str(exc)) from None
     if agent is None:

@@ -94,11 +94,11 @@ class TooManyAgents(Exception):
     code = "too_many_agents"
 
 
-def agent_get(*, user: User, kind: str, name: str, account: str | None = None) -> Agent | None:
+def agent_get(*, user: User, kind: str, name: str, account: str | None = None, create: bool = True) -> Agent | None:
     """The agent ``(account, kind, name)`` for a member of the account, created on first use for a
-    registered kind. None for a non-member, an unknown account or kind, or a name no agent can
-    have: the same answer for each, so it confirms nothing. TooManyAgents for a new name in an
-    account at its limit."""
+    registered kind (unless ``create`` is false: then None, as if it could not be). None for a
+    non-member, an unknown account or kind, or a name no agent can have: the same answer for each,
+    so it confirms nothing. TooManyAgents for a new name in an account at its limit."""
     if not user.is_authenticated or not _storable_name(kind, KIND_MAX) or not _storable_name(name, NAME_MAX):
         return None
     if account is not None and text_problem(account) is not None:
@@ -109,19 +109,18 @@ def agent_get(*, user: User, kind: str, name: str, account: str | None = None) -
     agent = statements.member_agent(user=user, kind=kind, name=name, account=account)
     if agent is not None:
         return agent
-    found = account_for(user, account)
+    found = account_for(user, account) if create else None
     if found is None:
         return None
-    if agent is None:
-        # Opening an agent creates it, so the count per account is bounded: past the limit a new
-        # name is refused, saying why (the account's existing agents stay reachable).
-        limit = int(settings.AGENTS_MAX_AGENTS_PER_ACCOUNT)
-        if Agent.objects.filter(account=found).count() >= limit:
-            raise TooManyAgents(
-                f"The account {found.slug!r} has {limit} agents, its limit: open one of them, or ask staff to "
-                "remove some (AGENTS_MAX_AGENTS_PER_ACCOUNT)."
-            )
-        agent, _ = Agent.objects.get_or_create(account=found, kind=kind, name=name)
+    # Opening an agent creates it, so the count per account is bounded: past the limit a new name
+    # is refused, saying why (the account's existing agents stay reachable).
+    limit = int(settings.AGENTS_MAX_AGENTS_PER_ACCOUNT)
+    if Agent.objects.filter(account=found).count() >= limit:
+        raise TooManyAgents(
+            f"The account {found.slug!r} has {limit} agents, its limit: open one of them, or ask staff to "
+            "remove some (AGENTS_MAX_AGENTS_PER_ACCOUNT)."
+        )
+    agent, _ = Agent.objects.get_or_create(account=found, kind=kind, name=name)
     agent.account = found  # read already: the snapshot's agent.account.slug costs no query
     return agent
 

@@ -6,24 +6,36 @@ from __future__ import annotations
 from urllib.parse import quote, urlencode
 
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
+from django.views.decorators.http import require_http_methods
 
 from agents import selectors
 from agents.consumers import max_text_chars
+from config.origin import started_elsewhere
 
 
 @login_required
+@require_http_methods(["GET", "HEAD", "POST"])
 def chat(request: HttpRequest, kind: str, name: str) -> HttpResponse:
-    """The conversation with the agent ``kind``/``name`` of an account the user belongs to."""
+    """The conversation with the agent ``kind``/``name`` of an account the user belongs to.
+
+    Opening a new name creates its agent, but not from a link on another site: that page asks
+    first, and its button (a POST, with the CSRF token) creates the agent and comes back here."""
     account = request.GET.get("account")
+    create = request.method == "POST" or not started_elsewhere(request)
     try:
-        agent = selectors.agent_get(user=request.user, kind=kind, name=name, account=account)
+        agent = selectors.agent_get(user=request.user, kind=kind, name=name, account=account, create=create)
     except selectors.TooManyAgents as exc:
         return render(request, "agents/too_many.html", {"kind": kind, "name": name, "message": str(exc)}, status=409)
+    if agent is None and not create:
+        # Shown for any name that is not an agent yet, a non-member's too: it confirms nothing.
+        return render(request, "agents/confirm_open.html", {"kind": kind, "name": name})
     if agent is None:
         # The same answer for another account's agent, an unknown account and an unknown kind.
         raise Http404("No such agent.")
+    if request.method == "POST":
+        return HttpResponseRedirect(request.get_full_path(), status=303)
     snapshot = selectors.agent_snapshot(agent=agent)
     query = f"?{urlencode({'account': agent.account.slug})}"
     context = {

@@ -13,6 +13,7 @@ from tests.factories import login
 pytestmark = pytest.mark.django_db
 
 PAGE = f"/chat/{KIND}/help/"
+ELSEWHERE = {"Sec-Fetch-Site": "cross-site"}  # a link followed from another site's page
 
 
 def test_the_page_renders_the_conversation_for_a_member(world: World) -> None:
@@ -59,3 +60,45 @@ def test_the_home_page_links_the_accounts_agents(world: World) -> None:
 
 def test_the_script_is_a_static_file() -> None:
     assert finders.find("agents/chat.js") is not None
+
+
+def test_a_link_from_another_site_creates_nothing_until_the_user_asks(world: World) -> None:
+    # given alice signed in, following links that other sites' pages put in front of her
+    alice = login(world.users.alice, enforce_csrf_checks=True)
+
+    # then a new name asks first and creates nothing, however the link came (another site, a sibling subdomain)
+    for site in ("cross-site", "same-site", "CROSS-SITE"):
+        page = alice.get(f"/chat/{KIND}/invoices/", headers={"Sec-Fetch-Site": site})
+        assert page.status_code == 200
+        assert 'id="open"' in page.content.decode() and "data-ws-path" not in page.content.decode()
+    assert alice.get(f"/api/agents/{KIND}/invoices", headers=ELSEWHERE).status_code == 404
+    # and so does a name mallory cannot have at all: the question confirms nothing
+    assert login(world.users.mallory).get(f"/chat/{KIND}/help/?account=acme", headers=ELSEWHERE).status_code == 200
+    assert set(Agent.objects.values_list("name", flat=True)) == {"help"}
+
+    # and an agent that exists opens as ever from a link
+    assert "data-ws-path" in alice.get(f"{PAGE}?account=acme", headers=ELSEWHERE).content.decode()
+    assert alice.get(f"/api/agents/{KIND}/help", headers=ELSEWHERE).status_code == 200
+
+    # when she presses the button (the page's form: a POST with its CSRF token)
+    form = alice.get(f"/chat/{KIND}/invoices/?account=acme", headers=ELSEWHERE)
+    token = form.context["csrf_token"]
+    assert alice.post(f"/chat/{KIND}/invoices/?account=acme", headers=ELSEWHERE).status_code == 403  # no token: refused
+    opened = alice.post(f"/chat/{KIND}/invoices/?account=acme", {"csrfmiddlewaretoken": str(token)}, headers=ELSEWHERE)
+
+    # then the agent is created and she is sent to its page
+    assert opened.status_code == 303 and opened["Location"] == f"/chat/{KIND}/invoices/?account=acme"
+    assert Agent.objects.filter(account=world.acme, name="invoices").exists()
+    # and the button does nothing for someone outside the account
+    mallory = login(world.users.mallory)
+    assert mallory.post(f"/chat/{KIND}/other/?account=acme").status_code == 404
+    assert not Agent.objects.filter(name="other").exists()
+
+
+def test_the_sites_own_pages_and_clients_that_are_no_browser_open_new_names_at_once(world: World) -> None:
+    alice = login(world.users.alice)
+
+    for n, site in enumerate(("same-origin", "none", None)):  # a link on this site, typed or bookmarked, no header
+        headers = {} if site is None else {"Sec-Fetch-Site": site}
+        assert "data-ws-path" in alice.get(f"/chat/{KIND}/n{n}/", headers=headers).content.decode()
+    assert set(Agent.objects.values_list("name", flat=True)) == {"help", "n0", "n1", "n2"}
