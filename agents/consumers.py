@@ -66,6 +66,7 @@ from workflows.consumers import (
     StreamConsumer,
     check_after,
     parse_frame,
+    session_user,
 )
 from workflows.storable import text_problem
 
@@ -107,9 +108,9 @@ class AgentConsumer(StreamConsumer):
             return
         await self.follow_access()
         query = QueryDict(self.scope.get("query_string", b"").decode("latin-1"))
-        agent = await database_sync_to_async(self._agent_for)(user)
-        if agent is None:
-            await self.close(code=CLOSE_NOT_FOUND, reason="agent not found")
+        agent = await database_sync_to_async(self._agent_now)()
+        if not isinstance(agent, Agent):
+            await self.close(code=agent[0], reason=agent[1])
             return
         self.agent = agent
         self.cursors: dict[str, Cursor] = {}
@@ -140,6 +141,16 @@ class AgentConsumer(StreamConsumer):
         """Still a member of the agent's account (its agent the one this socket shows)."""
         agent = self._agent_for(user)
         return agent is not None and agent.pk == self.agent.pk
+
+    def _agent_now(self) -> Agent | tuple[int, str]:
+        """The agent for the user as their session has them now (read again: a sign-out since the
+        handshake was pushed to no one), else why not (the close code and reason)."""
+        user = session_user(self.scope)
+        if user is None:
+            return CLOSE_UNAUTHENTICATED, "signed out"
+        self.scope["user"] = user
+        agent = self._agent_for(user)
+        return (CLOSE_NOT_FOUND, "agent not found") if agent is None else agent
 
     def _agent_for(self, user: Any) -> Agent | None:
         """The agent the socket's path (and ``?account=``) names, as ``user`` reaches it."""

@@ -188,7 +188,8 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
     async def follow_access(self) -> None:
         """Call in connect once the user is known to be signed in, before what they may see is
         checked: a change of their access from then on reaches the socket (handled once connect
-        has let them in, by ``access_changed``)."""
+        has let them in, by ``access_changed``). The check after it reads the session again
+        (``session_user``): the handshake read it before anything was pushed here."""
         self.access_group = access.group_name(self.scope["user"].pk)
         await self.channel_layer.group_add(self.access_group, self.channel_name)
 
@@ -293,8 +294,10 @@ class RunConsumer(StreamConsumer):
         await self.follow_access()
         # The route takes the hyphenated form in either case (config/routing.py); UUID() normalises it.
         self.run_id = UUID(self.scope["url_route"]["kwargs"]["run_id"])
-        if not await database_sync_to_async(self.may_still_see)(user):
-            await self.close(code=CLOSE_NOT_FOUND, reason="run not found")
+        # The session read again, now that a sign-out is pushed here: one since the handshake was not.
+        refused = await database_sync_to_async(self._refusal)()
+        if refused is not None:
+            await self.close(code=refused[0], reason="run not found" if refused[0] == CLOSE_NOT_FOUND else refused[1])
             return
         # Join before reading the counter: every event with a higher seq is then delivered live.
         self.group = streams.group_name(self.run_id)

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from importlib import import_module
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.auth.models import User
 from websockets.exceptions import ConnectionClosed
@@ -21,6 +25,7 @@ from agents.models import Message, Turn
 from agents.services import message_send
 from agents.tests.test_consumers import KIND, World
 from agents.tests.test_consumers import world as world  # noqa: F401  # the fixture, used by name
+from config.routing import websocket_urlpatterns
 from tests.factories import login
 from tests.support import AsgiServer
 from workflows.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
@@ -214,3 +219,34 @@ def test_a_membership_moved_to_another_user_closes_the_former_members_chat_at_on
 
         # then bob's chat closes as not found, at once
         assert closed_with(bob) == (CLOSE_NOT_FOUND, [])
+
+
+# --- connect reads the session again: a sign-out just after the handshake ---------------------------
+def connect_after_sign_out(user: User, path: str) -> dict[str, Any]:
+    """Connect to ``path`` with a scope as the handshake left it (its user read from the session),
+    the session signed out just after that read, before connect joined the user's group (so no
+    push reached the socket): what connect sends. In process: no server can be paused there."""
+    client, _ = signed_in(user)
+    scope_session = import_module(settings.SESSION_ENGINE).SessionStore(session_key=client.session.session_key)
+    assert client.post("/accounts/logout/").status_code == 302
+
+    async def run() -> dict[str, Any]:
+        communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), path)
+        communicator.scope.update(user=user, session=scope_session)
+        accepted, _ = await communicator.connect(timeout=TIMEOUT)
+        assert accepted  # accepted first, so that a close code can be sent
+        sent: dict[str, Any] = await communicator.receive_output(timeout=TIMEOUT)
+        await communicator.disconnect(code=sent.get("code", 1000), timeout=TIMEOUT)  # as the client answers a close
+        return sent
+
+    return async_to_sync(run)()
+
+
+def test_a_sign_out_just_after_the_handshake_is_seen_by_connect(world: World) -> None:
+    run = WorkflowRun.objects.create(workflow="test.echo", owner=world.users.bob, payload={})
+
+    for path in (CHAT, f"/ws/runs/{run.pk}/"):
+        sent = connect_after_sign_out(world.users.bob, path)
+
+        # then the socket is closed as unauthenticated, before any snapshot
+        assert sent == {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED, "reason": "signed out"}, path
