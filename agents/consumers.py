@@ -239,8 +239,13 @@ class AgentConsumer(StreamConsumer):
 
     async def _resume(self, turn_id: UUID, after: int) -> None:
         key = str(turn_id)
-        after, page = await self._replay_start(turn_id, after)
         cursor = self.cursors.get(key)
+        # What this socket sent already is not read again: a resume asked over and over costs one
+        # short read, not the whole turn's (``after``'s own chunks, at or below it, are never read).
+        sent_to = None
+        if cursor is not None and cursor.low <= after and not any(seq > after for seq in cursor.missing):
+            sent_to = cursor.high
+        after, page = await self._replay_start(turn_id, after, sent_to=sent_to)
         if cursor is None:
             cursor = self.cursors[key] = Cursor(low=after, high=after)
             self.ended.discard(key)
@@ -338,17 +343,18 @@ class AgentConsumer(StreamConsumer):
 
     # --- reads ---------------------------------------------------------------------------------------
     @database_sync_to_async  # type: ignore[untyped-decorator]  # channels has no types
-    def _replay_start(self, turn_id: UUID, after: int) -> tuple[int, list[ChunkData]]:
+    def _replay_start(self, turn_id: UUID, after: int, *, sent_to: int | None = None) -> tuple[int, list[ChunkData]]:
         """The check that the turn is the agent's, ``after`` as the replay takes it, and the first
-        page after it, in one database visit (each is a hop to the ORM's thread and a connection
-        borrowed from the pool). An ``after`` beyond what is stored (a stale number of the client's
-        own) counts as the stored top: taken as given, every live chunk up to it would count as
-        already sent."""
+        page after it (after ``sent_to`` if this socket sent everything up to there), in one
+        database visit (each is a hop to the ORM's thread and a connection borrowed from the pool).
+        An ``after`` beyond what is stored (a stale number of the client's own) counts as the stored
+        top: taken as given, every live chunk up to it would count as already sent."""
         found = selectors.turn_with_seq(agent=self.agent, turn_id=turn_id)
         if found is None:
             raise ClientError(f"no such turn {QUOTE.repr(str(turn_id))}")
         after = min(after, found[1])
-        return after, selectors.chunks_after(turn_id=turn_id, after=after, limit=REPLAY_FIRST_PAGE)
+        read_from = after if sent_to is None else min(max(after, sent_to), found[1])
+        return after, selectors.chunks_after(turn_id=turn_id, after=read_from, limit=REPLAY_FIRST_PAGE)
 
     async def _stored(
         self, turn: str, after: int, *, until: int | None = None, limit: int | None = None

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Any, Literal
 
+from django.conf import settings
 from django.contrib.auth.models import Permission, User
+from django.contrib.sessions.backends.base import SessionBase
 from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -60,6 +63,12 @@ def login(user: User, *, enforce_csrf_checks: bool = False) -> Client:
     client = Client(enforce_csrf_checks=enforce_csrf_checks)
     client.force_login(user)
     return client
+
+
+def session_of(client: Client) -> SessionBase:
+    """The session ``client`` is signed in with, as a socket's scope holds it (``scope["session"]``)."""
+    store: SessionBase = import_module(settings.SESSION_ENGINE).SessionStore(session_key=client.session.session_key)
+    return store
 
 
 def api_login(

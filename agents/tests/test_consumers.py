@@ -17,6 +17,9 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
+from asgiref.sync import async_to_sync
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -30,7 +33,8 @@ from agents import selectors
 from agents.consumers import REPLAY_PAGE, max_frame_chars, max_text_chars
 from agents.models import Agent, Chunk, Message, Turn, TurnStatus
 from agents.streams import chunk_data, chunks_message, push_later
-from tests.factories import Users
+from config.routing import websocket_urlpatterns
+from tests.factories import Users, login, session_of
 from tests.support import AsgiServer, wait_for
 from workflows.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from workflows.streams import publisher
@@ -547,3 +551,46 @@ def test_stop_cancels_the_running_turn(asgi_server: AsgiServer, world: World) ->
 
     assert answer["id"] == str(turn.pk)
     wait_for(lambda: Turn.objects.get(pk=turn.pk).status == TurnStatus.CANCELLED, timeout=TIMEOUT)
+
+
+def test_a_resume_asked_again_reads_only_what_this_socket_has_not_sent(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given an ended turn of 500 stored chunks, and the stored reads the socket makes, counted by
+    # where each starts (in process, on the consumer itself: a server's reads cannot be counted)
+    turn = make_turn(world.agent, status=TurnStatus.COMPLETED)
+    write(turn, range(1, 501), push=False)
+    reads: list[int] = []
+    chunks_after = selectors.chunks_after
+
+    def counted(**kwargs: Any) -> Any:
+        reads.append(kwargs["after"])
+        return chunks_after(**kwargs)
+
+    monkeypatch.setattr(selectors, "chunks_after", counted)
+    resume = {"type": "resume", "turn": str(turn.pk), "after": 0}
+    session = session_of(login(world.users.alice))
+
+    async def run() -> list[list[Frame]]:
+        communicator = WebsocketCommunicator(URLRouter(websocket_urlpatterns), f"/ws/agents/{KIND}/help/")
+        communicator.scope.update(user=world.users.alice, session=session)
+        assert (await communicator.connect(timeout=TIMEOUT))[0]
+        assert (await communicator.receive_json_from(timeout=TIMEOUT))["type"] == "snapshot"
+        replies = []
+        for _ in range(3):
+            await communicator.send_json_to(resume)
+            frames = [await communicator.receive_json_from(timeout=TIMEOUT)]
+            while frames[-1]["type"] != "replay_complete":
+                frames.append(await communicator.receive_json_from(timeout=TIMEOUT))
+            replies.append(frames)
+        await communicator.disconnect()
+        return replies
+
+    first, *again = async_to_sync(run)()
+
+    # then the first resume replays the whole turn, in pages
+    assert chunk_seqs(first[:-1]) == list(range(1, 501)) and first[-1]["seq"] == 500
+    assert reads[0] == 0 and len(reads) > 2
+    # and the same resume again sends nothing twice and reads only past what was sent, once
+    assert again == [[{"type": "replay_complete", "turn": str(turn.pk), "seq": 500}]] * 2
+    assert reads[-2:] == [500, 500] and len(reads) == len(set(reads[:-2])) + 2

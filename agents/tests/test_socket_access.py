@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from importlib import import_module
 from typing import Any
 
 import pytest
@@ -26,7 +25,7 @@ from agents.services import message_send
 from agents.tests.test_consumers import KIND, World
 from agents.tests.test_consumers import world as world  # noqa: F401  # the fixture, used by name
 from config.routing import websocket_urlpatterns
-from tests.factories import login
+from tests.factories import login, session_of
 from tests.support import AsgiServer
 from workflows.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from workflows.models import WorkflowRun
@@ -227,7 +226,7 @@ def connect_after_sign_out(user: User, path: str) -> dict[str, Any]:
     the session signed out just after that read, before connect joined the user's group (so no
     push reached the socket): what connect sends. In process: no server can be paused there."""
     client, _ = signed_in(user)
-    scope_session = import_module(settings.SESSION_ENGINE).SessionStore(session_key=client.session.session_key)
+    scope_session = session_of(client)
     assert client.post("/accounts/logout/").status_code == 302
 
     async def run() -> dict[str, Any]:
