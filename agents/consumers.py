@@ -24,11 +24,14 @@ Protocol:
   "id", "number", "status", "end_reason"}``, ``{"type": "message", "id", "turn", "role", "text",
   "parts", "created_at"}``, ``{"type": "state", "version", "state"}``, ``{"type": "fiber", "id",
   "name", "status", "stash_version", "attempts", "end_reason"}`` (a fiber of the agent changed status).
-- bad client messages get ``{"type": "error", "message"}``, the socket stays open and nothing is
+- bad client messages get ``{"type": "error", "message", "about"?}`` (``about``: ``message``,
+  ``resume`` or ``stop``, the type of the message refused, when it was one of these, so that the
+  page gives back the text of a refused message only), the socket stays open and nothing is
   stored: a binary frame, text that is not JSON or over MAX_MESSAGE_CHARS, a value that is not an
   object, an unknown type, a bad ``after``, a turn that is not this agent's, an empty or too long
   text, a message past AGENTS_MAX_QUEUED_TURNS queued turns, a stop of an ended turn, a message
-  past WEBSOCKET_MAX_FRAMES_PER_SECOND (``workflows.consumers.StreamConsumer``: not read).
+  past WEBSOCKET_MAX_FRAMES_PER_SECOND (``workflows.consumers.StreamConsumer``: not read, and
+  answered with ``retry_after``, in seconds, instead of ``about``).
 - close codes: 4401 not signed in; 4404 not a member of the account, an unknown account or kind
   (indistinguishable).
 - a client that goes away (closes the tab, loses its network) stops nothing: its turns run on and a
@@ -65,7 +68,6 @@ from workflows.consumers import (
     Cursor,
     StreamConsumer,
     check_after,
-    parse_frame,
     session_user,
 )
 from workflows.storable import text_problem
@@ -98,6 +100,7 @@ class AgentConsumer(StreamConsumer):
     group: str | None = None
     ready = False  # set with the snapshot; nothing is forwarded before it
     started: tuple[UUID, ...] = ()  # the turns this connection's messages started, oldest first
+    client_types = ("message", "resume", "stop")
 
     async def connect(self) -> None:
         # Accept first: a close code can only be sent on an accepted socket (see RunConsumer).
@@ -179,11 +182,8 @@ class AgentConsumer(StreamConsumer):
                 pass
 
     # --- from the client ---------------------------------------------------------------------------
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
-        try:  # (a socket connect refused is not read: StreamConsumer.dispatch)
-            await self.receive_json(parse_frame(text_data, max_chars=max_frame_chars()))
-        except ClientError as exc:
-            await self.send_json({"type": "error", "message": str(exc)})
+    def max_frame_chars(self) -> int:
+        return max_frame_chars()
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if not isinstance(content, dict):

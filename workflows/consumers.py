@@ -15,9 +15,10 @@ Protocol of ``/ws/runs/<id>/`` (also in docs/architecture.md#interfaces):
 - client: ``{"type": "snapshot"}`` -> a fresh snapshot (the page asks after a status change, to
   redraw the timeline).
 - a client sending more than WEBSOCKET_MAX_FRAMES_PER_SECOND messages a second (in bursts of up
-  to twice as many) gets ``{"type": "error", "message": "too many messages: ..."}`` for each one
-  past it, which is not read; the connection stays open.
-- bad client messages get ``{"type": "error", "message": ...}``; the connection stays open: a
+  to twice as many) gets ``{"type": "error", "message": "too many messages: ...", "retry_after":
+  seconds}`` for each one past it, which is not read; the connection stays open.
+- bad client messages get ``{"type": "error", "message": ..., "about"?: "resume" | "snapshot"}``
+  (``about``: the type of the message refused, when it was one of these); the connection stays open: a
   binary frame, text that is not JSON (or nested past the parser's limit), a message over
   MAX_MESSAGE_CHARS, a JSON value that is not an object, an unknown type, a bad ``after``. (Text
   that is not UTF-8, and a message over daphne's own size limit, never reach the consumer: daphne
@@ -142,6 +143,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
     access_group: str | None = None  # the user's (workflows.access), joined once they are known
 
     frames: FrameBudget | None = None  # the client's, made with its first message
+    client_types: tuple[str, ...] = ()  # the types of message a client may send (``receive_json``)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:
@@ -166,6 +168,7 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
                 {
                     "type": "error",
                     "message": f"too many messages: at most {self.frames.rate:g} a second; this one was not read",
+                    "retry_after": round(1 / self.frames.rate, 3),  # seconds until one more may be read
                 }
             )
             return
@@ -175,6 +178,22 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
             if not await self.still_authorized(every_time=message["type"] == "websocket.receive"):
                 return
         await handler(message)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        content = None
+        try:
+            content = parse_frame(text_data, max_chars=self.max_frame_chars())
+            await self.receive_json(content)
+        except ClientError as exc:
+            # ``about``: the type of the message answered, when it is one of the socket's, so that a
+            # page tells the refusal of its message from that of its resume.
+            kind = content.get("type") if isinstance(content, dict) else None
+            about = {"about": kind} if kind in self.client_types else {}
+            await self.send_json({"type": "error", "message": str(exc), **about})
+
+    def max_frame_chars(self) -> int:
+        """A client's message longer than this is refused unparsed."""
+        return MAX_MESSAGE_CHARS
 
     def frame_allowed(self) -> bool:
         """Whether the client's message may be read (WEBSOCKET_MAX_FRAMES_PER_SECOND)."""
@@ -282,6 +301,7 @@ class RunConsumer(StreamConsumer):
     run_id: UUID
     group: str | None = None
     cursor: Cursor | None = None  # set with the snapshot; nothing is forwarded before it
+    client_types = ("resume", "snapshot")
 
     async def connect(self) -> None:
         # Accept first: a close code (4401, 4404) can only be sent on an accepted socket; a refusal
@@ -317,12 +337,6 @@ class RunConsumer(StreamConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
     # --- from the client ---------------------------------------------------------------------------
-    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
-        try:
-            await self.receive_json(parse_frame(text_data, max_chars=MAX_MESSAGE_CHARS))
-        except ClientError as exc:
-            await self.send_json({"type": "error", "message": str(exc)})
-
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if not isinstance(content, dict):
             raise ClientError("a message is a JSON object with a 'type'")

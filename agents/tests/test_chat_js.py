@@ -150,7 +150,9 @@ def test_a_refused_message_is_said_and_its_text_given_back() -> None:
         page.click("#send")
         page.wait_for_selector("#notice:not([hidden])")
 
-    sent, shown = frames_sent_after(write, answer=lambda frame: {"type": "error", "message": refusal})
+    sent, shown = frames_sent_after(
+        write, answer=lambda frame: {"type": "error", "message": refusal, "about": "message"}
+    )
 
     assert sent == [{"type": "message", "text": "one more thing"}]
     assert shown == {"notice": refusal, "text": "one more thing"}
@@ -187,3 +189,68 @@ def test_a_round_recovered_after_its_tool_call_is_drawn_once() -> None:
 
     assert shown.count("Let me check.") == 1, shown
     assert shown.index("Let me check.") < shown.index("find_order") < shown.index("It is on its way."), shown
+
+
+def test_the_refusal_of_a_stop_leaves_a_message_sent_since_alone() -> None:
+    # the customer presses Stop on an answer that has just ended, then sends a message at once: the
+    # stop's refusal arrives after the message left, and must not give its text back (it is taken,
+    # and sending it again would ask twice)
+    def stop_then_write(page: Any) -> None:
+        page.click("#stop")
+        page.fill("#text", "and my other order?")
+        page.click("#send")
+        page.wait_for_selector("#notice:not([hidden])")
+
+    def answer(frame: dict[str, Any]) -> dict[str, Any] | None:
+        # the stop's refusal, held until the message has left (the message's own turn comes later)
+        if frame["type"] == "message":
+            return {"type": "error", "message": "turn 1 has already ended (completed)", "about": "stop"}
+        return None
+
+    sent, shown = frames_sent_after(stop_then_write, answer=answer)
+
+    assert [frame["type"] for frame in sent] == ["stop", "message"]
+    assert shown == {"notice": "turn 1 has already ended (completed)", "text": ""}
+
+
+def test_a_resume_the_server_did_not_read_is_asked_again() -> None:
+    resumes: list[dict[str, Any]] = []
+
+    def server(ws: Any) -> None:
+        def received(message: str | bytes) -> None:
+            frame = json.loads(message)
+            resumes.append(frame)
+            if len(resumes) == 1:  # the first is refused unread, as past the socket's frame budget
+                refusal = "too many messages: at most 10 a second; this one was not read"
+                ws.send(json.dumps({"type": "error", "message": refusal, "retry_after": 0.1}))
+            else:
+                ws.send(chunk(4, "a ", replay=True))
+                ws.send(json.dumps({"type": "replay_complete", "turn": TURN, "seq": 4}))
+
+        ws.on_message(received)
+        ws.send(json.dumps(SNAPSHOT))
+
+    with chromium() as browser:
+        page = open_page(browser, server)
+        page.wait_for_function("() => document.querySelector('#messages li.streaming')?.textContent.includes('a')")
+
+    assert [(frame["type"], frame["after"]) for frame in resumes] == [("resume", 0), ("resume", 0)]
+
+
+def test_a_sealed_answer_says_so_in_words_not_in_the_operators_reason() -> None:
+    def server(ws: Any) -> None:
+        def received(message: str | bytes) -> None:
+            if json.loads(message).get("type") == "resume":  # nothing stored: the turn sealed before its first word
+                ws.send(json.dumps({"type": "replay_complete", "turn": TURN, "seq": 0}))
+
+        ws.on_message(received)
+        sealed = {"id": TURN, "number": 1, "status": "sealed", "end_reason": "stale"}
+        ws.send(json.dumps({**SNAPSHOT, "turn": None, "queued": []}))
+        ws.send(json.dumps({"type": "turn", **sealed}))
+
+    with chromium() as browser:
+        page = open_page(browser, server)
+        page.wait_for_selector("#messages .notice")
+        shown = page.evaluate("() => document.querySelector('#messages').textContent")
+
+    assert "interrupted and could not be finished" in shown and "stale" not in shown

@@ -508,6 +508,11 @@ def test_bad_client_messages_get_an_error_the_socket_stays_open_and_nothing_is_s
             answer = receive(ws)
             assert answer["type"] == "error" and answer["message"], message
             assert "too many messages" not in answer["message"], message
+            # naming the type of the message refused, when it is one a client may send
+            sent = json.loads(message) if isinstance(message, str) and message.startswith("{") else None
+            assert answer.get("about") == (
+                sent["type"] if sent and sent["type"] in ("message", "resume", "stop") else None
+            )
             assert len(answer["message"]) < 300, message  # a bounded quote of what was sent
             time.sleep(1 / settings.WEBSOCKET_MAX_FRAMES_PER_SECOND)  # as a client within its rate
 

@@ -22,6 +22,7 @@
   let resumed = new Set();     // turns asked to resume on the current socket
   let whole = true;            // the next socket asks for the whole conversation (no ?since=)
   const ENDED = ["completed", "cancelled", "sealed", "failed"];
+  const UNFINISHED = "This answer was interrupted and could not be finished.";
 
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
@@ -41,7 +42,7 @@
 
   // --- the stream of a turn ----------------------------------------------------------------------
   function stream(turnId) {
-    if (!streams.has(turnId)) streams.set(turnId, {seq: 0, parts: [], roundStart: 0, refill: null, notices: [], finished: false, held: new Map()});
+    if (!streams.has(turnId)) streams.set(turnId, {seq: 0, parts: [], roundStart: 0, refill: null, notices: [], ended: null, finished: false, held: new Map()});
     return streams.get(turnId);
   }
 
@@ -118,11 +119,12 @@
   }
 
   function render() {
-    // A sealed or failed turn says why, in words, where its answer would be.
+    // A sealed or failed turn says why, in words, where its answer would be: the notice it streamed
+    // (drawn when it arrives), else the page's own words. A sealed turn's end_reason is written for
+    // operators ("stale", "out of recovery budget ..."); a failed one's is the server's sentence.
     for (const t of turns.values()) {
-      if ((t.status === "sealed" || t.status === "failed") && t.end_reason && !answered(t.id)) {
-        const s = stream(t.id);
-        if (!s.notices.includes(t.end_reason)) s.notices.push(t.end_reason);
+      if ((t.status === "sealed" || t.status === "failed") && !answered(t.id)) {
+        stream(t.id).ended = t.status === "failed" && t.end_reason ? t.end_reason : UNFINISHED;
       }
     }
     const list = $("messages");
@@ -135,8 +137,9 @@
       const s = streams.get(turnId);
       const item = el("li", {class: "streaming", "data-turn": turnId});
       for (const part of s.parts) item.append(part.kind === "text" ? part.text : el("div", {class: "tool"}, part.text));
-      for (const notice of s.notices) item.append(el("div", {}, el("span", {class: "notice"}, notice)));
-      if (!s.parts.length && !s.notices.length) item.append(el("span", {class: "muted"}, "…"));
+      const notices = s.notices.length || !s.ended ? s.notices : [s.ended];
+      for (const notice of notices) item.append(el("div", {}, el("span", {class: "notice"}, notice)));
+      if (!s.parts.length && !notices.length) item.append(el("span", {class: "muted"}, "…"));
       list.append(item);
     };
     for (const m of ordered) {
@@ -227,12 +230,24 @@
         if (msg.version > stateVersion) { stateVersion = msg.version; renderState(msg.state); }
         break;
       case "error":
-        // The answer to something this page sent (a message the server would not take: a full
-        // queue, too long): said where the customer looks, and their text given back.
+        // The answer to something this page sent, said where the customer looks. A message the
+        // server would not take (a full queue, too long) gives its text back; the refusal of a
+        // resume or a stop (an error "about" something else) leaves a message sent since alone, as
+        // it may well be taken. Frames the server did not read (too many at once: "retry_after")
+        // are resumes asked again once it reads one more: each sends nothing twice.
         $("notice").textContent = msg.message;
         $("notice").hidden = false;
-        if (unanswered !== null && !$("text").value) $("text").value = unanswered;
-        unanswered = null;
+        if (msg.about === "message") {
+          if (unanswered !== null && !$("text").value) $("text").value = unanswered;
+          unanswered = null;
+        } else if (msg.retry_after) {
+          const current = socket;
+          setTimeout(() => {
+            if (socket !== current) return;  // a new socket resumes on its own
+            resumed = new Set();
+            resumeAll();
+          }, 1000 * msg.retry_after);
+        }
         break;
     }
   }
