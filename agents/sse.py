@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -50,12 +49,14 @@ from agents.models import TURN_ENDED, Agent, Turn
 from agents.selectors import ChunkData
 from workflows.apis.errors import error_body
 from workflows.consumers import MAX_SEQ
+from workflows.storable import text_problem
 
 # How long the stream waits for a push before it reads the database anyway.
 POLL_SECONDS = 1.0
 # An idle stream sends a comment this often: proxies keep it open, and a gone client is noticed.
 KEEPALIVE_SECONDS = 15.0
 TEXT_PART = "text"
+TOKEN_KEY_MAX = 40  # rest_framework.authtoken.models.Token.key
 logger = logging.getLogger("agents")
 
 
@@ -89,14 +90,22 @@ async def turn_stream(request: HttpRequest, kind: str, name: str, turn_id: str) 
 
 async def _authenticated(request: HttpRequest) -> AbstractBaseUser | None:
     header = request.headers.get("Authorization", "")
-    match = re.fullmatch(r"Token ([0-9a-f]{1,40})", header)
-    if header:  # credentials given are the ones used, as DRF's TokenAuthentication does
-        if match is None:
+    if header:  # credentials given are the ones used
+        # Read as DRF's TokenAuthentication reads them: the keyword in any case, then the key (any
+        # key a token can have, one staff typed in the admin too).
+        parts = header.split()
+        if len(parts) != 2 or parts[0].lower() != "token" or not _storable_key(parts[1]):
             return None
-        token = await Token.objects.select_related("user").filter(key=match.group(1)).afirst()
+        token = await Token.objects.select_related("user").filter(key=parts[1]).afirst()
         return token.user if token is not None and token.user.is_active else None
     user = await request.auser()
     return None if isinstance(user, AnonymousUser) or not user.is_authenticated else user
+
+
+def _storable_key(key: str) -> bool:
+    """A key a token row can hold (at most 40 characters PostgreSQL can store): anything else
+    matches no token, and is not sent to the database."""
+    return len(key) <= TOKEN_KEY_MAX and text_problem(key) is None
 
 
 def _last_event_id(request: HttpRequest) -> int | None:

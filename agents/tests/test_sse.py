@@ -183,6 +183,23 @@ def test_a_token_is_accepted_like_the_rest_of_the_api(asgi_server: AsgiServer, w
     assert good.status_code == 200 and good.text.endswith("data: [DONE]\n\n")
     assert bad.status_code == 401
 
+    # and the header is read as the rest of the API reads it: the keyword in any case, any key a
+    # token can have (one staff typed in the admin), nothing after the key
+    typed = Token.objects.create(user=world.users.bob, key="bobs-key_typed.in.the.admin")
+    answers = {
+        header: [
+            httpx.get(where, headers={"Authorization": header}, timeout=TIMEOUT).status_code
+            for where in (url, f"{asgi_server.url}/api/agents/{KIND}/help")
+        ]
+        for header in (f"token {token.key}", f"TOKEN  {token.key}", f"Token {typed.key}", f"Token {token.key} more")
+    }
+    assert answers == {
+        f"token {token.key}": [200, 200],
+        f"TOKEN  {token.key}": [200, 200],
+        f"Token {typed.key}": [200, 200],
+        f"Token {token.key} more": [401, 401],
+    }
+
     # and a POST, by token or by a signed-in browser without a CSRF token, is the API's JSON 405
     for headers in ({"Authorization": f"Token {token.key}"}, {"Cookie": session_cookie(world.users.alice)}):
         posted = httpx.post(url, headers=headers, timeout=TIMEOUT)
