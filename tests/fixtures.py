@@ -10,7 +10,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from tests.support import AsgiServer, Worker
+from tests.support import AsgiServer, Worker, serving
 
 if TYPE_CHECKING:
     from tests.factories import Users
@@ -135,10 +135,8 @@ def no_enqueue() -> Iterator[NoEnqueue]:
 
 @pytest.fixture(scope="session")
 def asgi_server(django_db_setup: None, django_db_blocker: Any) -> Iterator[AsgiServer]:
-    server = AsgiServer()
-    yield server
-    with django_db_blocker.unblock():  # stop() waits for its database connections to end
-        server.stop()
+    with serving(django_db_blocker) as server:
+        yield server
 
 
 @pytest.fixture(autouse=True)

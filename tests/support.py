@@ -298,6 +298,19 @@ class AsgiServer:
             return pool.submit(count).result()
 
 
+@contextmanager
+def serving(django_db_blocker: Any, **env: str) -> Iterator[AsgiServer]:
+    """An AsgiServer with ``env`` for a fixture's life (``with serving(django_db_blocker, ...) as
+    server: yield server``), stopped with the database unblocked: stop() waits for its connections
+    to end, and a module or session fixture's teardown runs with the database blocked."""
+    server = AsgiServer(**env)
+    try:
+        yield server
+    finally:
+        with django_db_blocker.unblock():
+            server.stop()
+
+
 def wait_for_status(run_id: UUID | str, *statuses: str, timeout: float = 30.0) -> WorkflowRun:
     """Poll the database until the run reaches one of ``statuses``; return the run."""
     from workflows.models import WorkflowRun

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support import ROOT, AsgiServer, service_env
+from tests.support import ROOT, AsgiServer, service_env, serving
 from webhooks.models import WebhookDelivery
 from webhooks.tests.support import SOURCES
 
@@ -71,10 +71,9 @@ def test_loading_the_application_drops_twisteds_access_log() -> None:
 
 @pytest.fixture(scope="module")
 def limited(django_db_setup: None, django_db_blocker: object) -> Iterator[AsgiServer]:
-    process = AsgiServer(HTTP_MAX_BODY_BYTES=str(LIMIT), WEBHOOK_SOURCES_JSON=json.dumps(SOURCES))
-    yield process
-    with django_db_blocker.unblock():  # type: ignore[attr-defined]  # stop() waits for its connections
-        process.stop()
+    env = {"HTTP_MAX_BODY_BYTES": str(LIMIT), "WEBHOOK_SOURCES_JSON": json.dumps(SOURCES)}
+    with serving(django_db_blocker, **env) as process:
+        yield process
 
 
 def answer(sock: socket.socket) -> bytes:

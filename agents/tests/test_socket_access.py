@@ -26,7 +26,7 @@ from agents.tests.test_consumers import KIND, World
 from agents.tests.test_consumers import world as world  # noqa: F401  # the fixture, used by name
 from config.routing import websocket_urlpatterns
 from tests.factories import login, session_of
-from tests.support import AsgiServer
+from tests.support import AsgiServer, serving
 from workflows.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from workflows.models import WorkflowRun
 from workflows.streams import publisher
@@ -38,10 +38,8 @@ CHAT = f"/ws/agents/{KIND}/help/"
 
 @pytest.fixture(scope="module")
 def server(django_db_setup: None, django_db_blocker: Any) -> Iterator[AsgiServer]:
-    process = AsgiServer(WEBSOCKET_RECHECK_SECONDS="0.5")
-    yield process
-    with django_db_blocker.unblock():
-        process.stop()
+    with serving(django_db_blocker, WEBSOCKET_RECHECK_SECONDS="0.5") as process:
+        yield process
 
 
 def signed_in(user: User) -> tuple[Any, str]:
@@ -142,10 +140,8 @@ def test_a_deactivated_user_loses_a_run_socket_too(server: AsgiServer, world: Wo
 def patient_server(django_db_setup: None, django_db_blocker: Any) -> Iterator[AsgiServer]:
     """A daphne that checks again only on a client's message or the access group's push: its
     interval is an hour, so a socket closed without a message was closed by the push."""
-    process = AsgiServer(WEBSOCKET_RECHECK_SECONDS="3600")
-    yield process
-    with django_db_blocker.unblock():
-        process.stop()
+    with serving(django_db_blocker, WEBSOCKET_RECHECK_SECONDS="3600") as process:
+        yield process
 
 
 def still_open(ws: ClientConnection) -> bool:

@@ -21,7 +21,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from tests.fixtures import NoEnqueue
-from tests.support import AsgiServer, Worker, race, wait_for
+from tests.support import AsgiServer, Worker, race, serving, wait_for
 from webhooks import actions
 from webhooks.conf import source_get
 from webhooks.models import WebhookDelivery
@@ -46,10 +46,8 @@ def queue_name() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def server(django_db_setup: None, django_db_blocker: Any, queue_name: str) -> Iterator[AsgiServer]:
-    process = AsgiServer(WORKFLOWS_QUEUE=queue_name, WEBHOOK_SOURCES_JSON=SOURCES_JSON)
-    yield process
-    with django_db_blocker.unblock():  # stop() waits for its connections
-        process.stop()
+    with serving(django_db_blocker, WORKFLOWS_QUEUE=queue_name, WEBHOOK_SOURCES_JSON=SOURCES_JSON) as process:
+        yield process
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support import AsgiServer
+from tests.support import AsgiServer, serving
 from webhooks.models import WebhookDelivery
 from webhooks.tests.support import SOURCES, encode, github_headers, standard_headers
 from workflows.models import WorkflowRun
@@ -23,10 +23,8 @@ N = 50
 
 @pytest.fixture(scope="module")
 def server(django_db_setup: None, django_db_blocker: object) -> Iterator[AsgiServer]:
-    process = AsgiServer(WEBHOOK_SOURCES_JSON=json.dumps(SOURCES))
-    yield process
-    with django_db_blocker.unblock():  # type: ignore[attr-defined]  # stop() waits for its connections
-        process.stop()
+    with serving(django_db_blocker, WEBHOOK_SOURCES_JSON=json.dumps(SOURCES)) as process:
+        yield process
 
 
 Answer = tuple[int, dict[str, object]] | BaseException

@@ -26,7 +26,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
 
 from tests.factories import Users, make_run
-from tests.support import AsgiServer
+from tests.support import AsgiServer, serving
 from workflows import streams
 from workflows.consumers import MAX_MESSAGE_CHARS
 from workflows.models import WorkflowRun
@@ -186,18 +186,14 @@ FIXED_FRAMES: list[tuple[str, Frame]] = [
 def asgi_server(django_db_setup: None, django_db_blocker: Any) -> Iterator[AsgiServer]:
     """A daphne of this module's own that reads every message: the frames here go back to back,
     hundreds a second, far past WEBSOCKET_MAX_FRAMES_PER_SECOND (tested on its own below)."""
-    server = AsgiServer(WEBSOCKET_MAX_FRAMES_PER_SECOND="0")
-    yield server
-    with django_db_blocker.unblock():
-        server.stop()
+    with serving(django_db_blocker, WEBSOCKET_MAX_FRAMES_PER_SECOND="0") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def limited_server(django_db_setup: None, django_db_blocker: Any) -> Iterator[AsgiServer]:
-    server = AsgiServer(WEBSOCKET_MAX_FRAMES_PER_SECOND="5")
-    yield server
-    with django_db_blocker.unblock():
-        server.stop()
+    with serving(django_db_blocker, WEBSOCKET_MAX_FRAMES_PER_SECOND="5") as server:
+        yield server
 
 
 # --- helpers --------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from examples.refunds.tests.conftest import WORKER_ENV, Workers, World
 from examples.refunds.tests.support import assert_confirmed, new_order, pending_approval
 from tests.browser import chromium, new_page, off_loop
 from tests.factories import Users
-from tests.support import AsgiServer, Worker, wait_for
+from tests.support import AsgiServer, Worker, serving, wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -47,10 +47,13 @@ WATCH = """() => {
 def server(refund_workers: Workers, django_db_blocker: Any) -> Iterator[AsgiServer]:
     """A daphne of this module's own: what it starts (a chat turn, an approved run going on) goes
     to the module's queue, which its workers serve."""
-    process = AsgiServer(WORKFLOWS_QUEUE=refund_workers.queue, SANDBOX_PAYMENTS_URL=refund_workers.url, **WORKER_ENV)
-    yield process
-    with django_db_blocker.unblock():  # stop() waits for its database connections to end
-        process.stop()
+    with serving(
+        django_db_blocker,
+        WORKFLOWS_QUEUE=refund_workers.queue,
+        SANDBOX_PAYMENTS_URL=refund_workers.url,
+        **WORKER_ENV,
+    ) as process:
+        yield process
 
 
 @pytest.fixture

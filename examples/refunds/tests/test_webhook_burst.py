@@ -20,7 +20,7 @@ from examples.refunds.tests.support import ask, assert_confirmed, new_order
 from examples.sandbox.process import SandboxProcess
 from ledger.models import ExternalOperation, OperationEvent, OperationStatus
 from tests.factories import Users
-from tests.support import AsgiServer, wait_for
+from tests.support import AsgiServer, serving, wait_for
 from webhooks.models import WebhookDelivery
 from webhooks.tests.support import SECRET
 
@@ -33,10 +33,8 @@ SOURCE = "sandbox-payments"  # the settings' default source for the sandbox's we
 @pytest.fixture(scope="module")
 def daphne(django_db_setup: None, django_db_blocker: Any) -> Iterator[AsgiServer]:
     # The secret as scripts/run.sh gives it: one variable, read by the settings and by the sandbox.
-    server = AsgiServer(SANDBOX_WEBHOOK_SECRET=SECRET)
-    yield server
-    with django_db_blocker.unblock():  # stop() waits for its database connections to end
-        server.stop()
+    with serving(django_db_blocker, SANDBOX_WEBHOOK_SECRET=SECRET) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
