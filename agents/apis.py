@@ -21,7 +21,7 @@ from drf_spectacular.utils import (
     extend_schema_field,
     extend_schema_serializer,
 )
-from rest_framework import exceptions, serializers, status
+from rest_framework import authentication, exceptions, serializers, status
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -29,7 +29,6 @@ from rest_framework.response import Response
 from agents import selectors, services
 from agents.consumers import max_text_chars
 from agents.models import Agent, Turn, TurnStatus
-from config.origin import started_elsewhere
 from workflows.apis.common import ApiBase, StrictCharField, StrictSerializer, authenticated_user
 from workflows.apis.converters import name_parameter
 from workflows.apis.errors import error_response, error_responses
@@ -175,10 +174,13 @@ class AgentLimitReached(exceptions.APIException):
 
 def visible_agent(request: Request, kind: str, name: str, *, params: dict[str, Any] | None = None) -> Agent:
     """The agent for a member of its account (created on first use), else NotFound. ``params``: the
-    query string as validated already (default: as AgentQuerySerializer validates it). A GET that
-    another site's page started (a link followed with the user's session) creates nothing."""
+    query string as validated already (default: as AgentQuerySerializer validates it). A GET
+    authenticated by the session creates nothing: a browser sends its cookie on a link followed
+    from any site, and only a write (which needs the CSRF token) or a token's caller opens an agent."""
     params = query_params(request) if params is None else params
-    create = request.method not in SAFE_METHODS or not started_elsewhere(request)
+    create = request.method not in SAFE_METHODS or not isinstance(
+        request.successful_authenticator, authentication.SessionAuthentication
+    )
     try:
         agent = selectors.agent_get(
             user=request.user, kind=kind, name=name, account=params.get("account"), create=create

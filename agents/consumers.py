@@ -156,13 +156,12 @@ class AgentConsumer(StreamConsumer):
         return (CLOSE_NOT_FOUND, "agent not found") if agent is None else agent
 
     def _agent_for(self, user: Any) -> Agent | None:
-        """The agent the socket's path (and ``?account=``) names, as ``user`` reaches it."""
+        """The agent the socket's path (and ``?account=``) names, as ``user`` reaches it. A socket
+        never creates one: the chat page opens its socket for an agent that exists (its "Start it"
+        button, a POST, creates a new one)."""
         kwargs = self.scope["url_route"]["kwargs"]
         account = QueryDict(self.scope.get("query_string", b"").decode("latin-1")).get("account")
-        try:
-            return selectors.agent_get(user=user, kind=kwargs["kind"], name=kwargs["name"], account=account)
-        except selectors.TooManyAgents:
-            return None  # a new agent the account has no room for: its page said why
+        return selectors.agent_get(user=user, kind=kwargs["kind"], name=kwargs["name"], account=account, create=False)
 
     async def disconnect(self, code: int) -> None:
         if self.group is not None:

@@ -15,6 +15,7 @@ from uuid import UUID
 from django.conf import settings
 from django.db.models import Max, OuterRef, QuerySet, Subquery
 
+from accounts.models import Account
 from accounts.selectors import User, account_for, accounts_of
 from agents import statements
 from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Chunk, Message, Submission, Turn, TurnStatus
@@ -99,11 +100,7 @@ def agent_get(*, user: User, kind: str, name: str, account: str | None = None, c
     registered kind (unless ``create`` is false: then None, as if it could not be). None for a
     non-member, an unknown account or kind, or a name no agent can have: the same answer for each,
     so it confirms nothing. TooManyAgents for a new name in an account at its limit."""
-    if not user.is_authenticated or not _storable_name(kind, KIND_MAX) or not _storable_name(name, NAME_MAX):
-        return None
-    if account is not None and text_problem(account) is not None:
-        return None
-    if not kind_registered(kind):
+    if not user.is_authenticated or not _addressable(kind, name, account):
         return None
     # The agent and its account in one query (every socket's connect asks); creating one takes more.
     agent = statements.member_agent(user=user, kind=kind, name=name, account=account)
@@ -112,6 +109,26 @@ def agent_get(*, user: User, kind: str, name: str, account: str | None = None, c
     found = account_for(user, account) if create else None
     if found is None:
         return None
+    return _agent_create(found, kind, name)
+
+
+def agent_openable(*, user: User, kind: str, name: str, account: str | None = None) -> Account | None:
+    """The account in which ``user`` may open the agent ``kind``/``name`` that ``agent_get(...,
+    create=False)`` did not find: theirs, for a registered kind and a name an agent can have. None
+    where ``agent_get`` would answer None, so the two together confirm nothing to a non-member."""
+    return account_for(user, account) if user.is_authenticated and _addressable(kind, name, account) else None
+
+
+def _addressable(kind: str, name: str, account: str | None) -> bool:
+    """Whether ``(account, kind, name)`` can name an agent at all."""
+    if not _storable_name(kind, KIND_MAX) or not _storable_name(name, NAME_MAX):
+        return False
+    if account is not None and text_problem(account) is not None:
+        return False
+    return kind_registered(kind)
+
+
+def _agent_create(found: Account, kind: str, name: str) -> Agent:
     # Opening an agent creates it, so the count per account is bounded: past the limit a new name
     # is refused, saying why (the account's existing agents stay reachable).
     limit = int(settings.AGENTS_MAX_AGENTS_PER_ACCOUNT)

@@ -126,10 +126,8 @@ def _visible_turn(
         return None
     if str(parsed) != turn_id.lower():
         return None
-    try:
-        agent = selectors.agent_get(user=user, kind=kind, name=name, account=account)  # type: ignore[arg-type]
-    except selectors.TooManyAgents:
-        return None  # a new agent: it has no turn to stream
+    # A stream is of a turn, and a new agent has none: following one never creates the agent.
+    agent = selectors.agent_get(user=user, kind=kind, name=name, account=account, create=False)  # type: ignore[arg-type]
     turn = selectors.turn_get(agent=agent, turn_id=parsed) if agent is not None else None
     return (agent, turn) if agent is not None and turn is not None else None
 

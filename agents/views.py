@@ -12,7 +12,6 @@ from django.views.decorators.http import require_http_methods
 
 from agents import selectors
 from agents.consumers import max_text_chars
-from config.origin import started_elsewhere
 
 
 @login_required
@@ -20,17 +19,21 @@ from config.origin import started_elsewhere
 def chat(request: HttpRequest, kind: str, name: str) -> HttpResponse:
     """The conversation with the agent ``kind``/``name`` of an account the user belongs to.
 
-    Opening a new name creates its agent, but not from a link on another site: that page asks
-    first, and its button (a POST, with the CSRF token) creates the agent and comes back here."""
+    A GET never creates an agent: for a name that is not one yet the page asks, and its button (a
+    POST, with the CSRF token) creates the agent and comes back here. Any site can link a signed-in
+    user here (a top-level navigation carries the session cookie); only the user's own click opens
+    a new agent in their account."""
     account = request.GET.get("account")
-    create = request.method == "POST" or not started_elsewhere(request)
+    create = request.method == "POST"
     try:
         agent = selectors.agent_get(user=request.user, kind=kind, name=name, account=account, create=create)
     except selectors.TooManyAgents as exc:
         return render(request, "agents/too_many.html", {"kind": kind, "name": name, "message": str(exc)}, status=409)
     if agent is None and not create:
-        # Shown for any name that is not an agent yet, a non-member's too: it confirms nothing.
-        return render(request, "agents/confirm_open.html", {"kind": kind, "name": name})
+        # Only where the user could open it: anyone else gets the same 404 as for an existing agent.
+        where = selectors.agent_openable(user=request.user, kind=kind, name=name, account=account)
+        if where is not None:
+            return render(request, "agents/confirm_open.html", {"kind": kind, "name": name, "account": where})
     if agent is None:
         # The same answer for another account's agent, an unknown account and an unknown kind.
         raise Http404("No such agent.")

@@ -12,9 +12,6 @@ CSRF check requires of a form post, or one of CSRF_TRUSTED_ORIGINS (a front end 
 origin). A plain-http page on the same host (an attacker on the network, before HSTS holds) may not
 open the secure socket with the user's cookies. A handshake without an Origin (not a browser) is
 refused too, as channels' validator refuses it.
-
-``started_elsewhere``: the same question for a plain request, which has no Origin on a GET. The
-browser's ``Sec-Fetch-Site`` tells a link followed from another site from the site's own pages.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ from urllib.parse import urlsplit
 
 from channels.security.websocket import WebsocketDenier
 from django.conf import settings
-from django.http import HttpRequest
 from django.http.request import split_domain_port, validate_host
 
 DEFAULT_PORTS = {"http": "80", "https": "443"}
@@ -60,16 +56,6 @@ def origin_allowed(origin: str | None, host: str | None, *, secure: bool) -> boo
     if not domain or not validate_host(domain, allowed_hosts):
         return False
     return _netloc(parsed.scheme, parsed.netloc) == _netloc(parsed.scheme, host)
-
-
-def started_elsewhere(request: HttpRequest) -> bool:
-    """Whether the browser says another site's page started this request (``Sec-Fetch-Site``
-    ``cross-site``, or ``same-site``: another origin under the same registrable domain). Such a
-    request carries the user's cookies on a top-level navigation (SameSite=Lax lets them through)
-    without the user having asked this site for anything: a GET that would create something must
-    ask first. A request without the header (a client that is no browser, or a browser too old to
-    send it) is not told apart from the site's own."""
-    return request.headers.get("Sec-Fetch-Site", "").lower() in {"cross-site", "same-site"}
 
 
 def is_secure(scope: dict[str, Any], headers: dict[bytes, bytes]) -> bool:

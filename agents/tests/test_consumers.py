@@ -139,11 +139,15 @@ def test_another_accounts_agent_is_refused_like_an_unknown_one(asgi_server: Asgi
     # and no agent was created for any of them
     assert list(Agent.objects.values_list("account__slug", "kind", "name")) == [("acme", KIND, "help")]
 
+    # and a socket opens no agent of mallory's own either (only the chat page's button does)
+    assert refusal(asgi_server, mallory) == (CLOSE_NOT_FOUND, [])
+    assert not Agent.objects.filter(account=world.other).exists()
+
     # without ?account= mallory reaches her own account's agent of that name, a different one
+    Agent.objects.create(account=world.other, kind=KIND, name="help")
     with open_chat(asgi_server, mallory) as ws:
         snapshot = receive(ws)
     assert snapshot["agent"] == {"kind": KIND, "name": "help", "account": "other"}
-    assert Agent.objects.filter(account=world.other, kind=KIND, name="help").count() == 1
 
 
 def test_bob_sees_the_agent_of_the_account_he_shares_with_alice(asgi_server: AsgiServer, world: World) -> None:

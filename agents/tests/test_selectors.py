@@ -32,14 +32,14 @@ def test_opening_new_names_stops_at_the_accounts_limit_and_says_so_to_members_on
     assert Agent.objects.count() == 3
 
     # and a member opening the fourth, on the chat page or through the API, reads why, not "No such agent"
-    page = login(users.alice).get("/chat/test.chat/a3/")
+    page = login(users.alice).post("/chat/test.chat/a3/")  # the chat page's "Start it"
     assert page.status_code == 409 and "has 3 agents, its limit" in page.content.decode()
     answer = api_login(users.alice).post(
         "/api/agents/test.chat/a3/submissions", {"messages": [{"content": "hi"}]}, format="json"
     )
     assert answer.status_code == 409 and answer.json()["error"]["code"] == "too_many_agents"
     assert "has 3 agents, its limit" in answer.json()["error"]["message"]
-    assert login(users.carol).get("/chat/test.chat/a3/?account=acme").status_code == 404
+    assert login(users.carol).post("/chat/test.chat/a3/?account=acme").status_code == 404
     assert Agent.objects.count() == 3
 
 

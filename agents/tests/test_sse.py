@@ -14,7 +14,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from rest_framework.authtoken.models import Token
 
-from agents.models import Chunk, Turn, TurnStatus
+from agents.models import Agent, Chunk, Turn, TurnStatus
 from agents.tests.test_consumers import KIND, World, make_turn, write
 from agents.tests.test_consumers import world as world  # noqa: F401  the fixture
 from tests.support import AsgiServer
@@ -170,6 +170,8 @@ def test_refusals_are_the_apis_json_errors(asgi_server: AsgiServer, world: World
         "bad Last-Event-ID": 400,
     }
     assert refused["mallory"].json() == {"error": {"code": "not_found", "message": "Not found.", "detail": None}}
+    # and following a stream never creates its agent (a link any site can put in front of alice)
+    assert not Agent.objects.filter(name="other").exists()
 
 
 def test_a_token_is_accepted_like_the_rest_of_the_api(asgi_server: AsgiServer, world: World) -> None:

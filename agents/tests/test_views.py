@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+from uuid import uuid4
+
 import pytest
 from django.contrib.staticfiles import finders
 
 from agents.models import Agent, Message
 from agents.tests.test_consumers import KIND, World
 from agents.tests.test_consumers import world as world  # noqa: F401  the fixture
-from tests.factories import login
+from tests.factories import api_login, login
 
 pytestmark = pytest.mark.django_db
 
 PAGE = f"/chat/{KIND}/help/"
-ELSEWHERE = {"Sec-Fetch-Site": "cross-site"}  # a link followed from another site's page
 
 
 def test_the_page_renders_the_conversation_for_a_member(world: World) -> None:
@@ -44,6 +45,7 @@ def test_the_page_is_a_404_for_anyone_else_and_a_login_for_the_anonymous(world: 
 
 
 def test_a_name_with_spaces_is_quoted_in_the_sockets_path(world: World) -> None:
+    Agent.objects.create(account=world.acme, kind=KIND, name="front desk")
     page = login(world.users.alice).get(f"/chat/{KIND}/front desk/")
 
     assert page.status_code == 200
@@ -62,43 +64,47 @@ def test_the_script_is_a_static_file() -> None:
     assert finders.find("agents/chat.js") is not None
 
 
-def test_a_link_from_another_site_creates_nothing_until_the_user_asks(world: World) -> None:
-    # given alice signed in, following links that other sites' pages put in front of her
+def test_a_get_creates_no_agent_the_page_asks_and_the_users_click_does(world: World) -> None:
+    # given alice signed in, opening a name that is no agent yet: from a link on any site (a
+    # top-level navigation carries her session cookie), typed, or after signing in
     alice = login(world.users.alice, enforce_csrf_checks=True)
+    page = alice.get(f"/chat/{KIND}/invoices/")
 
-    # then a new name asks first and creates nothing, however the link came (another site, a sibling subdomain)
-    for site in ("cross-site", "same-site", "CROSS-SITE"):
-        page = alice.get(f"/chat/{KIND}/invoices/", headers={"Sec-Fetch-Site": site})
-        assert page.status_code == 200
-        assert 'id="open"' in page.content.decode() and "data-ws-path" not in page.content.decode()
-    assert alice.get(f"/api/agents/{KIND}/invoices", headers=ELSEWHERE).status_code == 404
-    # and so does a name mallory cannot have at all: the question confirms nothing
-    assert login(world.users.mallory).get(f"/chat/{KIND}/help/?account=acme", headers=ELSEWHERE).status_code == 200
+    # then the page asks, naming the account, and creates nothing
+    html = page.content.decode()
+    assert page.status_code == 200 and 'id="open"' in html and "data-ws-path" not in html
+    assert "<strong>Acme</strong>" in html
+    assert alice.head(f"/chat/{KIND}/invoices/").status_code == 200
+    # and the session-authenticated API creates nothing either, on any GET naming the agent
+    for path in ("", "/submissions", f"/turns/{uuid4()}"):
+        assert alice.get(f"/api/agents/{KIND}/invoices{path}").status_code == 404, path
+    # and someone who could not open it gets the 404 of an existing agent of the account: nothing told
+    mallory = login(world.users.mallory)
+    assert [mallory.get(f"/chat/{KIND}/{name}/?account=acme").status_code for name in ("help", "new")] == [404, 404]
     assert set(Agent.objects.values_list("name", flat=True)) == {"help"}
 
-    # and an agent that exists opens as ever from a link
-    assert "data-ws-path" in alice.get(f"{PAGE}?account=acme", headers=ELSEWHERE).content.decode()
-    assert alice.get(f"/api/agents/{KIND}/help", headers=ELSEWHERE).status_code == 200
+    # and an agent that exists opens as ever
+    assert "data-ws-path" in alice.get(f"{PAGE}?account=acme").content.decode()
 
     # when she presses the button (the page's form: a POST with its CSRF token)
-    form = alice.get(f"/chat/{KIND}/invoices/?account=acme", headers=ELSEWHERE)
-    token = form.context["csrf_token"]
-    assert alice.post(f"/chat/{KIND}/invoices/?account=acme", headers=ELSEWHERE).status_code == 403  # no token: refused
-    opened = alice.post(f"/chat/{KIND}/invoices/?account=acme", {"csrfmiddlewaretoken": str(token)}, headers=ELSEWHERE)
+    token = alice.get(f"/chat/{KIND}/invoices/?account=acme").context["csrf_token"]
+    assert alice.post(f"/chat/{KIND}/invoices/?account=acme").status_code == 403  # no token: refused
+    opened = alice.post(f"/chat/{KIND}/invoices/?account=acme", {"csrfmiddlewaretoken": str(token)})
 
     # then the agent is created and she is sent to its page
     assert opened.status_code == 303 and opened["Location"] == f"/chat/{KIND}/invoices/?account=acme"
     assert Agent.objects.filter(account=world.acme, name="invoices").exists()
+    assert "data-ws-path" in alice.get(opened["Location"]).content.decode()
     # and the button does nothing for someone outside the account
-    mallory = login(world.users.mallory)
     assert mallory.post(f"/chat/{KIND}/other/?account=acme").status_code == 404
     assert not Agent.objects.filter(name="other").exists()
 
 
-def test_the_sites_own_pages_and_clients_that_are_no_browser_open_new_names_at_once(world: World) -> None:
-    alice = login(world.users.alice)
-
-    for n, site in enumerate(("same-origin", "none", None)):  # a link on this site, typed or bookmarked, no header
-        headers = {} if site is None else {"Sec-Fetch-Site": site}
-        assert "data-ws-path" in alice.get(f"/chat/{KIND}/n{n}/", headers=headers).content.decode()
-    assert set(Agent.objects.values_list("name", flat=True)) == {"help", "n0", "n1", "n2"}
+def test_a_token_caller_and_a_write_still_open_new_names(world: World) -> None:
+    # a token is no cookie: no other site can send it, so its caller's GET opens the agent as before
+    assert api_login(world.users.alice).get(f"/api/agents/{KIND}/by-token").status_code == 200
+    # and a session's write needs its CSRF token, so it may open one too
+    browser = api_login(world.users.alice, via="session")
+    answer = browser.post(f"/api/agents/{KIND}/by-write/messages", {"text": "hello"}, format="json")
+    assert answer.status_code == 202, answer.content
+    assert set(Agent.objects.values_list("name", flat=True)) == {"help", "by-token", "by-write"}

@@ -131,8 +131,10 @@ def test_browser_alice_asks_for_a_refund_loses_her_connection_mid_answer_and_see
             socket.on("framereceived", lambda payload: received.append(json.loads(payload)))
 
         page.on("websocket", opened)
-        # when alice signs in to her chat and asks for the refund
+        # when alice signs in to her chat, starts it (the page asks before a new agent is opened),
+        # and asks for the refund
         sign_in(page, server, "alice", "alice-secret-pw", PAGE)
+        page.click("#open")
         page.wait_for_selector("#connection:text-is('live')")
         page.evaluate(WATCH)
         page.evaluate("window.sameDocument = true")
