@@ -30,8 +30,8 @@ Protocol:
   stored: a binary frame, text that is not JSON or over MAX_MESSAGE_CHARS, a value that is not an
   object, an unknown type, a bad ``after``, a turn that is not this agent's, an empty or too long
   text, a message past AGENTS_MAX_QUEUED_TURNS queued turns, a stop of an ended turn, a message
-  past WEBSOCKET_MAX_FRAMES_PER_SECOND (``workflows.consumers.StreamConsumer``: not read, and
-  answered with ``retry_after``, in seconds, instead of ``about``).
+  past WEBSOCKET_MAX_FRAMES_PER_SECOND (``workflows.consumers.StreamConsumer``: not acted on, and
+  answered with ``retry_after`` too, in seconds).
 - close codes: 4401 not signed in; 4404 not a member of the account, an unknown account or kind
   (indistinguishable).
 - a client that goes away (closes the tab, loses its network) stops nothing: its turns run on and a

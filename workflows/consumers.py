@@ -16,7 +16,7 @@ Protocol of ``/ws/runs/<id>/`` (also in docs/architecture.md#interfaces):
   redraw the timeline).
 - a client sending more than WEBSOCKET_MAX_FRAMES_PER_SECOND messages a second (in bursts of up
   to twice as many) gets ``{"type": "error", "message": "too many messages: ...", "retry_after":
-  seconds}`` for each one past it, which is not read; the connection stays open.
+  seconds, "about"?}`` for each one past it, which is not acted on; the connection stays open.
 - bad client messages get ``{"type": "error", "message": ..., "about"?: "resume" | "snapshot"}``
   (``about``: the type of the message refused, when it was one of these); the connection stays open: a
   binary frame, text that is not JSON (or nested past the parser's limit), a message over
@@ -164,11 +164,16 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
         if message["type"] == "websocket.receive" and not self.frame_allowed():
             # Before the re-check below: a flood costs the server no database visit.
             assert self.frames is not None  # made by frame_allowed, which only a budget refuses
+            try:  # parsed for what it was (a page gives back the text of a message refused), not acted on
+                about = self.about(parse_frame(message.get("text"), max_chars=self.max_frame_chars()))
+            except ClientError:
+                about = {}
             await self.send_json(
                 {
                     "type": "error",
                     "message": f"too many messages: at most {self.frames.rate:g} a second; this one was not read",
-                    "retry_after": round(1 / self.frames.rate, 3),  # seconds until one more may be read
+                    "retry_after": max(round(1 / self.frames.rate, 3), 0.001),  # seconds until one more is read
+                    **about,
                 }
             )
             return
@@ -185,11 +190,13 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
             content = parse_frame(text_data, max_chars=self.max_frame_chars())
             await self.receive_json(content)
         except ClientError as exc:
-            # ``about``: the type of the message answered, when it is one of the socket's, so that a
-            # page tells the refusal of its message from that of its resume.
-            kind = content.get("type") if isinstance(content, dict) else None
-            about = {"about": kind} if kind in self.client_types else {}
-            await self.send_json({"type": "error", "message": str(exc), **about})
+            await self.send_json({"type": "error", "message": str(exc), **self.about(content)})
+
+    def about(self, content: Any) -> dict[str, str]:
+        """``{"about": <type>}`` for an error answering a client's message of one of the socket's
+        types, so that a page tells the refusal of its message from that of its resume; else {}."""
+        kind = content.get("type") if isinstance(content, dict) else None
+        return {"about": kind} if isinstance(kind, str) and kind in self.client_types else {}
 
     def max_frame_chars(self) -> int:
         """A client's message longer than this is refused unparsed."""

@@ -11,6 +11,7 @@ saw it on CI, as a shown text that was not the beginning of the answer)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +214,13 @@ def test_the_refusal_of_a_stop_leaves_a_message_sent_since_alone() -> None:
     assert shown == {"notice": "turn 1 has already ended (completed)", "text": ""}
 
 
+BUDGET_REFUSAL = {
+    "type": "error",
+    "message": "too many messages: at most 10 a second; this one was not read",
+    "retry_after": 0.1,
+}
+
+
 def test_a_resume_the_server_did_not_read_is_asked_again() -> None:
     resumes: list[dict[str, Any]] = []
 
@@ -221,8 +229,7 @@ def test_a_resume_the_server_did_not_read_is_asked_again() -> None:
             frame = json.loads(message)
             resumes.append(frame)
             if len(resumes) == 1:  # the first is refused unread, as past the socket's frame budget
-                refusal = "too many messages: at most 10 a second; this one was not read"
-                ws.send(json.dumps({"type": "error", "message": refusal, "retry_after": 0.1}))
+                ws.send(json.dumps({**BUDGET_REFUSAL, "about": "resume"}))
             else:
                 ws.send(chunk(4, "a ", replay=True))
                 ws.send(json.dumps({"type": "replay_complete", "turn": TURN, "seq": 4}))
@@ -254,3 +261,44 @@ def test_a_sealed_answer_says_so_in_words_not_in_the_operators_reason() -> None:
         shown = page.evaluate("() => document.querySelector('#messages').textContent")
 
     assert "interrupted and could not be finished" in shown and "stale" not in shown
+
+
+def test_resumes_refused_over_and_over_are_asked_again_by_one_backing_off_timer() -> None:
+    # two turns to draw (one running, one that ended without an answer) and a server that refuses
+    # every resume unread: the page asks again, never more than once per turn a round, less and
+    # less often (each refusal once started a timer of its own: thousands of resumes in seconds)
+    resumes: list[float] = []
+
+    def server(ws: Any) -> None:
+        def received(message: str | bytes) -> None:
+            if json.loads(message).get("type") == "resume":
+                resumes.append(time.monotonic())
+                ws.send(json.dumps({**BUDGET_REFUSAL, "about": "resume", "retry_after": 0.05}))
+
+        ws.on_message(received)
+        ws.send(json.dumps(SNAPSHOT))
+        ended = {"id": "7f0e2a64-4a8e-4d3c-9a36-5b1c3c1d2e02", "number": 2, "status": "sealed", "end_reason": "stale"}
+        ws.send(json.dumps({"type": "turn", **ended}))
+
+    with chromium() as browser:
+        page = new_page(browser)
+        page.route(f"{ORIGIN}/", lambda route: route.fulfill(status=200, content_type="text/html", body=PAGE))
+        page.route_web_socket("**/ws/agents/**", server)
+        page.goto(f"{ORIGIN}/")
+        page.wait_for_timeout(2500)
+
+    # rounds 0.25, 0.5 and 1 s apart (then 2 s): the first resume, then at most two a round
+    assert 3 <= len(resumes) <= 1 + 2 * 4, len(resumes)
+    assert resumes[-1] - resumes[0] > 1.5  # still asking, less often
+
+
+def test_a_message_the_server_did_not_read_gives_its_text_back() -> None:
+    def write(page: Any) -> None:
+        page.fill("#text", "are you there?")
+        page.click("#send")
+        page.wait_for_selector("#notice:not([hidden])")
+
+    sent, shown = frames_sent_after(write, answer=lambda frame: {**BUDGET_REFUSAL, "about": "message"})
+
+    assert sent == [{"type": "message", "text": "are you there?"}]
+    assert shown == {"notice": BUDGET_REFUSAL["message"], "text": "are you there?"}

@@ -309,6 +309,8 @@ def test_a_client_sending_past_its_rate_is_answered_with_errors_and_not_read(
         assert len(read) + len(refused) == 40
         assert 10 <= len(read) <= 10 + 5 * elapsed + 1, (len(read), elapsed)
         assert refused and all(a["message"].startswith("too many messages: at most 5 a second") for a in refused)
+        # each saying what it refused and when one more is read
+        assert all(a["about"] == "snapshot" and a["retry_after"] == 0.2 for a in refused), refused[0]
 
         # and after a pause she is read again, on the same connection
         time.sleep(1)

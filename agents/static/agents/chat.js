@@ -20,6 +20,9 @@
   let activeTurn = null;       // the id of the turn drawn as running or waiting (what Stop stops)
   let unanswered = null;       // the text of the message last sent, until the server takes or refuses it
   let resumed = new Set();     // turns asked to resume on the current socket
+  let replayed = new Set();    // turns whose replay_complete came on the current socket
+  let resumeTimer = null;      // resumeLater's, at most one
+  let resumeRetries = 0;
   let whole = true;            // the next socket asks for the whole conversation (no ?since=)
   const ENDED = ["completed", "cancelled", "sealed", "failed"];
   const UNFINISHED = "This answer was interrupted and could not be finished.";
@@ -208,6 +211,10 @@
         applyChunk(msg);
         break;
       case "replay_complete":
+        replayed.add(msg.turn);
+        resumeRetries = 0;
+        // An ended turn whose replay is complete has nothing more to come: not asked again.
+        if (streams.has(msg.turn) && ENDED.includes((turns.get(msg.turn) || {}).status)) streams.get(msg.turn).finished = true;
         if (streams.has(msg.turn) && streams.get(msg.turn).held.size) {
           drawHeld(streams.get(msg.turn), true);
           render();
@@ -240,13 +247,8 @@
         if (msg.about === "message") {
           if (unanswered !== null && !$("text").value) $("text").value = unanswered;
           unanswered = null;
-        } else if (msg.retry_after) {
-          const current = socket;
-          setTimeout(() => {
-            if (socket !== current) return;  // a new socket resumes on its own
-            resumed = new Set();
-            resumeAll();
-          }, 1000 * msg.retry_after);
+        } else if (msg.about === "resume" && msg.retry_after) {
+          resumeLater(msg.retry_after);
         }
         break;
     }
@@ -259,6 +261,22 @@
       if (s.finished || answered(turnId) || resumed.has(turnId)) continue;
       if (send({type: "resume", turn: turnId, after: s.seq})) resumed.add(turnId);
     }
+  }
+
+  // Resumes the server refused unread (too many frames at once: it says when it reads one more)
+  // are asked again by one timer, however many were refused, backing off while they keep being
+  // refused: only those of turns not replayed on this socket yet.
+  function resumeLater(seconds) {
+    if (resumeTimer !== null) return;
+    const current = socket;
+    const delay = Math.min(10000, Math.max(1000 * seconds, 250 * 2 ** resumeRetries));
+    resumeRetries += 1;
+    resumeTimer = setTimeout(() => {
+      resumeTimer = null;
+      if (socket !== current) return;  // a new socket resumes on its own
+      for (const turnId of Array.from(resumed)) if (!replayed.has(turnId)) resumed.delete(turnId);
+      resumeAll();
+    }, delay);
   }
 
   function newestMessage() {
@@ -298,6 +316,10 @@
     const path = root.dataset.wsPath + (newest === null ? "" : (root.dataset.wsPath.includes("?") ? "&" : "?") + "since=" + newest);
     const current = socket = new WebSocket(scheme + location.host + path);
     resumed = new Set();
+    replayed = new Set();
+    clearTimeout(resumeTimer);
+    resumeTimer = null;
+    resumeRetries = 0;
     setConnection("connecting…");
     current.onopen = () => resumeAll();
     current.onmessage = (message) => handle(JSON.parse(message.data));
