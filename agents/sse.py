@@ -89,14 +89,20 @@ async def turn_stream(request: HttpRequest, kind: str, name: str, turn_id: str) 
 
 
 async def _authenticated(request: HttpRequest) -> AbstractBaseUser | None:
-    header = request.headers.get("Authorization", "")
-    if header:  # credentials given are the ones used
-        # Read as DRF's TokenAuthentication reads them: the keyword in any case, then the key (any
-        # key a token can have, one staff typed in the admin too).
-        parts = header.split()
-        if len(parts) != 2 or parts[0].lower() != "token" or not _storable_key(parts[1]):
+    """The caller as the API finds them (``workflows.apis.common.ApiBase``: the token, then the
+    session). ``Authorization: Token <key>`` is read as DRF's TokenAuthentication reads it (split
+    at ASCII whitespace, the keyword in any case, the key as UTF-8: any key a token can have, one
+    staff typed in the admin too), and a bad one is refused whatever the session; a header of
+    another scheme is left for the session."""
+    parts = request.headers.get("Authorization", "").encode("latin-1").split()
+    if parts and parts[0].lower() == b"token":
+        try:
+            key = parts[1].decode() if len(parts) == 2 else ""
+        except UnicodeDecodeError:
             return None
-        token = await Token.objects.select_related("user").filter(key=parts[1]).afirst()
+        if not key or not _storable_key(key):
+            return None
+        token = await Token.objects.select_related("user").filter(key=key).afirst()
         return token.user if token is not None and token.user.is_active else None
     user = await request.auser()
     return None if isinstance(user, AnonymousUser) or not user.is_authenticated else user

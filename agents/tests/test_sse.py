@@ -185,22 +185,31 @@ def test_a_token_is_accepted_like_the_rest_of_the_api(asgi_server: AsgiServer, w
     assert good.status_code == 200 and good.text.endswith("data: [DONE]\n\n")
     assert bad.status_code == 401
 
-    # and the header is read as the rest of the API reads it: the keyword in any case, any key a
-    # token can have (one staff typed in the admin), nothing after the key
-    typed = Token.objects.create(user=world.users.bob, key="bobs-key_typed.in.the.admin")
+    # and the caller is found as the rest of the API finds them: the token first, read from the
+    # header split at ASCII whitespace, the keyword in any case, the key as UTF-8, any key a token
+    # can have (one staff typed in the admin); then the session
+    typed = Token.objects.create(user=world.users.bob, key="bobs-clé_typed.in.the.admin")
+    key = token.key.encode()
+    cookie = session_cookie(world.users.alice)
+    cases: dict[str, tuple[dict[str, Any], int]] = {
+        "lower-case keyword": ({"Authorization": b"token " + key}, 200),
+        "two spaces": ({"Authorization": b"TOKEN  " + key}, 200),
+        "a typed key, in UTF-8": ({"Authorization": b"Token " + typed.key.encode()}, 200),
+        "more after the key": ({"Authorization": b"Token " + key + b" more"}, 401),
+        "no-break space": ({"Authorization": b"Token\xa0" + key}, 401),
+        "unit separator": ({"Authorization": b"Token\x1f" + key}, 401),
+        "Basic, with a session": ({"Authorization": b"Basic YWxpY2U6eA==", "Cookie": cookie}, 200),
+        "a bad token, with a session": ({"Authorization": b"Token nope", "Cookie": cookie}, 401),
+        "the keyword alone": ({"Authorization": b"Token"}, 401),
+    }
     answers = {
-        header: [
-            httpx.get(where, headers={"Authorization": header}, timeout=TIMEOUT).status_code
+        what: [
+            httpx.get(where, headers=headers, timeout=TIMEOUT).status_code
             for where in (url, f"{asgi_server.url}/api/agents/{KIND}/help")
         ]
-        for header in (f"token {token.key}", f"TOKEN  {token.key}", f"Token {typed.key}", f"Token {token.key} more")
+        for what, (headers, _) in cases.items()
     }
-    assert answers == {
-        f"token {token.key}": [200, 200],
-        f"TOKEN  {token.key}": [200, 200],
-        f"Token {typed.key}": [200, 200],
-        f"Token {token.key} more": [401, 401],
-    }
+    assert answers == {what: [expected, expected] for what, (_, expected) in cases.items()}
 
     # and a POST, by token or by a signed-in browser without a CSRF token, is the API's JSON 405
     for headers in ({"Authorization": f"Token {token.key}"}, {"Cookie": session_cookie(world.users.alice)}):
