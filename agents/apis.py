@@ -172,14 +172,18 @@ class AgentLimitReached(exceptions.APIException):
     default_code = selectors.TooManyAgents.code
 
 
-def visible_agent(request: Request, kind: str, name: str, *, params: dict[str, Any] | None = None) -> Agent:
-    """The agent for a member of its account (created on first use), else NotFound. ``params``: the
-    query string as validated already (default: as AgentQuerySerializer validates it). A GET
-    authenticated by the session creates nothing: a browser sends its cookie on a link followed
-    from any site, and only a write (which needs the CSRF token) or a token's caller opens an agent."""
+def visible_agent(
+    request: Request, kind: str, name: str, *, params: dict[str, Any] | None = None, create: bool = True
+) -> Agent:
+    """The agent for a member of its account (created on first use unless ``create`` is false),
+    else NotFound. ``params``: the query string as validated already (default: as
+    AgentQuerySerializer validates it). A GET authenticated by the session creates nothing: a
+    browser sends its cookie on a link followed from any site, and only a write (which needs the
+    CSRF token) or a token's caller opens an agent."""
     params = query_params(request) if params is None else params
-    create = request.method not in SAFE_METHODS or not isinstance(
-        request.successful_authenticator, authentication.SessionAuthentication
+    create = create and (
+        request.method not in SAFE_METHODS
+        or not isinstance(request.successful_authenticator, authentication.SessionAuthentication)
     )
     try:
         agent = selectors.agent_get(
@@ -281,7 +285,8 @@ class AgentTurnApi(ApiBase):
         responses={200: OutputSerializer, **error_responses(400, 401, 404, 409)},
     )
     def get(self, request: Request, kind: str, name: str, turn_id: str) -> Response:
-        turn = visible_turn(agent=visible_agent(request, kind, name), turn_id=turn_id)
+        # A turn is never of an agent that does not exist yet: asking for one creates nothing.
+        turn = visible_turn(agent=visible_agent(request, kind, name, create=False), turn_id=turn_id)
         return Response(self.OutputSerializer(turn_detail_data(turn)).data)
 
 
@@ -299,7 +304,8 @@ class AgentTurnStopApi(ApiBase):
         responses={200: OutputSerializer, **error_responses(400, 401, 403, 404, 409)},
     )
     def post(self, request: Request, kind: str, name: str, turn_id: str) -> Response:
-        turn = visible_turn(agent=visible_agent(request, kind, name), turn_id=turn_id)
+        # A turn is never of an agent that does not exist yet: asking for one creates nothing.
+        turn = visible_turn(agent=visible_agent(request, kind, name, create=False), turn_id=turn_id)
         if turn.is_ended:
             return ended(turn)
         try:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import reprlib
 import time
 from dataclasses import dataclass, field
@@ -71,6 +72,10 @@ MAX_SEQ = 2**53
 # Client messages are a few dozen characters; anything longer is refused before it is parsed
 # (daphne's own limit, 1 MiB, is the one that closes the connection).
 MAX_MESSAGE_CHARS = 4096
+# The type of a message refused unread (past the frame budget), found without parsing it: a frame
+# as the pages write it, its "type" first. Parsing a refused frame of tens of kilobytes would cost
+# more than the refusal saves; a client that writes its type elsewhere is told nothing more.
+LEADING_TYPE = re.compile(r'\s*\{\s*"type"\s*:\s*"([a-z_]{1,32})"')
 # What an error message quotes of a client's value: a bounded repr (a 10,000-character "type" is
 # not sent back, and a deeply nested one is not walked).
 QUOTE = reprlib.Repr()
@@ -164,10 +169,10 @@ class StreamConsumer(AsyncJsonWebsocketConsumer):  # type: ignore[misc]  # chann
         if message["type"] == "websocket.receive" and not self.frame_allowed():
             # Before the re-check below: a flood costs the server no database visit.
             assert self.frames is not None  # made by frame_allowed, which only a budget refuses
-            try:  # parsed for what it was (a page gives back the text of a message refused), not acted on
-                about = self.about(parse_frame(message.get("text"), max_chars=self.max_frame_chars()))
-            except ClientError:
-                about = {}
+            # What it was (a page gives back the text of a message refused), read from its start only.
+            text = message.get("text")
+            leading = LEADING_TYPE.match(text, 0, 64) if isinstance(text, str) else None
+            about = self.about({"type": leading.group(1)}) if leading is not None else {}
             await self.send_json(
                 {
                     "type": "error",

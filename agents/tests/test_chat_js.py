@@ -302,3 +302,69 @@ def test_a_message_the_server_did_not_read_gives_its_text_back() -> None:
 
     assert sent == [{"type": "message", "text": "are you there?"}]
     assert shown == {"notice": BUDGET_REFUSAL["message"], "text": "are you there?"}
+
+
+def test_only_the_refused_resume_is_asked_again_not_one_the_server_is_still_answering() -> None:
+    # turn 2 running and turn 1 sealed without an answer. The server answers frames in the order
+    # sent: it refuses turn 2's first resume unread, then (the page asking again) refuses turn 2's
+    # second, and reads turn 1's, whose replay is still going on (no replay_complete yet): only
+    # turn 2's is asked again; turn 1's, being answered, is not
+    other = "7f0e2a64-4a8e-4d3c-9a36-5b1c3c1d2e02"
+    resumes: dict[str, int] = {TURN: 0, other: 0}
+
+    def server(ws: Any) -> None:
+        def received(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame.get("type") != "resume":
+                return
+            resumes[frame["turn"]] += 1
+            if frame["turn"] == other and resumes[other] <= 2:
+                ws.send(json.dumps({**BUDGET_REFUSAL, "about": "resume"}))
+            # anything else is read: turn 1's replay goes on, and turn 2's third waits behind it
+
+        ws.on_message(received)
+        ws.send(json.dumps({**SNAPSHOT, "turn": {**SNAPSHOT["turn"], "id": other, "number": 2}}))  # type: ignore[dict-item]
+        ws.send(json.dumps({"type": "turn", "id": TURN, "number": 1, "status": "sealed", "end_reason": "stale"}))
+
+    with chromium() as browser:
+        page = new_page(browser)
+        page.route(f"{ORIGIN}/", lambda route: route.fulfill(status=200, content_type="text/html", body=PAGE))
+        page.route_web_socket("**/ws/agents/**", server)
+        page.goto(f"{ORIGIN}/")
+        page.wait_for_timeout(3000)
+
+    assert resumes == {other: 3, TURN: 1}
+
+
+def test_a_turn_that_ended_while_away_is_replayed_once_not_on_every_reconnect() -> None:
+    # the page draws turn 1 running; the connection drops twice; turn 1 ended meanwhile without an
+    # answer the page has (stopped): the next socket replays it, and the one after has nothing to ask
+    sockets: list[list[dict[str, Any]]] = []
+
+    def server(ws: Any) -> None:
+        mine: list[dict[str, Any]] = []
+        sockets.append(mine)
+
+        def received(message: str | bytes) -> None:
+            frame = json.loads(message)
+            if frame.get("type") == "resume":
+                mine.append(frame)
+                ws.send(json.dumps({"type": "replay_complete", "turn": TURN, "seq": frame["after"]}))
+                if len(sockets) < 3:
+                    ws.close()  # the connection drops once the replay is through
+
+        ws.on_message(received)
+        ws.send(json.dumps(SNAPSHOT if len(sockets) == 1 else {**SNAPSHOT, "turn": None}))
+
+    with chromium() as browser:
+        page = new_page(browser)
+        page.route(f"{ORIGIN}/", lambda route: route.fulfill(status=200, content_type="text/html", body=PAGE))
+        page.route_web_socket("**/ws/agents/**", server)
+        page.goto(f"{ORIGIN}/")
+        page.wait_for_function("() => document.querySelector('#connection').textContent === 'live'")
+        deadline = time.monotonic() + 20
+        while len(sockets) < 3 and time.monotonic() < deadline:
+            page.wait_for_timeout(200)
+        page.wait_for_timeout(1000)
+
+    assert [len(resumes) for resumes in sockets] == [1, 1, 0], sockets

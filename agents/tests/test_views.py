@@ -107,4 +107,8 @@ def test_a_token_caller_and_a_write_still_open_new_names(world: World) -> None:
     browser = api_login(world.users.alice, via="session")
     answer = browser.post(f"/api/agents/{KIND}/by-write/messages", {"text": "hello"}, format="json")
     assert answer.status_code == 202, answer.content
+    # but asking about a turn of a name that is no agent yet creates nothing (it can have no turn)
+    caller = api_login(world.users.alice)
+    assert caller.get(f"/api/agents/{KIND}/no-turns/turns/{uuid4()}").status_code == 404
+    assert caller.post(f"/api/agents/{KIND}/no-turns/turns/{uuid4()}/stop").status_code == 404
     assert set(Agent.objects.values_list("name", flat=True)) == {"help", "by-token", "by-write"}

@@ -28,7 +28,7 @@ from websockets.sync.client import ClientConnection
 from tests.factories import Users, make_run
 from tests.support import AsgiServer, serving
 from workflows import streams
-from workflows.consumers import MAX_MESSAGE_CHARS
+from workflows.consumers import LEADING_TYPE, MAX_MESSAGE_CHARS
 from workflows.models import WorkflowRun
 from workflows.tests.test_consumers import TIMEOUT, open_socket, receive
 
@@ -316,3 +316,17 @@ def test_a_client_sending_past_its_rate_is_answered_with_errors_and_not_read(
         time.sleep(1)
         ws.send(json.dumps({"type": "snapshot"}))
         assert receive(ws)["type"] == "snapshot"
+
+
+def test_a_refused_frames_type_is_read_from_its_first_characters_only() -> None:
+    # a frame refused unread is not parsed (tens of kilobytes of JSON would cost more than the
+    # refusal saves): its type is what it starts with, as the pages write it
+    def leading(text: str) -> str | None:
+        found = LEADING_TYPE.match(text, 0, 64)
+        return found.group(1) if found else None
+
+    assert leading('{"type": "message", "text": "hello"}') == "message"
+    assert leading(' { "type" : "resume", "turn": "t", "after": 0}') == "resume"
+    assert leading('{"text": "hello", "type": "message"}') is None  # the type elsewhere: not looked for
+    assert leading("[" + "0," * 30_000 + "0]") is None
+    assert leading(" " * 70 + '{"type": "message"}') is None  # nothing past the first characters is read

@@ -20,7 +20,7 @@
   let activeTurn = null;       // the id of the turn drawn as running or waiting (what Stop stops)
   let unanswered = null;       // the text of the message last sent, until the server takes or refuses it
   let resumed = new Set();     // turns asked to resume on the current socket
-  let replayed = new Set();    // turns whose replay_complete came on the current socket
+  let asked = [];              // of those, the ones not answered yet, in the order sent (answers come in it)
   let resumeTimer = null;      // resumeLater's, at most one
   let resumeRetries = 0;
   let whole = true;            // the next socket asks for the whole conversation (no ?since=)
@@ -210,16 +210,18 @@
       case "chunk":
         applyChunk(msg);
         break;
-      case "replay_complete":
-        replayed.add(msg.turn);
+      case "replay_complete": {
+        if (asked.includes(msg.turn)) asked.splice(asked.indexOf(msg.turn), 1);
         resumeRetries = 0;
         // An ended turn whose replay is complete has nothing more to come: not asked again.
-        if (streams.has(msg.turn) && ENDED.includes((turns.get(msg.turn) || {}).status)) streams.get(msg.turn).finished = true;
+        const status = (turns.get(msg.turn) || {}).status;
+        if (streams.has(msg.turn) && (ENDED.includes(status) || status === "ended")) streams.get(msg.turn).finished = true;
         if (streams.has(msg.turn) && streams.get(msg.turn).held.size) {
           drawHeld(streams.get(msg.turn), true);
           render();
         }
         break;
+      }
       case "turn": {
         unanswered = null;  // the server took it (its turn comes first), or this is another's news
         const known = turns.get(msg.id);
@@ -240,15 +242,20 @@
         // The answer to something this page sent, said where the customer looks. A message the
         // server would not take (a full queue, too long) gives its text back; the refusal of a
         // resume or a stop (an error "about" something else) leaves a message sent since alone, as
-        // it may well be taken. Frames the server did not read (too many at once: "retry_after")
-        // are resumes asked again once it reads one more: each sends nothing twice.
+        // it may well be taken. The server answers the page's frames in the order sent, so a
+        // refused resume is the oldest one unanswered; refused unread (too many at once:
+        // "retry_after"), it is asked again once the server reads one more.
         $("notice").textContent = msg.message;
         $("notice").hidden = false;
         if (msg.about === "message") {
           if (unanswered !== null && !$("text").value) $("text").value = unanswered;
           unanswered = null;
-        } else if (msg.about === "resume" && msg.retry_after) {
-          resumeLater(msg.retry_after);
+        } else if (msg.about === "resume") {
+          const refused = asked.shift();
+          if (msg.retry_after && refused !== undefined) {
+            resumed.delete(refused);
+            resumeLater(msg.retry_after);
+          }
         }
         break;
     }
@@ -259,13 +266,13 @@
   function resumeAll() {
     for (const [turnId, s] of streams) {
       if (s.finished || answered(turnId) || resumed.has(turnId)) continue;
-      if (send({type: "resume", turn: turnId, after: s.seq})) resumed.add(turnId);
+      if (send({type: "resume", turn: turnId, after: s.seq})) { resumed.add(turnId); asked.push(turnId); }
     }
   }
 
   // Resumes the server refused unread (too many frames at once: it says when it reads one more)
   // are asked again by one timer, however many were refused, backing off while they keep being
-  // refused: only those of turns not replayed on this socket yet.
+  // refused.
   function resumeLater(seconds) {
     if (resumeTimer !== null) return;
     const current = socket;
@@ -274,7 +281,6 @@
     resumeTimer = setTimeout(() => {
       resumeTimer = null;
       if (socket !== current) return;  // a new socket resumes on its own
-      for (const turnId of Array.from(resumed)) if (!replayed.has(turnId)) resumed.delete(turnId);
       resumeAll();
     }, delay);
   }
@@ -316,7 +322,7 @@
     const path = root.dataset.wsPath + (newest === null ? "" : (root.dataset.wsPath.includes("?") ? "&" : "?") + "since=" + newest);
     const current = socket = new WebSocket(scheme + location.host + path);
     resumed = new Set();
-    replayed = new Set();
+    asked = [];
     clearTimeout(resumeTimer);
     resumeTimer = null;
     resumeRetries = 0;
