@@ -43,12 +43,18 @@ SNAPSHOT = {
 }
 
 
-def open_page(browser: Any, server: Any) -> Any:
-    """PAGE in a new tab, its socket played by ``server``, once the page says it is live."""
+def load_page(browser: Any, server: Any) -> Any:
+    """PAGE in a new tab, its socket (each one it opens) played by ``server``."""
     page = new_page(browser)
     page.route(f"{ORIGIN}/", lambda route: route.fulfill(status=200, content_type="text/html", body=PAGE))
     page.route_web_socket("**/ws/agents/**", server)
     page.goto(f"{ORIGIN}/")
+    return page
+
+
+def open_page(browser: Any, server: Any) -> Any:
+    """``load_page``, once the page says it is live."""
+    page = load_page(browser, server)
     page.wait_for_selector("#connection:text-is('live')")
     return page
 
@@ -281,10 +287,7 @@ def test_resumes_refused_over_and_over_are_asked_again_by_one_backing_off_timer(
         ws.send(json.dumps({"type": "turn", **ended}))
 
     with chromium() as browser:
-        page = new_page(browser)
-        page.route(f"{ORIGIN}/", lambda route: route.fulfill(status=200, content_type="text/html", body=PAGE))
-        page.route_web_socket("**/ws/agents/**", server)
-        page.goto(f"{ORIGIN}/")
+        page = load_page(browser, server)
         page.wait_for_timeout(2500)
 
     # rounds 0.25, 0.5 and 1 s apart (then 2 s): the first resume, then at most two a round
@@ -327,10 +330,7 @@ def test_only_the_refused_resume_is_asked_again_not_one_the_server_is_still_answ
         ws.send(json.dumps({"type": "turn", "id": TURN, "number": 1, "status": "sealed", "end_reason": "stale"}))
 
     with chromium() as browser:
-        page = new_page(browser)
-        page.route(f"{ORIGIN}/", lambda route: route.fulfill(status=200, content_type="text/html", body=PAGE))
-        page.route_web_socket("**/ws/agents/**", server)
-        page.goto(f"{ORIGIN}/")
+        page = load_page(browser, server)
         page.wait_for_timeout(3000)
 
     assert resumes == {other: 3, TURN: 1}
@@ -357,10 +357,7 @@ def test_a_turn_that_ended_while_away_is_replayed_once_not_on_every_reconnect() 
         ws.send(json.dumps(SNAPSHOT if len(sockets) == 1 else {**SNAPSHOT, "turn": None}))
 
     with chromium() as browser:
-        page = new_page(browser)
-        page.route(f"{ORIGIN}/", lambda route: route.fulfill(status=200, content_type="text/html", body=PAGE))
-        page.route_web_socket("**/ws/agents/**", server)
-        page.goto(f"{ORIGIN}/")
+        page = load_page(browser, server)
         page.wait_for_function("() => document.querySelector('#connection').textContent === 'live'")
         deadline = time.monotonic() + 20
         while len(sockets) < 3 and time.monotonic() < deadline:
