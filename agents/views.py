@@ -12,6 +12,7 @@ from django.views.decorators.http import require_http_methods
 
 from agents import selectors
 from agents.consumers import max_text_chars
+from agents.forms import StartForm
 
 
 @login_required
@@ -48,3 +49,25 @@ def chat(request: HttpRequest, kind: str, name: str) -> HttpResponse:
         "max_text_chars": max_text_chars(),
     }
     return render(request, "agents/chat.html", context)
+
+
+@login_required
+@require_http_methods(["GET", "HEAD", "POST"])
+def chat_start(request: HttpRequest) -> HttpResponse:
+    """``/chat/``: start a conversation (or open one by its name again) with a kind of agent, in
+    one of the user's accounts; the POST (with the CSRF token) creates the agent and sends the user
+    to its page."""
+    form = StartForm(request.POST if request.method == "POST" else None, user=request.user)  # type: ignore[arg-type]
+    if form.is_valid():
+        kind, name, account = (form.cleaned_data[field] for field in ("kind", "name", "account"))
+        try:
+            agent = selectors.agent_get(user=request.user, kind=kind, name=name, account=account)
+        except selectors.TooManyAgents as exc:
+            form.add_error(None, str(exc))
+        else:
+            if agent is None:  # a membership removed since the form was drawn
+                form.add_error("account", "You are no longer a member of this account.")
+            else:
+                where = f"/chat/{quote(kind, safe='')}/{quote(name, safe='')}/?{urlencode({'account': account})}"
+                return HttpResponseRedirect(where, status=303)
+    return render(request, "agents/start.html", {"form": form}, status=400 if form.errors else 200)

@@ -3,7 +3,7 @@ from django.contrib import admin
 from django.urls import URLPattern, URLResolver, include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from agents.views import chat
+from agents.views import chat, chat_start
 from workflows.apis import converters  # noqa: F401  registers <name:...>
 from workflows.apis.notfound import ApiNotFound
 
@@ -28,6 +28,7 @@ urlpatterns = [
     path("webhooks/", include("webhooks.urls")),  # signed inbound events: no session, no CSRF
     path("", include("ops.urls")),  # /healthz, /readyz, /metrics (Bearer METRICS_TOKEN)
     path("", include("workflows.urls")),
+    path("chat/", chat_start, name="agent-chat-start"),
     path("chat/<name:kind>/<name:name>/", chat, name="agent-chat"),
     path("", include("portal.urls")),  # /accounts/login/, /accounts/logout/ and the home page /
 ]

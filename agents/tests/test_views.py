@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Any
 from uuid import uuid4
 
 import pytest
@@ -112,3 +113,57 @@ def test_a_token_caller_and_a_write_still_open_new_names(world: World) -> None:
     assert caller.get(f"/api/agents/{KIND}/no-turns/turns/{uuid4()}").status_code == 404
     assert caller.post(f"/api/agents/{KIND}/no-turns/turns/{uuid4()}/stop").status_code == 404
     assert set(Agent.objects.values_list("name", flat=True)) == {"help", "by-token", "by-write"}
+
+
+# --- /chat/: starting a conversation from the site ---------------------------------------------------
+def test_a_member_starts_a_conversation_from_the_home_page(world: World) -> None:
+    # given alice, a member of acme, on the home page
+    alice = login(world.users.alice, enforce_csrf_checks=True)
+    home = alice.get("/").content.decode()
+    assert 'href="/chat/"' in home
+
+    # when she opens the form and starts "order 1042" with the support agent
+    form = alice.get("/chat/")
+    html = form.content.decode()
+    assert (
+        form.status_code == 200 and f'<option value="{KIND}"' in html and '<option value="acme">Acme</option>' in html
+    )
+    token = str(form.context["csrf_token"])
+    assert alice.post("/chat/", {"kind": KIND, "name": "order 1042", "account": "acme"}).status_code == 403  # no token
+    started = alice.post(
+        "/chat/", {"kind": KIND, "name": "order 1042", "account": "acme", "csrfmiddlewaretoken": token}
+    )
+
+    # then the agent exists and she is on its page; the same name again opens the same conversation
+    assert started.status_code == 303 and started["Location"] == f"/chat/{KIND}/order%201042/?account=acme"
+    assert "data-ws-path" in alice.get(started["Location"]).content.decode()
+    again = alice.post("/chat/", {"kind": KIND, "name": "order 1042", "account": "acme", "csrfmiddlewaretoken": token})
+    assert again["Location"] == started["Location"]
+    assert Agent.objects.filter(account=world.acme, kind=KIND, name="order 1042").count() == 1
+
+
+def test_the_start_form_refuses_what_no_agent_can_be_and_says_why(world: World, settings: Any) -> None:
+    alice = login(world.users.alice)
+    bad = {
+        "an unknown kind": {"kind": "nope", "name": "x", "account": "acme"},
+        "another's account": {"kind": KIND, "name": "x", "account": "other"},
+        "a slash": {"kind": KIND, "name": "a/b", "account": "acme"},
+        "dot-dot": {"kind": KIND, "name": "..", "account": "acme"},
+        "no name": {"kind": KIND, "name": "  ", "account": "acme"},
+        "too long": {"kind": KIND, "name": "x" * 129, "account": "acme"},
+        "a control character": {"kind": KIND, "name": "a\x01b", "account": "acme"},
+    }
+    for what, data in bad.items():
+        answer = alice.post("/chat/", data)
+        assert answer.status_code == 400 and 'class="error"' in answer.content.decode(), what
+    assert set(Agent.objects.values_list("name", flat=True)) == {"help"}
+
+    # and an account at its limit says so
+    settings.AGENTS_MAX_AGENTS_PER_ACCOUNT = 1
+    full = alice.post("/chat/", {"kind": KIND, "name": "one more", "account": "acme"})
+    assert full.status_code == 400 and "has 1 agents, its limit" in full.content.decode()
+    # and someone in no account is told so, not shown a form
+    carol = login(world.users.carol).get("/chat/").content.decode()
+    assert "not a member of any account" in carol and 'id="start"' not in carol
+    assert login(world.users.carol).post("/chat/", {"kind": KIND, "name": "x", "account": "acme"}).status_code == 400
+    assert set(Agent.objects.values_list("name", flat=True)) == {"help"}
