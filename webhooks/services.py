@@ -368,14 +368,18 @@ ACT_FIELDS = ("action_state", "action_attempts", "act_after", "acted_at", "raw_b
 # (swept_at is the sweep's and the operator's: a try leaves it.)
 
 
-def _pending(delivery_id: int, tries: int) -> WebhookDelivery | None:
+def _pending(delivery_id: int, tries: int, *, mine: bool = False) -> WebhookDelivery | None:
     """The delivery, locked, if its action is pending after ``tries`` counted tries; else None.
 
     A task is sent for one try (``tries`` travels in it), so a second message for the same try (the
     broker delivering it again, the sweep sending it while the first waited in a long queue) finds
     the try counted already, or the row locked by the task making it (SKIP LOCKED: it does not wait
-    for a try in progress, which will record its own end), and does nothing."""
-    pending = WebhookDelivery.objects.select_for_update(skip_locked=True)
+    for a try in progress, which will record its own end), and does nothing.
+
+    ``mine``: the task counted try ``tries`` itself, and now acts or records how it ended. It waits
+    for the lock rather than skip the row: what else holds it is brief (such a second message
+    checking it, the sweep), and skipping would leave the try undone until the sweep's next."""
+    pending = WebhookDelivery.objects.select_for_update(skip_locked=not mine)
     return pending.filter(pk=delivery_id, action_state=ActionState.PENDING, action_attempts=tries).first()
 
 
@@ -403,7 +407,7 @@ def delivery_act(delivery_id: int, tries: int = 0) -> WebhookDelivery | None:
         delivery.save(update_fields=("action_attempts", "act_after"))
     try:
         with transaction.atomic():
-            delivery = _pending(delivery_id, tried)
+            delivery = _pending(delivery_id, tried, mine=True)
             if delivery is None:
                 return None
             source = source_get(delivery.source)
@@ -439,7 +443,7 @@ def _act_failed(delivery_id: int, tried: int, *, final: bool, reason: str, messa
     its worker stopped in it): refused for good, failed after the last try, or the next try's task
     sent, due at ``act_after``. Inside a transaction that holds the row already, it finds it too."""
     with transaction.atomic():
-        delivery = _pending(delivery_id, tried)
+        delivery = _pending(delivery_id, tried, mine=True)
         if delivery is None:
             return None
         now = timezone.now()

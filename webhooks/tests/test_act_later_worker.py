@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from tests.fixtures import NoEnqueue
 from tests.support import AsgiServer, Worker, race, serving, wait_for
-from webhooks import actions
+from webhooks import actions, services
 from webhooks.conf import source_get
 from webhooks.models import WebhookDelivery
 from webhooks.services import delivery_act, delivery_receive, delivery_sweep
@@ -209,6 +209,47 @@ def test_two_tasks_for_one_try_at_once_make_it_once(later: None, monkeypatch: py
     assert sorted(r is None for r in results) == [False, True], results
     delivery.refresh_from_db()
     assert (delivery.action_state, delivery.action_attempts, delivery.result) == ("done", 1, {"slow": True})
+
+
+def test_a_duplicate_holding_the_row_a_moment_does_not_make_the_try_skip_its_action(
+    later: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given a pending delivery, and a second task for the same try that locks its row a moment (it
+    # finds the try counted and ends) just as the first task, having counted the try, goes to act
+    delivery = accepted_unsent("evt_moment")
+    calls: list[str] = []
+
+    def quick(action: dict[str, Any], event: actions.Event) -> actions.ActionResult:
+        calls.append(event.event_id)
+        return {"result": {"quick": True}}
+
+    perform_workflow_with(monkeypatch, quick)
+    pending = services._pending
+    locked = threading.Event()
+
+    def duplicate_in_the_way(delivery_id: int, tries: int, **kwargs: Any) -> WebhookDelivery | None:
+        if tries == 1 and not locked.is_set():  # the first task's second transaction, about to act
+
+            def hold() -> None:
+                with transaction.atomic():
+                    WebhookDelivery.objects.select_for_update().filter(pk=delivery_id).first()
+                    locked.set()
+                    time.sleep(0.3)
+                connection.close()
+
+            threading.Thread(target=hold).start()
+            assert locked.wait(10)
+        return pending(delivery_id, tries, **kwargs)
+
+    monkeypatch.setattr(services, "_pending", duplicate_in_the_way)
+
+    # when the first task makes its try
+    acted = delivery_act(delivery.pk, 0)
+
+    # then it waited out the duplicate's moment and acted, rather than leaving the try undone
+    assert calls == ["evt_moment"] and acted is not None
+    delivery.refresh_from_db()
+    assert (delivery.action_state, delivery.action_attempts, delivery.result) == ("done", 1, {"quick": True})
 
 
 def overdue(delivery_id: int, settings: Any) -> None:
