@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any, cast
 
 from django import forms
@@ -11,15 +12,20 @@ from accounts.selectors import accounts_of
 from agents import selectors
 from agents.registry import agent_kinds
 
+# Unicode categories of characters a name must not have: controls, format characters (bidirectional
+# overrides, zero-width ones, the byte-order mark), line and paragraph separators.
+UNSEEN = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
 
 class StartForm(forms.Form):
     """A kind, a name and one of the user's accounts: the agent that the chat page of that name
     shows, created if it is new."""
 
     kind = forms.ChoiceField(label="With")
+    # No max_length: a browser would count it in UTF-16 units (an emoji as two) and cut the name
+    # short without a word; clean_name counts characters, as the agent's column does.
     name = forms.CharField(
         label="Name",
-        max_length=selectors.NAME_MAX,
         help_text="Your name for the conversation, such as an order number; the same name opens it again.",
     )
     account = forms.ChoiceField(label="For")
@@ -32,9 +38,12 @@ class StartForm(forms.Form):
 
     def clean_name(self) -> str:
         name: str = self.cleaned_data["name"].strip()
-        if not selectors.reachable_name(name):
+        # Characters that are not written (controls, and format characters such as a right-to-left
+        # override, which would make a name shown to the account's other members read otherwise).
+        unseen = any(unicodedata.category(character) in UNSEEN for character in name)
+        if unseen or not selectors.reachable_name(name):
             raise forms.ValidationError(
-                f"A name is 1 to {selectors.NAME_MAX} characters, without a slash or a control character, "
-                "and not '.' or '..'."
+                f"A name is 1 to {selectors.NAME_MAX} characters, without a slash or an invisible or control "
+                "character, and not '.' or '..'."
             )
         return name

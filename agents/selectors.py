@@ -13,6 +13,7 @@ from typing import Any, TypedDict
 from uuid import UUID
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Max, OuterRef, QuerySet, Subquery
 
 from accounts.models import Account
@@ -130,14 +131,19 @@ def _addressable(kind: str, name: str, account: str | None) -> bool:
 
 def _agent_create(found: Account, kind: str, name: str) -> Agent:
     # Opening an agent creates it, so the count per account is bounded: past the limit a new name
-    # is refused, saying why (the account's existing agents stay reachable).
+    # is refused, saying why (the account's existing agents stay reachable). The account's row is
+    # locked while it counts and creates: members opening new names at once cannot pass it together.
     limit = int(settings.AGENTS_MAX_AGENTS_PER_ACCOUNT)
-    if Agent.objects.filter(account=found).count() >= limit:
-        raise TooManyAgents(
-            f"The account {found.slug!r} has {limit} agents, its limit: open one of them, or ask staff to "
-            "remove some (AGENTS_MAX_AGENTS_PER_ACCOUNT)."
-        )
-    agent, _ = Agent.objects.get_or_create(account=found, kind=kind, name=name)
+    with transaction.atomic():
+        Account.objects.select_for_update().filter(pk=found.pk).first()
+        agent = Agent.objects.filter(account=found, kind=kind, name=name).first()
+        if agent is None:
+            if Agent.objects.filter(account=found).count() >= limit:
+                raise TooManyAgents(
+                    f"The account {found.slug!r} has {limit} agents, its limit: open one of them, or ask staff "
+                    "to remove some (AGENTS_MAX_AGENTS_PER_ACCOUNT)."
+                )
+            agent = Agent.objects.create(account=found, kind=kind, name=name)
     agent.account = found  # read already: the snapshot's agent.account.slug costs no query
     return agent
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,6 +15,7 @@ from agents import selectors
 from agents.models import Agent, Chunk, Message, MessageRole, Turn, TurnStatus
 from agents.selectors import FAILED_REASON, SNAPSHOT_BYTES, AgentSnapshot, agent_get, agent_snapshot, turn_data
 from tests.factories import Users, api_login, login
+from tests.support import race
 
 pytestmark = pytest.mark.django_db
 
@@ -192,3 +195,34 @@ def test_a_stopped_turns_messages_keep_its_answered_tool_calls(users: Users) -> 
         {"role": "tool", "tool_call_id": "a", "name": "find_order", "content": {"amount": "150.00"}},
         {"role": "assistant", "content": "It cost", "tool_calls": []},
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_members_opening_new_names_at_once_never_pass_the_accounts_limit(
+    settings: Any, users: Users, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given an account allowed two agents, with one, and creating an agent slowed down (the window
+    # between counting the account's agents and adding one, held open)
+    settings.AGENTS_MAX_AGENTS_PER_ACCOUNT = 2
+    account_ensure(slug="acme", members=[users.alice, users.bob])
+    agent_get(user=users.alice, kind="test.chat", name="first")
+    create = Agent.objects.create
+
+    def slow_create(**fields: Any) -> Agent:
+        time.sleep(0.3)
+        return create(**fields)
+
+    monkeypatch.setattr(Agent.objects, "create", slow_create)
+    names, lock = iter(["n0", "n1", "n2"]), threading.Lock()
+
+    def open_a_new_name() -> Agent | None:
+        with lock:
+            name = next(names)
+        return agent_get(user=users.alice, kind="test.chat", name=name)
+
+    # when three new names are opened at once
+    results = race(open_a_new_name, n=3)
+
+    # then one is created and two are refused: the account has its two, not four
+    assert sorted(type(result).__name__ for result in results) == ["Agent", "TooManyAgents", "TooManyAgents"]
+    assert Agent.objects.filter(account__slug="acme").count() == 2

@@ -139,6 +139,10 @@ def test_a_member_starts_a_conversation_from_the_home_page(world: World) -> None
     assert "data-ws-path" in alice.get(started["Location"]).content.decode()
     again = alice.post("/chat/", {"kind": KIND, "name": "order 1042", "account": "acme", "csrfmiddlewaretoken": token})
     assert again["Location"] == started["Location"]
+    # and a name is counted in characters, not cut short by the browser (an emoji is two of its units)
+    assert "maxlength" not in html
+    emoji = alice.post("/chat/", {"kind": KIND, "name": "🎉" * 100, "account": "acme", "csrfmiddlewaretoken": token})
+    assert emoji.status_code == 303 and Agent.objects.filter(name="🎉" * 100).exists()
     assert Agent.objects.filter(account=world.acme, kind=KIND, name="order 1042").count() == 1
 
 
@@ -152,6 +156,9 @@ def test_the_start_form_refuses_what_no_agent_can_be_and_says_why(world: World, 
         "no name": {"kind": KIND, "name": "  ", "account": "acme"},
         "too long": {"kind": KIND, "name": "x" * 129, "account": "acme"},
         "a control character": {"kind": KIND, "name": "a\x01b", "account": "acme"},
+        "a right-to-left override": {"kind": KIND, "name": "order \u202e2401", "account": "acme"},
+        "a zero-width space": {"kind": KIND, "name": "a\u200bb", "account": "acme"},
+        "a line separator": {"kind": KIND, "name": "a\u2028b", "account": "acme"},
     }
     for what, data in bad.items():
         answer = alice.post("/chat/", data)

@@ -226,6 +226,7 @@ def test_a_duplicate_holding_the_row_a_moment_does_not_make_the_try_skip_its_act
     perform_workflow_with(monkeypatch, quick)
     pending = services._pending
     locked = threading.Event()
+    holders: list[threading.Thread] = []
 
     def duplicate_in_the_way(delivery_id: int, tries: int, **kwargs: Any) -> WebhookDelivery | None:
         if tries == 1 and not locked.is_set():  # the first task's second transaction, about to act
@@ -237,7 +238,9 @@ def test_a_duplicate_holding_the_row_a_moment_does_not_make_the_try_skip_its_act
                     time.sleep(0.3)
                 connection.close()
 
-            threading.Thread(target=hold).start()
+            holder = threading.Thread(target=hold)
+            holder.start()
+            holders.append(holder)
             assert locked.wait(10)
         return pending(delivery_id, tries, **kwargs)
 
@@ -245,6 +248,8 @@ def test_a_duplicate_holding_the_row_a_moment_does_not_make_the_try_skip_its_act
 
     # when the first task makes its try
     acted = delivery_act(delivery.pk, 0)
+    for holder in holders:
+        holder.join(10)
 
     # then it waited out the duplicate's moment and acted, rather than leaving the try undone
     assert calls == ["evt_moment"] and acted is not None
