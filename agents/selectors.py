@@ -105,12 +105,10 @@ def agent_get(*, user: User, kind: str, name: str, account: str | None = None, c
         return None
     # The agent and its account in one query (every socket's connect asks); creating one takes more.
     agent = statements.member_agent(user=user, kind=kind, name=name, account=account)
-    if agent is not None:
+    if agent is not None or not create:
         return agent
-    found = account_for(user, account) if create else None
-    if found is None:
-        return None
-    return _agent_create(found, kind, name)
+    found = account_for(user, account)
+    return None if found is None else _agent_create(found, kind, name)
 
 
 def agent_openable(*, user: User, kind: str, name: str, account: str | None = None) -> Account | None:
