@@ -245,7 +245,7 @@ class Fiber(FSMModelMixin, models.Model):
 
 
 class SubmissionStatus(models.TextChoices):
-    PENDING = "pending"  # accepted and stored; its turn is queued behind the agent's others
+    PENDING = "pending"  # accepted and stored; its turn is queued (or soon will be) behind the agent's others
     RUNNING = "running"  # its turn started: its messages are now part of the conversation
     COMPLETED = "completed"  # its turn answered
     CANCELLED = "cancelled"  # stopped by someone: pending, its messages were never added
@@ -269,6 +269,10 @@ SUBMISSION_OF_TURN = {
 }
 
 
+# A submission in its agent's inbox: accepted, its turn not queued yet.
+INBOX = models.Q(turn__isnull=True, status=SubmissionStatus.PENDING)
+
+
 class Submission(FSMModelMixin, models.Model):
     """Messages another system handed to an agent (``POST .../submissions``, ``agents.submit``):
     stored (and committed) before anything runs, answered by one turn that waits in the agent's
@@ -278,7 +282,9 @@ class Submission(FSMModelMixin, models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="submissions")
-    turn = models.OneToOneField(Turn, on_delete=models.PROTECT, related_name="submission")
+    # Empty while it waits in the agent's inbox: accepted over HTTP, its turn not queued yet (the
+    # worker's ``submissions_queue`` numbers it, before any later turn of the agent).
+    turn = models.OneToOneField(Turn, null=True, blank=True, on_delete=models.PROTECT, related_name="submission")
     status = FSMField(default=SubmissionStatus.PENDING, choices=SubmissionStatus.choices, protected=True)
     # "" when the caller gave none: then every call is a new submission. A key is the caller's own:
     # another caller's same key is another submission (a member cannot take a webhook's or a
@@ -311,7 +317,13 @@ class Submission(FSMModelMixin, models.Model):
                 name="agents_submission_caller_key",
             )
         ]
-        indexes = [models.Index(fields=["agent", "status", "created_at"], name="agents_submission_list")]
+        indexes = [
+            models.Index(fields=["agent", "status", "created_at"], name="agents_submission_list"),
+            # The inbox: accepted, its turn not queued yet. Small (a worker empties it within
+            # moments), read by agent to queue it and by submitter to count their open work.
+            models.Index(fields=["agent", "created_at"], name="agents_submission_inbox", condition=INBOX),
+            models.Index(fields=["submitted_by"], name="agents_submission_inbox_by", condition=INBOX),
+        ]
         ordering = ["-created_at"]
 
     def __str__(self) -> str:

@@ -101,7 +101,7 @@ def agent_get(*, user: User, kind: str, name: str, account: str | None = None, c
     registered kind (unless ``create`` is false: then None, as if it could not be). None for a
     non-member, an unknown account or kind, or a name no agent can have: the same answer for each,
     so it confirms nothing. TooManyAgents for a new name in an account at its limit."""
-    if not user.is_authenticated or not _addressable(kind, name, account):
+    if not user.is_authenticated or not addressable(kind, name, account):
         return None
     # The agent and its account in one query (every socket's connect asks); creating one takes more.
     agent = statements.member_agent(user=user, kind=kind, name=name, account=account)
@@ -115,10 +115,10 @@ def agent_openable(*, user: User, kind: str, name: str, account: str | None = No
     """The account in which ``user`` may open the agent ``kind``/``name`` that ``agent_get(...,
     create=False)`` did not find: theirs, for a registered kind and a name an agent can have. None
     where ``agent_get`` would answer None, so the two together confirm nothing to a non-member."""
-    return account_for(user, account) if user.is_authenticated and _addressable(kind, name, account) else None
+    return account_for(user, account) if user.is_authenticated and addressable(kind, name, account) else None
 
 
-def _addressable(kind: str, name: str, account: str | None) -> bool:
+def addressable(kind: str, name: str, account: str | None = None) -> bool:
     """Whether ``(account, kind, name)`` can name an agent at all."""
     if not _storable_name(kind, KIND_MAX) or not _storable_name(name, NAME_MAX):
         return False
@@ -367,7 +367,7 @@ class SubmissionData(TypedDict):
     status: str
     messages: list[dict[str, str]]
     metadata: dict[str, Any]
-    turn: TurnData
+    turn: TurnData | None  # None while it waits in the inbox
     created_at: str
     delivered_at: str | None
     finished_at: str | None
@@ -382,7 +382,7 @@ def submission_data(submission: Submission) -> SubmissionData:
         "status": submission.status,
         "messages": submission.messages,
         "metadata": submission.metadata,
-        "turn": turn_data(submission.turn),
+        "turn": turn_data(submission.turn) if submission.turn is not None else None,
         "created_at": submission.created_at.isoformat(),
         "delivered_at": submission.delivered_at.isoformat() if submission.delivered_at else None,
         "finished_at": submission.finished_at.isoformat() if submission.finished_at else None,

@@ -50,12 +50,12 @@ from agents.selectors import (
     turn_partial_text,
     turn_stopped_messages,
 )
-from agents.statements import oldest_queued, save_end
+from agents.statements import inbox_locked, oldest_queued, save_end, user_open_sql
 from workflows.exceptions import InvalidPayload, TransitionNotAllowed
 from workflows.models import RunStatus, WorkflowRun
 from workflows.outbox import on_commit
 from workflows.services import check_json_size, check_text, run_start, run_terminate
-from workflows.statements import insert_instance, prepared_cursor
+from workflows.statements import insert_instance, prepared_cursor, update_instance
 from workflows.storable import text_problem
 
 logger = logging.getLogger("agents")
@@ -173,7 +173,7 @@ class Queue:
     queued_chat: int  # the chat's own queued turns (submissions have their own cap)
     queued_submissions: int  # submissions' queued turns: the agent's pending submissions
     last_number: int  # the agent's highest turn number (0: none yet)
-    user_open: int  # the user's open turns over every agent (0 unless asked for and capped)
+    user_open: int  # the user's open turns over every agent, and submissions in inboxes (0 unless capped)
 
 
 def queue_locked(agent: Agent, *, user: User | None = None) -> Queue:
@@ -181,18 +181,40 @@ def queue_locked(agent: Agent, *, user: User | None = None) -> Queue:
     user's if ``user`` is given: ``lock_queue``), once any active turn whose run ended without ending
     it is repaired (``repair_locked``): a turn it ends lets the queue move before it is counted.
 
+    Submissions waiting in the agent's inbox (accepted over HTTP, not numbered yet) are queued
+    first (``queue_inbox_locked``), so a turn counted after them never passes them: the queue stays
+    in the order things were accepted.
+
     One statement, after the locks (so it sees what the transactions it waited for committed): the
     agent's open turns only (the index of the agent's turns by status, however many ended; a
-    submission is pending exactly while its turn is queued), its
-    last number, and the user's open turns when their cap is on."""
+    numbered submission is pending exactly while its turn is queued), its last number, its inbox,
+    and the user's open work (turns, and submissions in an inbox) when their cap is on."""
     capped = user is not None and int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER) > 0
+    user_id = user.pk if capped and user is not None else None
     with prepared_cursor() as cursor:  # planned once per connection: every message comes here
-        cursor.execute(QUEUE_SQL, [agent.pk, user.pk if capped and user is not None else None, agent.pk])
-        active, queued, queued_chat, queued_submissions, stuck, last_number, user_open = cursor.fetchone()
+        cursor.execute(QUEUE_SQL, [agent.pk, user_id, user_id, agent.pk, agent.pk])
+        active, queued, queued_chat, queued_submissions, stuck, last_number, user_open, inbox = cursor.fetchone()
     if stuck:
         repair_locked(agent)
         return queue_locked(agent, user=user)
+    if inbox:
+        queue_inbox_locked(agent, last_number=last_number or 0)
+        return queue_locked(agent, user=user)
     return Queue(active, queued, queued_chat, queued_submissions, last_number or 0, user_open or 0)
+
+
+def queue_inbox_locked(agent: Agent, *, last_number: int) -> int:
+    """Give each submission in the agent's inbox its turn, queued after turn ``last_number`` in the
+    order they were accepted (inside atomic(), the agent's row locked). Returns how many."""
+    inbox = inbox_locked(agent)
+    for number, submission in enumerate(inbox, start=last_number + 1):
+        requested_by = submission.submitted_by_id
+        turn = Turn(id=uuid.uuid4(), agent=agent, number=number, requested_by_id=requested_by, source=SUBMISSION_SOURCE)
+        insert_instance(turn)
+        submission.turn = turn
+        update_instance(submission, ("turn",))
+        push_turn(turn)
+    return len(inbox)
 
 
 def _in(values: list[TurnStatus] | list[RunStatus]) -> str:
@@ -203,7 +225,7 @@ SUBMISSION_SOURCE = "submission"  # a turn that answers a submission (its source
 
 # A turn's run in one of these and the turn still active: the run ended without ending it.
 RUN_ENDED = [RunStatus.FAILED, RunStatus.COMPLETED]
-TURNS, RUNS = Turn._meta.db_table, WorkflowRun._meta.db_table
+TURNS, RUNS, SUBMISSIONS = Turn._meta.db_table, WorkflowRun._meta.db_table, Submission._meta.db_table
 # Aggregates without GROUP BY give one row even for no open turn; the scalar subqueries run once.
 QUEUE_SQL = f"""
 SELECT count(*) FILTER (WHERE t.status IN ({_in(TURN_ACTIVE)})),
@@ -212,7 +234,8 @@ SELECT count(*) FILTER (WHERE t.status IN ({_in(TURN_ACTIVE)})),
        count(*) FILTER (WHERE t.status = '{TurnStatus.QUEUED}' AND t.source = '{SUBMISSION_SOURCE}'),
        count(*) FILTER (WHERE t.status IN ({_in(TURN_ACTIVE)}) AND r.status IN ({_in(RUN_ENDED)})),
        (SELECT max(number) FROM {TURNS} WHERE agent_id = %s),
-       (SELECT count(*) FROM {TURNS} WHERE requested_by_id = %s AND status IN ({_in(TURN_OPEN)}))
+       {user_open_sql("%s")},
+       (SELECT count(*) FROM {SUBMISSIONS} WHERE agent_id = %s AND turn_id IS NULL AND status = 'pending')
 FROM {TURNS} t LEFT JOIN {RUNS} r ON r.id = t.run_id
 WHERE t.agent_id = %s AND t.status IN ({_in(TURN_OPEN)})
 """

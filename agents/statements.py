@@ -19,8 +19,8 @@ from django.db.models.functions import Coalesce
 from accounts.models import Account, Membership
 from accounts.selectors import accounts_of
 from agents.chunks import fenced, fenced_sql
-from agents.models import Agent, Chunk, Message, Submission, Turn, TurnStatus
-from workflows.statements import instance_from_row, prepared_cursor, update_instance, value_from_db
+from agents.models import INBOX, TURN_OPEN, Agent, Chunk, Message, Submission, Turn, TurnStatus
+from workflows.statements import insert_instance, instance_from_row, prepared_cursor, update_instance, value_from_db
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -199,3 +199,133 @@ def submission_by_key(*, agent: Agent, caller: str, key: str) -> Submission | No
         cursor.execute(_submission_by_key_sql(), [agent.pk, caller, key])
         row = cursor.fetchone()
     return None if row is None else instance_from_row(connections[DEFAULT_DB_ALIAS], Submission, row)
+
+
+def user_open_sql(user: str) -> str:
+    """The open work of the user whose id is ``user`` (a placeholder, or a column): their turns not
+    ended, over every agent, and their submissions still in an inbox (no turn yet). What
+    AGENTS_MAX_OPEN_TURNS_PER_USER counts."""
+    open_ = ", ".join(f"'{status}'" for status in TURN_OPEN)  # the enum's own values: no input reaches SQL
+    return (
+        f"(SELECT count(*) FROM {TURNS} WHERE requested_by_id = {user} AND status IN ({open_}))"
+        f" + (SELECT count(*) FROM {SUBMISSIONS} WHERE submitted_by_id = {user} AND turn_id IS NULL"
+        " AND status = 'pending')"
+    )
+
+
+def agent_pending_sql(agent: str) -> str:
+    """The pending submissions of the agent whose id is ``agent``: AGENTS_MAX_PENDING_SUBMISSIONS."""
+    return f"(SELECT count(*) FROM {SUBMISSIONS} WHERE agent_id = {agent} AND status = 'pending')"
+
+
+def insert_inbox(submission: Submission, *, user_limit: int, pending_limit: int) -> bool:
+    """Store ``submission`` (accepted, no turn yet) in one autocommit statement, unless its caller
+    has a submission of the agent under its idempotency key already (ON CONFLICT DO NOTHING: a
+    concurrent insert of the key is waited for), or a cap is reached: the agent's pending
+    submissions at ``pending_limit``, the submitter's open work (``user_open_sql``) at
+    ``user_limit`` (0: no cap). False if it stored nothing; the caller tells which from the key.
+
+    The caps are counted in the statement's snapshot, without a lock: submissions accepted at the
+    same moment are not counted against each other, so a cap is passed by at most as many as are
+    accepted at once (the servers' request threads bound that)."""
+    conditions, params = ["TRUE"], []
+    if user_limit and submission.submitted_by_id is not None:
+        conditions.append(f"{user_open_sql('%s')} < %s")
+        params += [submission.submitted_by_id, submission.submitted_by_id, user_limit]
+    if pending_limit:
+        conditions.append(f"{agent_pending_sql('%s')} < %s")
+        params += [submission.agent_id, pending_limit]
+    where = " AND ".join(conditions)
+    return insert_instance(submission, on_conflict="DO NOTHING", where=where, where_params=tuple(params))
+
+
+def inbox_locked(agent: Agent) -> list[Submission]:
+    """The agent's submissions still in its inbox (accepted, no turn yet), oldest first, their rows
+    locked (inside atomic(), the agent's row locked first: the queue's lock order)."""
+    return list(Submission.objects.select_for_update().filter(INBOX, agent=agent).order_by("created_at", "id"))
+
+
+def _token_agent_sql() -> str:
+    """FROM the API token ``t`` (the first placeholder: its key), its active user ``u``, and the
+    agent ``a`` (then its kind and name) of that user's default account: their earliest membership,
+    as ``member_agent`` reads it without ?account=."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    tokens, users = Token._meta.db_table, get_user_model()._meta.db_table
+    account = (
+        f"SELECT m.account_id FROM {MEMBERSHIPS} m WHERE m.user_id = t.user_id ORDER BY m.created_at, m.id LIMIT 1"
+    )
+    return (
+        f"{tokens} t INNER JOIN {users} u ON u.id = t.user_id AND u.is_active AND t.key = %s "
+        f"INNER JOIN {AGENTS} a ON a.account_id = ({account}) AND a.kind = %s AND a.name = %s"
+    )
+
+
+@functools.cache
+def _accept_by_token_sql(user_capped: bool, pending_capped: bool) -> str:
+    db = connections[DEFAULT_DB_ALIAS]
+    # What the caller's token decides; every other column is a value, typed (a SELECT's are not
+    # given their columns' types as an INSERT's VALUES are).
+    joined = {"agent": "a.id", "submitted_by": "t.user_id", "caller": "'user:' || t.user_id"}
+    values = ", ".join(joined.get(f.name, f"%s::{f.db_type(db)}") for f in Submission._meta.concrete_fields)
+    caps = (f" AND {user_open_sql('t.user_id')} < %s" if user_capped else "") + (
+        f" AND {agent_pending_sql('a.id')} < %s" if pending_capped else ""
+    )
+    columns = ", ".join(str(f.column) for f in Submission._meta.concrete_fields)
+    return (
+        f"INSERT INTO {SUBMISSIONS} ({columns}) SELECT {values} FROM {_token_agent_sql()} "
+        f"WHERE TRUE{caps} ON CONFLICT DO NOTHING RETURNING agent_id"
+    )
+
+
+def accept_by_token(
+    submission: Submission, *, token: str, kind: str, name: str, user_limit: int, pending_limit: int
+) -> int | None:
+    """Store ``submission`` (its agent, submitter and caller left unset) in the inbox of the agent
+    ``kind``/``name`` of the default account of the active user whose API token is ``token``, in one
+    autocommit statement, as ``insert_inbox`` would for that user and agent: unless the caller's
+    key has a submission of the agent already, or a cap is reached. The agent's id, or None if it
+    stored nothing (no such token, user, agent; a retry; a cap): the caller then answers the way
+    the API always does. PostgreSQL only (None elsewhere)."""
+    if not _postgresql():
+        return None
+    db = connections[DEFAULT_DB_ALIAS]
+    computed = {"agent", "submitted_by", "caller"}
+    params: list[Any] = [
+        f.get_db_prep_save(f.pre_save(submission, True), connection=db)
+        for f in Submission._meta.concrete_fields
+        if f.name not in computed
+    ]
+    params += [token, kind, name]
+    if user_limit:
+        params.append(user_limit)
+    if pending_limit:
+        params.append(pending_limit)
+    with prepared_cursor() as cursor:
+        cursor.execute(_accept_by_token_sql(bool(user_limit), bool(pending_limit)), params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    submission.agent_id, submission._state.adding, submission._state.db = row[0], False, db.alias
+    return int(row[0])
+
+
+@functools.cache
+def _by_token_and_key_sql() -> str:
+    return (
+        f"SELECT s.id, s.status, s.fingerprint FROM {_token_agent_sql()} INNER JOIN {SUBMISSIONS} s "
+        "ON s.agent_id = a.id AND s.caller = 'user:' || t.user_id AND s.idempotency_key = %s"
+    )
+
+
+def submission_by_token_and_key(*, token: str, kind: str, name: str, key: str) -> tuple[UUID, str, str] | None:
+    """The id, status and fingerprint of the submission under idempotency ``key`` of the caller
+    whose token is ``token`` (as ``accept_by_token`` reads token, user and agent), to the agent
+    ``kind``/``name``; None if there is none. One prepared statement; PostgreSQL only."""
+    if not _postgresql() or not key:
+        return None
+    with prepared_cursor() as cursor:
+        cursor.execute(_by_token_and_key_sql(), [token, kind, name, key])
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1], row[2])

@@ -1,19 +1,29 @@
 """The submissions API: other systems hand an agent messages, durably and exactly once.
 
-- ``POST /api/agents/<kind>/<name>/submissions`` (``Idempotency-Key``): 202 ``{id, status,
-  accepted: true}``; the same key and body again 200 with the first one (``accepted: false``); the
-  same key with another body 409. The row is committed before anything runs.
+- ``POST /api/agents/<kind>/<name>/submissions`` (``Idempotency-Key``): 202 ``{id, status:
+  "pending", accepted: true}``; the same key and body again 200 with the first one (``accepted:
+  false``); the same key with another body 409. The row is committed before anything runs, and a
+  worker queues its turn (``agents.submissions.submission_accept``).
 - ``GET /api/agents/<kind>/<name>/submissions?status=``: the agent's, newest first, cursor-paginated.
 - ``GET /api/submissions/<id>``, ``POST /api/submissions/<id>/cancel`` (409 with the status once ended).
 
 Only members of the agent's account reach any of them; anyone else gets the same 404.
+
+A POST that another system makes with its token is accepted by one statement when it can be
+(``agent_submissions``); every other request is AgentSubmissionsApi's.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiExample,
@@ -26,7 +36,7 @@ from rest_framework import exceptions, serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from agents import selectors, services
+from agents import selectors, services, statements
 from agents.apis import (
     KIND,
     NAME,
@@ -38,9 +48,17 @@ from agents.apis import (
 )
 from agents.consumers import max_text_chars
 from agents.models import Submission, SubmissionStatus
-from agents.submissions import check_submission, submission_cancel, submission_create
+from agents.submissions import (
+    QUEUE_TASK,
+    check_submission,
+    fingerprint,
+    submission_accept,
+    submission_cancel,
+)
+from workflows import outbox
 from workflows.apis.common import (
     CURSOR,
+    IDEMPOTENCY_KEY,
     ApiBase,
     JsonObjectField,
     RunCursorPagination,
@@ -48,9 +66,12 @@ from workflows.apis.common import (
     StrictSerializer,
     idempotency_key_header,
 )
-from workflows.apis.errors import error_response, error_responses
+from workflows.apis.errors import body_limit, error_response, error_responses
 from workflows.apis.runs import idempotency_key_parameter
 from workflows.apis.schema import NOT_BLANK
+from workflows.conf import conf as workflows_conf
+from workflows.exceptions import InvalidPayload
+from workflows.storable import MAX_JSON_DEPTH, json_loads_strict, json_too_deep
 
 TAGS = ["submissions"]
 # What InputSerializer takes, fixed when the module loads (as DRF fixes a field's limits).
@@ -91,7 +112,10 @@ class SubmissionSerializer(serializers.Serializer[Any]):
     )
     messages = SubmittedMessageSerializer(many=True)
     metadata = serializers.JSONField()
-    turn = TurnSummarySerializer(help_text="The turn that answers it.")
+    turn = TurnSummarySerializer(
+        allow_null=True,
+        help_text="The turn that answers it. Null for a moment after it is accepted, until a worker queues its turn.",
+    )
     created_at = serializers.DateTimeField()
     delivered_at = serializers.DateTimeField(
         allow_null=True,
@@ -208,7 +232,7 @@ class AgentSubmissionsApi(ApiBase):
         messages, metadata = check_submission(data["messages"], data["metadata"])
         agent = visible_agent(request, kind, name)
         try:
-            result = submission_create(
+            result = submission_accept(
                 agent=agent, user=user_of(request), messages=messages, metadata=metadata, idempotency_key=key
             )
         except services.TooManyQueuedTurns as exc:
@@ -270,3 +294,110 @@ class SubmissionCancelApi(ApiBase):
         fresh = selectors.submission_get(user=user_of(request), submission_id=cancelled.pk)
         assert fresh is not None
         return Response(SubmissionSerializer(selectors.submission_data(fresh)).data)
+
+
+_submissions_api = AgentSubmissionsApi.as_view()
+# What DRF adds to AgentSubmissionsApi's answers (APIView.finalize_response): the same here.
+API_HEADERS = {"Allow": "GET, POST, HEAD, OPTIONS"}
+
+
+@csrf_exempt  # as DRF's views: a token is no cookie, and the session's requests go to DRF, which checks CSRF
+def agent_submissions(request: HttpRequest, kind: str, name: str) -> HttpResponseBase:
+    """``/api/agents/<kind>/<name>/submissions``. A POST another system makes with its token, with no
+    query and a plainly valid JSON body, to an agent that exists, is accepted here by one statement
+    (``statements.accept_by_token``: the token, its user, the agent, the key and the caps checked by
+    the INSERT itself), and answered 202 as AgentSubmissionsApi answers. Every other request, and
+    one that statement stores nothing for (a bad token, a new agent, a retry, a cap reached), is
+    AgentSubmissionsApi's, which answers it as it always does: the statement writes nothing unless
+    it is a new submission the API would accept.
+
+    Why: a daphne answers each request in a thread, and each wait on PostgreSQL or Redis costs the
+    thread the interpreter's lock, taken back among fifteen others. Through DRF a submission made
+    four such waits (the token, the agent, the insert, the task), and its CPU a request was more
+    than a signed webhook's; here it makes two (README, "Inbound work")."""
+    if request.method == "POST" and not request.GET:
+        accepted = _accept_by_token(request, kind, name)
+        if accepted is not None:
+            return accepted
+    return _submissions_api(request, kind=kind, name=name)
+
+
+# The schema generator (drf-spectacular) and Django read the view class from these, as from as_view's.
+for _attribute in ("cls", "initkwargs", "view_class", "view_initkwargs"):
+    setattr(agent_submissions, _attribute, getattr(_submissions_api, _attribute))
+
+
+def _accept_by_token(request: HttpRequest, kind: str, name: str) -> HttpResponse | None:
+    """The 202 for a new submission this request makes, stored; None, with nothing stored, for
+    anything AgentSubmissionsApi is to answer."""
+    parts = request.headers.get("Authorization", "").encode("latin-1").split()
+    if len(parts) != 2 or parts[0].lower() != b"token":
+        return None
+    token = parts[1].decode("latin-1")
+    # A key DRF makes: 40 hex digits. Any other is left to DRF's reading of it.
+    if not (token.isascii() and token.isalnum() and len(token) <= 40):
+        return None
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and re.fullmatch(IDEMPOTENCY_KEY, key) is None:
+        return None
+    if (
+        request.content_type != "application/json"
+        or (request.content_params or {}).get("charset", "utf-8").lower() != "utf-8"
+    ):
+        return None
+    try:
+        length = int(request.headers.get("Content-Length", ""))
+    except ValueError:
+        return None
+    if not 0 < length <= min(body_limit(), settings.DATA_UPLOAD_MAX_MEMORY_SIZE or length):
+        return None
+    body = request.body  # kept: AgentSubmissionsApi reads it again if it answers
+    depth = MAX_JSON_DEPTH + 1  # LimitedJSONParser's
+    try:
+        data = json_loads_strict(body.decode())
+        if body.count(b"[") + body.count(b"{") > depth and json_too_deep(data, max_depth=depth):
+            return None
+    except (ValueError, RecursionError):
+        return None
+    plain = plainly_valid(data)
+    if plain is None or not selectors.addressable(kind, name):
+        return None
+    try:
+        messages, metadata = check_submission(plain["messages"], plain["metadata"])
+    except InvalidPayload:
+        return None
+    submission = Submission(
+        turn=None,
+        idempotency_key=key or "",
+        fingerprint=fingerprint(messages, metadata),
+        messages=messages,
+        metadata=metadata,
+    )
+    agent_id = statements.accept_by_token(
+        submission,
+        token=token,
+        kind=kind,
+        name=name,
+        user_limit=int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER),
+        pending_limit=int(settings.AGENTS_MAX_PENDING_SUBMISSIONS),
+    )
+    if agent_id is not None:
+        outbox.send_on_commit(QUEUE_TASK, (agent_id,), queue=workflows_conf()["QUEUE"])
+        return accepted_response(submission.pk, submission.status, accepted=True)
+    # Nothing stored: a retry of the same body is answered here too (a second statement); a key
+    # reused for another body, and everything else, as the API answers it.
+    earlier = statements.submission_by_token_and_key(token=token, kind=kind, name=name, key=key or "")
+    if earlier is None or earlier[2] != submission.fingerprint:
+        return None
+    return accepted_response(earlier[0], earlier[1], accepted=False)
+
+
+def accepted_response(submission_id: UUID, status: str, *, accepted: bool) -> HttpResponse:
+    """AgentSubmissionsApi's answer to a submission, as DRF's JSONRenderer writes it."""
+    body = {"id": str(submission_id), "status": status, "accepted": accepted}
+    return HttpResponse(
+        json.dumps(body, separators=(",", ":")).encode(),
+        status=202 if accepted else 200,
+        content_type="application/json",
+        headers={"Location": f"/api/submissions/{submission_id}", **API_HEADERS},
+    )

@@ -8,6 +8,12 @@ IdempotencyConflict. The turn's start writes the messages into the conversation 
 ends the submission (``agents.services.submission_started_locked`` / ``submission_ended_locked``):
 completed, cancelled, skipped (the turn was sealed: it waited too long) or error (it failed).
 ``submission_cancel`` stops a pending or running one through the turn's own stop.
+
+The HTTP API accepts differently (``submission_accept``): the submission alone is stored, in one
+statement, into the agent's inbox (pending, no turn yet), and a worker's task
+(``submissions_queue``) gives it its turn. Anything that queues a turn of the agent queues the inbox
+first (``agents.services.queue_locked``), so the order stays the order of acceptance; the sweep
+(``submissions_sweep``) queues an inbox whose task was lost.
 """
 
 from __future__ import annotations
@@ -15,13 +21,15 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from agents import statements
-from agents.models import Agent, Submission, SubmissionStatus, Turn, TurnStatus
+from agents.models import INBOX, Agent, Submission, SubmissionStatus, Turn, TurnStatus
 from agents.services import (
     SUBMISSION_SOURCE,
     Queue,
@@ -32,8 +40,11 @@ from agents.services import (
     push_turn,
     queue_locked,
     start_new_locked,
+    start_oldest_locked,
     turn_stop,
 )
+from workflows import outbox
+from workflows.conf import conf as workflows_conf
 from workflows.exceptions import IdempotencyConflict, InvalidPayload, TransitionNotAllowed
 from workflows.services import check_json_size
 from workflows.statements import insert_instance
@@ -41,6 +52,9 @@ from workflows.storable import text_problem
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
+
+QUEUE_TASK = "agents.queue_submissions"  # agents/tasks.py
+SWEEP_TASK = "agents.sweep_submissions"
 
 
 class SubmissionNotCancellable(TransitionNotAllowed):
@@ -111,6 +125,25 @@ def fingerprint(messages: list[dict[str, str]], metadata: dict[str, Any]) -> str
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _checked(
+    user: User | None, messages: Any, metadata: Any, idempotency_key: str | None, caller: str | None
+) -> tuple[list[dict[str, str]], dict[str, Any], str, str]:
+    """The messages, metadata, key and caller as stored (the caller by default ``user:<id>`` of
+    ``user``, else ``system``), or InvalidPayload."""
+    checked, metadata = check_submission(messages, metadata)
+    key = check_key(idempotency_key, what="idempotency key", max_length=255)
+    caller = check_key(caller, what="caller", max_length=300) or (f"user:{user.pk}" if user is not None else "system")
+    return checked, metadata, key, caller
+
+
+def _retried(earlier: Submission, print_: str, key: str) -> SubmissionResult:
+    """A retry is answered as the first was, whatever the caps say now; the key with another
+    payload is an IdempotencyConflict."""
+    if earlier.fingerprint != print_:
+        raise IdempotencyConflict(f"the Idempotency-Key {key!r} was used for another submission to this agent")
+    return SubmissionResult(earlier, accepted=False)
+
+
 def submission_create(
     *,
     agent: Agent,
@@ -127,19 +160,15 @@ def submission_create(
     ``caller`` names whose ``idempotency_key`` it is (default: ``user:<id>`` of ``user``, else
     ``system``): a key is looked up among that caller's submissions only, so nobody can take
     another caller's key first (a member a webhook's ``<source>:<event id>``)."""
-    checked, metadata = check_submission(messages, metadata)
-    key = check_key(idempotency_key, what="idempotency key", max_length=255)
-    caller = check_key(caller, what="caller", max_length=300) or (f"user:{user.pk}" if user is not None else "system")
+    checked, metadata, key, caller = _checked(user, messages, metadata, idempotency_key, caller)
     print_ = fingerprint(checked, metadata)
     with transaction.atomic():
         # The user's row (the lock order), then the agent's: submissions with one key, and the
         # queue's numbers, one at a time.
         lock_queue(agent, user)
         earlier = statements.submission_by_key(agent=agent, caller=caller, key=key)
-        if earlier is not None:  # a retry is answered as the first was, whatever the caps say now
-            if earlier.fingerprint != print_:
-                raise IdempotencyConflict(f"the Idempotency-Key {key!r} was used for another submission to this agent")
-            return SubmissionResult(earlier, accepted=False)
+        if earlier is not None:
+            return _retried(earlier, print_, key)
         queue = queue_locked(agent, user=user)
         check_open_turns(queue)  # a member's submissions count as their messages do
         check_pending(queue)
@@ -163,6 +192,81 @@ def submission_create(
     return SubmissionResult(submission, accepted=True)
 
 
+def submission_accept(
+    *,
+    agent: Agent,
+    user: User | None,
+    messages: Any,
+    metadata: Any = None,
+    idempotency_key: str | None = None,
+    caller: str | None = None,
+) -> SubmissionResult:
+    """Store a submission in the agent's inbox, pending, and send the task that queues its turn
+    (``submissions_queue``): what the HTTP API does, where another system waits for the answer.
+    The checks, the key's rules and the errors are ``submission_create``'s; the answer is always
+    ``pending`` for a new one.
+
+    One autocommit statement writes it, the key and the caps checked by the same statement
+    (``statements.insert_inbox``: the caps without a lock, so submissions accepted at the same
+    moment may pass one by as many). A retry is looked up only when that statement stored nothing.
+    If the task cannot be sent, the submission stands: the sweep, or the agent's next turn, queues
+    it."""
+    checked, metadata, key, caller = _checked(user, messages, metadata, idempotency_key, caller)
+    submission = Submission(
+        agent=agent,
+        turn=None,
+        idempotency_key=key,
+        caller=caller,
+        fingerprint=fingerprint(checked, metadata),
+        messages=checked,
+        metadata=metadata,
+        submitted_by=user,
+    )
+    user_limit = int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER)
+    pending_limit = int(settings.AGENTS_MAX_PENDING_SUBMISSIONS)
+    if statements.insert_inbox(submission, user_limit=user_limit, pending_limit=pending_limit):
+        outbox.send_on_commit(QUEUE_TASK, (agent.pk,), queue=workflows_conf()["QUEUE"])
+        return SubmissionResult(submission, accepted=True)
+    earlier = statements.submission_by_key(agent=agent, caller=caller, key=key)
+    if earlier is not None:
+        return _retried(earlier, submission.fingerprint, key)
+    # Refused by a cap: counted again, to say which.
+    with transaction.atomic():
+        lock_queue(agent, None)
+        queue = queue_locked(agent, user=user)
+    check_open_turns(queue)
+    check_pending(queue)
+    raise TooManyQueuedTurns("too much is waiting for this agent already; submit again once some has run")
+
+
+def submissions_queue(agent_id: int) -> int:
+    """Queue the turns of the submissions in the agent's inbox and start the oldest queued turn if
+    none is active: the task ``submission_accept`` sends. Returns how many turns are queued after."""
+    with transaction.atomic():
+        agent = Agent.objects.filter(pk=agent_id).first()
+        if agent is None:
+            return 0
+        lock_queue(agent, None)
+        queue = queue_locked(agent)  # queues the inbox first
+        if queue.queued and not queue.active:
+            start_oldest_locked(agent)
+            return queue.queued - 1
+        return queue.queued
+
+
+def submissions_sweep(*, now: Any = None, grace_seconds: float | None = None) -> int:
+    """Queue every inbox holding a submission accepted more than ``grace_seconds``
+    (AGENTS_SUBMISSION_QUEUE_GRACE_SECONDS) ago: its task was lost (a broker away, a worker killed
+    before its first statement). Returns how many agents it queued for."""
+    grace = float(settings.AGENTS_SUBMISSION_QUEUE_GRACE_SECONDS if grace_seconds is None else grace_seconds)
+    before = (now or timezone.now()) - timedelta(seconds=grace)
+    agents = Submission.objects.filter(INBOX, created_at__lt=before).values_list("agent_id", flat=True).distinct()
+    swept = sorted(set(agents))
+    for agent_id in swept:
+        submissions_queue(agent_id)
+    return len(swept)
+
+
 def check_pending(queue: Queue) -> None:
     """TooManyQueuedTurns if the agent has AGENTS_MAX_PENDING_SUBMISSIONS submissions pending (their
     turns queued: ``queue`` counted with the agent's row locked, after any repair moved it on)."""
@@ -177,9 +281,12 @@ def check_pending(queue: Queue) -> None:
 def submission_cancel(*, submission: Submission, user: User | None) -> Submission:
     """Cancel a pending submission (its messages are never added to the conversation) or stop a
     running one (its turn is stopped: what it streamed stays). An ended one: SubmissionNotCancellable."""
-    submission.refresh_from_db(fields=["status"])
+    submission.refresh_from_db(fields=["status", "turn"])
     if submission.is_ended:
         raise SubmissionNotCancellable(f"the submission has ended ({submission.status})", status=submission.status)
+    if submission.turn_id is None and _cancel_in_inbox(submission):
+        return submission
+    assert submission.turn_id is not None  # queued by a worker meanwhile: _cancel_in_inbox read it
     turn = Turn.objects.select_related("agent").get(pk=submission.turn_id)
     try:
         turn_stop(turn=turn, user=user)
@@ -192,6 +299,22 @@ def submission_cancel(*, submission: Submission, user: User | None) -> Submissio
     if refused is not None and submission.status != SubmissionStatus.CANCELLED:
         raise refused  # not stopped, and not ended: the caller is told to try again, never a 200
     return submission
+
+
+def _cancel_in_inbox(submission: Submission) -> bool:
+    """Cancel the submission if it is still in its agent's inbox (no turn yet): True, and it is
+    cancelled; False if a worker queued its turn first (then the turn's own stop cancels it)."""
+    with transaction.atomic():
+        lock_queue(submission.agent, None)  # the queue's lock: nothing numbers the inbox meanwhile
+        submission.refresh_from_db(fields=["status", "turn"])
+        if submission.is_ended:
+            raise SubmissionNotCancellable(f"the submission has ended ({submission.status})", status=submission.status)
+        if submission.turn_id is not None:
+            return False
+        submission.end(SubmissionStatus.CANCELLED)
+        submission.finished_at = timezone.now()
+        submission.save(update_fields=["status", "finished_at"])
+    return True
 
 
 # The public name: ``agents.submit(agent=..., user=..., messages=[...], idempotency_key=...)``.

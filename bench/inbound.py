@@ -29,8 +29,9 @@ as the servers').
 1b. webhooks-later: the same burst to a source with ``"act": "later"``: each delivery is committed
    pending before its 202, and the worker starts its run afterwards (README "Acting now or later").
 2. submissions: N ``POST /api/agents/bench.chat/<name>/submissions`` with an ``Idempotency-Key``
-   (token auth), spread over 20 agents, 10% replays of an earlier key and body. The same figures;
-   effects are submissions and turns per key, and every submission completed.
+   (token auth), spread over 20 agents, 10% replays of an earlier key and body: each committed
+   pending before its 202, and its turn queued by the worker. The same figures; effects are
+   submissions and turns per key, and every submission completed.
 3. outcome: K runs of ``bench.outcome`` one after another, each waiting (``ledger.wait_for_outcome``)
    for an ``unknown`` ledger operation of its own; the provider's signed ``refund.succeeded`` webhook
    for it settles the operation (``operation_report``), which wakes the run. Time from sending the
@@ -664,9 +665,10 @@ spread evenly over the daphnes, then up to {PACED_CONNECTIONS} for the paced par
 same stack. A webhook is verified, deduplicated (the accepted row's unique index) and its work
 started (run_start, enqueued on commit) before its 202; with "act: later", verified, its shape
 checked, deduplicated and committed pending with its act task sent before its 202, and its run
-started by the worker. A submission is authenticated by token and committed with its turn
-before its 202. Duplicate effects and lost work are counted from the database once the worker has
-run everything. Outcome: an unknown ledger operation of a waiting bench.outcome run, settled by the
+started by the worker. A submission is authenticated by token and committed pending, by one
+statement, with its queue task sent, before its 202; the worker queues and runs its turn.
+Duplicate effects and lost work are counted from the database once the worker has run
+everything. Outcome: an unknown ledger operation of a waiting bench.outcome run, settled by the
 provider's signed webhook (operation_report), which wakes the run (ledger.wait_for_outcome); the
 run's next step body records time.time().""")
     return 0

@@ -250,6 +250,8 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Pending later actions of webhook deliveries whose task was lost (a broker restart).
     "webhooks-sweep": {"task": "webhooks.sweep", "schedule": 15.0, "options": {"expires": 60}},
+    # Submissions accepted into an agent's inbox whose task was lost.
+    "agents-sweep-submissions": {"task": "agents.sweep_submissions", "schedule": 15.0, "options": {"expires": 60}},
     # Backstop for approvals left pending by runs that failed or restarted.
     "approvals-sweep": {"task": "approvals.sweep", "schedule": 60.0, "options": {"expires": 120}},
     # Every schedule (schedules app: rows managed in the admin and `manage.py schedules`) fires from
@@ -433,6 +435,9 @@ AGENTS_MAX_OPEN_TURNS_PER_USER = envint("AGENTS_MAX_OPEN_TURNS_PER_USER", 10)
 # Submissions (POST .../submissions): messages per submission, and pending ones per agent (past it: 429).
 AGENTS_MAX_SUBMISSION_MESSAGES = envint("AGENTS_MAX_SUBMISSION_MESSAGES", 20)
 AGENTS_MAX_PENDING_SUBMISSIONS = envint("AGENTS_MAX_PENDING_SUBMISSIONS", 100)
+# A submission accepted over HTTP waits in its agent's inbox until a worker queues its turn, within
+# moments; the sweep (beat, every 15 s) queues one still there after this long (its task was lost).
+AGENTS_SUBMISSION_QUEUE_GRACE_SECONDS = envfloat("AGENTS_SUBMISSION_QUEUE_GRACE_SECONDS", 10.0)
 # A turn's chunks are stored in batches: at this many, or when this long has passed since the
 # last batch, and at the end of each step.
 AGENTS_CHUNK_FLUSH_MS = envfloat("AGENTS_CHUNK_FLUSH_MS", 20.0)

@@ -173,6 +173,7 @@ def test_a_worker_killed_while_a_submission_runs_completes_it_once(
     agent = chat_agent(users.alice)
     submitted = submission_create(agent=agent, user=None, messages=[{"content": "story 30 0.1"}], idempotency_key="s")
     turn = submitted.submission.turn
+    assert turn is not None
     wait_chunks(turn, "text-delta", 5)
 
     # when the worker's process group is SIGKILLed, and a new worker starts

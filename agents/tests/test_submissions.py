@@ -1,7 +1,8 @@
 """Submissions: messages other systems hand an agent, once per key, in the chat's own queue.
 
-In-process through the API (the turn's run is not enqueued: ``no_enqueue``) for keys, refusals,
-tenancy and cancel in each status; with a real worker for FIFO and the answers."""
+In-process through the API (nothing is sent to Celery: ``no_enqueue``; the test runs the task that
+queues an accepted submission's turn itself, ``worker_queues``) for keys, refusals, tenancy and
+cancel in each status; with a real worker for FIFO and the answers."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ from agents import services
 from agents.models import Message, Submission, SubmissionStatus, Turn, TurnStatus
 from agents.services import TooManyQueuedTurns, message_send
 from agents.submission_apis import MAX_CONTENT_CHARS, MAX_MESSAGES, AgentSubmissionsApi, plainly_valid
-from agents.submissions import check_submission, submission_create
+from agents.submissions import (
+    check_submission,
+    fingerprint,
+    submission_accept,
+    submission_create,
+    submissions_queue,
+    submissions_sweep,
+)
 from agents.tests.support import chat_agent, streamed_text, wait_ended
 from agents.workflows import message_for_model, recent_history
 from tests.factories import Users, api_login, login
@@ -28,19 +36,24 @@ from workflows.models import RunStatus, WorkflowRun
 BASE = "/api/agents/test.chat/t/submissions"
 
 
-def post(client: Any, body: dict[str, Any], key: str | None = None) -> Any:
+def post(client: Any, body: dict[str, Any], key: str | None = None, agent: str = "t") -> Any:
     headers = {"Idempotency-Key": key} if key is not None else {}
-    return client.post(BASE, body, format="json", headers=headers)
+    return client.post(BASE.replace("/t/", f"/{agent}/"), body, format="json", headers=headers)
 
 
 def said(text: str) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": text}], "metadata": {"ticket": 7}}
 
 
+def worker_queues(agent: Any) -> None:
+    """What the task an accepted submission sends does in a worker: its turn queued."""
+    submissions_queue(agent.pk)
+
+
 @pytest.mark.django_db
 def test_a_key_gives_one_submission_and_another_body_with_it_is_a_409(users: Users, no_enqueue: NoEnqueue) -> None:
     # given alice's agent and a CRM signed in as alice
-    chat_agent(users.alice)
+    agent = chat_agent(users.alice)
     crm = api_login(users.alice)
 
     # when it submits, retries with the same key and body, then reuses the key for something else
@@ -49,11 +62,14 @@ def test_a_key_gives_one_submission_and_another_body_with_it_is_a_409(users: Use
     other = post(crm, said("order 1043 too"), key="crm-7")
 
     # then one submission: 202, then 200 with the same one, then 409 and nothing stored
-    assert first.status_code == 202 and first.json()["accepted"] is True
+    assert first.status_code == 202 and first.json()["accepted"] is True and first.json()["status"] == "pending"
     assert again.status_code == 200 and again.json() == {**first.json(), "accepted": False}
     assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_conflict"
-    assert Submission.objects.count() == 1 and Turn.objects.count() == 1
+    assert Submission.objects.count() == 1 and not Turn.objects.exists()  # a worker queues its turn
+    worker_queues(agent)
     submission = Submission.objects.get()
+    assert submission.turn is not None and submission.turn.status == TurnStatus.RUNNING  # the agent was idle
+    assert submission.status == SubmissionStatus.RUNNING and Turn.objects.count() == 1
     assert first["Location"] == f"/api/submissions/{submission.pk}"
     assert (submission.metadata, submission.messages) == (
         {"ticket": 7},
@@ -227,6 +243,7 @@ def test_a_cancel_that_could_not_stop_the_turn_is_never_a_200(
     crm = api_login(users.alice)
     message_send(agent=agent, user=users.alice, text="hello")
     pending = post(crm, said("first"), key="a").json()
+    worker_queues(agent)
     monkeypatch.setattr(services, "_turn_stop_once", lambda **kwargs: None)
 
     # when it is cancelled
@@ -239,31 +256,43 @@ def test_a_cancel_that_could_not_stop_the_turn_is_never_a_200(
 
 @pytest.mark.django_db
 def test_cancel_in_each_status(users: Users, no_enqueue: NoEnqueue) -> None:
-    # given a chat turn running, then two submissions queued behind it
+    # given a chat turn running, then three submissions accepted behind it
     agent = chat_agent(users.alice)
     crm = api_login(users.alice)
     running_chat = message_send(agent=agent, user=users.alice, text="hello")
-    pending = post(crm, said("first"), key="a").json()
-    later = post(crm, said("second"), key="b").json()
-    assert pending["status"] == later["status"] == "pending"
-    assert crm.get(f"/api/submissions/{pending['id']}").json()["delivered_at"] is None
+    inbox = post(crm, said("first"), key="a").json()
+    pending = post(crm, said("second"), key="b").json()
+    later = post(crm, said("third"), key="c").json()
+    assert inbox["status"] == pending["status"] == later["status"] == "pending"
+    assert crm.get(f"/api/submissions/{inbox['id']}").json()["turn"] is None  # in the inbox: no turn yet
 
-    # when the first pending one is cancelled
+    # when the first is cancelled before a worker queued its turn
+    cancelled = crm.post(f"/api/submissions/{inbox['id']}/cancel")
+
+    # then it is cancelled, with no turn, and a worker never queues one for it
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    assert cancelled.json()["turn"] is None and cancelled.json()["finished_at"] is not None
+    worker_queues(agent)
+    assert Submission.objects.get(pk=inbox["id"]).turn is None
+    assert crm.get(f"/api/submissions/{pending['id']}").json()["delivered_at"] is None
+    assert [t.number for t in Turn.objects.order_by("number")] == [1, 2, 3]
+
+    # when the second, its turn queued now, is cancelled
     cancelled = crm.post(f"/api/submissions/{pending['id']}/cancel")
 
-    # then it is cancelled, its turn too, and its message never joined the conversation
+    # then it is cancelled, its turn too, and neither message ever joined the conversation
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
     assert cancelled.json()["turn"]["status"] == "cancelled"
     assert cancelled.json()["delivered_at"] is None
-    assert not Message.objects.filter(text="first").exists()
+    assert not Message.objects.filter(text__in=["first", "second"]).exists()
 
-    # when the chat turn ends, the second starts: running, its message now in the conversation
+    # when the chat turn ends, the third starts: running, its message now in the conversation
     from agents.services import turn_stop
 
     turn_stop(turn=running_chat, user=users.alice)
     running = crm.get(f"/api/submissions/{later['id']}").json()
     assert running["status"] == "running"
-    assert Message.objects.filter(text="second", role="user").count() == 1
+    assert Message.objects.filter(text="third", role="user").count() == 1
     started = Turn.objects.get(pk=running["turn"]["id"]).started_at
     assert started is not None and datetime.fromisoformat(running["delivered_at"]) == started
 
@@ -272,12 +301,13 @@ def test_cancel_in_each_status(users: Users, no_enqueue: NoEnqueue) -> None:
     assert stopped.status_code == 200 and stopped.json()["status"] == "cancelled"
     # which the API tells from one never delivered: it was, and its message stays in the conversation
     assert stopped.json()["delivered_at"] == running["delivered_at"]
-    again = crm.post(f"/api/submissions/{later['id']}/cancel")
-    assert again.status_code == 409 and again.json()["error"]["detail"] == {"status": "cancelled"}
+    for ended in (later, inbox):
+        again = crm.post(f"/api/submissions/{ended['id']}/cancel")
+        assert again.status_code == 409 and again.json()["error"]["detail"] == {"status": "cancelled"}
 
     # and the list filters by status, newest first
     listed = crm.get(f"{BASE}?status=cancelled").json()["results"]
-    assert [s["id"] for s in listed] == [later["id"], pending["id"]]
+    assert [s["id"] for s in listed] == [later["id"], pending["id"], inbox["id"]]
     assert crm.get(f"{BASE}?status=nope").status_code == 400
 
 
@@ -295,6 +325,7 @@ def test_submissions_and_chat_messages_share_one_fifo_queue_and_each_is_answered
     later_chat = message_send(agent=agent, user=users.alice, text="after them")
 
     # then all are answered in the order they came, each submission by its own turn
+    assert first.submission.turn is not None and second.submission.turn is not None
     turns = [wait_ended(t, timeout=60) for t in (chat, first.submission.turn, second.submission.turn, later_chat)]
     assert [t.number for t in turns] == [1, 2, 3, 4] and all(t.status == TurnStatus.COMPLETED for t in turns)
     for turn in turns[1:]:
@@ -308,6 +339,122 @@ def test_submissions_and_chat_messages_share_one_fifo_queue_and_each_is_answered
         timeout=10,
         what="both submissions to complete",
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_submissions_accepted_over_http_are_answered_in_order_with_the_chats(worker: Worker, users: Users) -> None:
+    # given a slow chat answer running
+    agent = chat_agent(users.alice)
+    chat = message_send(agent=agent, user=users.alice, text="story 8 0.05")
+
+    # when a CRM submits three times over HTTP, and alice sends a message right after
+    crm = api_login(users.alice)
+    accepted = [post(crm, said(f"crm {i}"), key=str(i)) for i in range(3)]
+    later_chat = message_send(agent=agent, user=users.alice, text="after them")
+
+    # then each was accepted pending, and all are answered in the order they were accepted
+    assert [(a.status_code, a.json()["status"]) for a in accepted] == [(202, "pending")] * 3
+    ended = wait_ended(later_chat, timeout=60)
+    submissions = [Submission.objects.select_related("turn").get(pk=a.json()["id"]) for a in accepted]
+    turns = [chat, *(s.turn for s in submissions), ended]
+    assert [t.number for t in turns if t is not None] == [1, 2, 3, 4, 5]
+    assert [s.status for s in submissions] == [SubmissionStatus.COMPLETED] * 3
+    assert [streamed_text(s.turn) for s in submissions if s.turn is not None] == [
+        f"You said: crm {i}" for i in range(3)
+    ]
+
+
+@pytest.mark.django_db
+def test_a_chat_message_sent_after_an_accepted_submission_is_answered_after_it(
+    users: Users, no_enqueue: NoEnqueue
+) -> None:
+    # given an idle agent, and a submission accepted that no worker has queued yet
+    agent = chat_agent(users.alice)
+    crm = api_login(users.alice)
+    accepted = post(crm, said("from the crm"), key="a").json()
+
+    # when alice sends a message before the worker comes
+    chat = message_send(agent=agent, user=users.alice, text="hello")
+
+    # then the submission was queued first, and runs; her message waits behind it
+    submission = Submission.objects.select_related("turn").get(pk=accepted["id"])
+    assert submission.turn is not None and (submission.turn.number, chat.number) == (1, 2)
+    assert submission.status == SubmissionStatus.RUNNING and chat.status == TurnStatus.QUEUED
+
+    # when another is accepted while that runs, and she sends again
+    second = post(crm, said("again"), key="b").json()
+    again = message_send(agent=agent, user=users.alice, text="and again")
+
+    # then it is queued before her second message too, and the worker finds nothing left to queue
+    assert Submission.objects.select_related("turn").get(pk=second["id"]).turn.number == 3  # type: ignore[union-attr]
+    assert again.number == 4
+    worker_queues(agent)
+    assert Turn.objects.count() == 4
+
+
+@pytest.mark.django_db
+def test_an_accept_is_one_statement_and_a_retry_two(users: Users, no_enqueue: NoEnqueue) -> None:
+    # Another system waits for each: the insert checks the key and the caps itself; a retry is
+    # looked up only when it stored nothing.
+    agent = chat_agent(users.alice)
+    said = [{"role": "user", "content": "hi"}]
+
+    with statements_sent() as accepted:
+        result = submission_accept(agent=agent, user=users.alice, messages=said, idempotency_key="k")
+    with statements_sent() as replayed:
+        again = submission_accept(agent=agent, user=users.alice, messages=said, idempotency_key="k")
+
+    assert result.accepted and result.submission.status == SubmissionStatus.PENDING and result.submission.turn is None
+    assert len(accepted) == 1, accepted
+    assert not again.accepted and again.submission.pk == result.submission.pk
+    assert len(replayed) == 2, replayed
+
+
+@pytest.mark.django_db
+def test_the_sweep_queues_a_submission_whose_task_was_lost(users: Users, no_enqueue: NoEnqueue) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    # given a submission accepted whose task never reached a worker (no_enqueue drops it)
+    agent = chat_agent(users.alice)
+    accepted = post(api_login(users.alice), said("hello"), key="a").json()
+
+    # then the sweep leaves it within AGENTS_SUBMISSION_QUEUE_GRACE_SECONDS (its task may be on the way)
+    assert submissions_sweep() == 0
+    assert Submission.objects.get(pk=accepted["id"]).turn is None
+
+    # and queues it after: its turn starts, on the idle agent
+    assert submissions_sweep(now=timezone.now() + timedelta(seconds=11)) == 1
+    submission = Submission.objects.select_related("turn").get(pk=accepted["id"])
+    assert submission.status == SubmissionStatus.RUNNING and submission.turn is not None
+    assert submission.turn.agent_id == agent.pk and submission.turn.run_id is not None
+
+
+@pytest.mark.django_db
+def test_the_caps_count_submissions_not_queued_yet(settings: Any, users: Users, no_enqueue: NoEnqueue) -> None:
+    # given an agent allowed two pending submissions
+    settings.AGENTS_MAX_PENDING_SUBMISSIONS = 2
+    agent = chat_agent(users.alice)
+    crm = api_login(users.alice)
+    message_send(agent=agent, user=users.alice, text="hello")  # running: what follows stays pending
+    assert [post(crm, said(k), key=k).status_code for k in ("a", "b")] == [202, 202]
+
+    # then a third is refused while the two wait in the inbox, and after a worker queued them
+    refused = post(crm, said("c"), key="c")
+    assert refused.status_code == 429 and "2 submissions are waiting" in refused.json()["error"]["message"]
+    worker_queues(agent)
+    assert post(crm, said("c"), key="c").status_code == 429
+    assert Submission.objects.count() == 2
+
+    # and with alice allowed four open turns or submissions, her chat counts one waiting in another
+    # agent's inbox as hers (with her turn and the two queued here)
+    settings.AGENTS_MAX_OPEN_TURNS_PER_USER = 4
+    assert post(crm, said("d"), key="d", agent="other").status_code == 202  # another agent's inbox
+    with pytest.raises(TooManyQueuedTurns):
+        message_send(agent=agent, user=users.alice, text="more")
+    # while a retry is still answered as the first
+    assert post(crm, said("a"), key="a").status_code == 200
 
 
 @pytest.mark.django_db
@@ -426,7 +573,7 @@ def test_past_the_pending_cap_a_submission_is_refused_until_one_runs(
 
     # when the first's run ended without ending its turn (its hook never ran), the next submission
     # repairs the queue first: the first fails, the second runs, and the third is taken
-    assert first.turn.run_id is not None
+    assert first.turn is not None and first.turn.run_id is not None
     WorkflowRun.objects.filter(pk=first.turn.run_id).update(status=RunStatus.FAILED)
     third = submission_create(agent=agent, user=users.alice, messages=said)
 
@@ -504,3 +651,69 @@ def test_the_plain_reading_of_a_submission_takes_only_what_the_serializer_does_a
         )
     # what a caller sends when all is well is taken without DRF
     assert (plain is not None) == (valid and data in EDGES[:7])
+
+
+@pytest.mark.django_db
+def test_a_submission_by_token_is_accepted_by_one_statement_as_the_api_accepts_it(
+    users: Users, no_enqueue: NoEnqueue
+) -> None:
+    # given alice's agent and her CRM's token
+    chat_agent(users.alice)
+    crm = api_login(users.alice)
+
+    # when the CRM submits, then submits the same way through the API's own view (?account= is
+    # read by AgentSubmissionsApi only)
+    with statements_sent() as sent:
+        quick = post(crm, said("one"), key="q")
+    slow = crm.post(f"{BASE}?account=acme", said("two"), format="json", headers={"Idempotency-Key": "s"})
+
+    # then the first was one statement, and the two answers and rows are alike
+    assert len(sent) == 1, sent
+    assert (quick.status_code, slow.status_code) == (202, 202)
+    assert set(quick.headers) == set(slow.headers)
+    for header in ("Content-Type", "Allow"):
+        assert quick[header] == slow[header], header
+    assert quick.content == f'{{"id":"{quick.json()["id"]}","status":"pending","accepted":true}}'.encode()
+    assert slow.content == f'{{"id":"{slow.json()["id"]}","status":"pending","accepted":true}}'.encode()
+    assert quick["Location"] == f"/api/submissions/{quick.json()['id']}"
+    # and a retry is answered by a second statement, as the API answers it
+    with statements_sent() as replayed:
+        again = post(crm, said("one"), key="q")
+    slow_again = crm.post(f"{BASE}?account=acme", said("one"), format="json", headers={"Idempotency-Key": "q"})
+    assert len(replayed) == 2, replayed
+    assert again.status_code == slow_again.status_code == 200
+    assert again.content == slow_again.content and set(again.headers) == set(slow_again.headers)
+    assert again.json() == {**quick.json(), "accepted": False}
+    mine, theirs = (Submission.objects.get(pk=answer.json()["id"]) for answer in (quick, slow))
+    for field in ("agent_id", "caller", "submitted_by_id", "status", "turn_id", "metadata", "delivered_at"):
+        assert getattr(mine, field) == getattr(theirs, field), field
+    assert (mine.idempotency_key, mine.messages) == ("q", [{"role": "user", "content": "one"}])
+    assert mine.fingerprint == fingerprint(mine.messages, mine.metadata)
+
+
+@pytest.mark.django_db
+def test_what_the_one_statement_stores_nothing_for_is_answered_by_the_api(
+    users: Users, no_enqueue: NoEnqueue, settings: Any
+) -> None:
+    # given alice's agent, her CRM's token, and a first submission
+    agent = chat_agent(users.alice)
+    crm = api_login(users.alice)
+    first = post(crm, said("one"), key="k")
+
+    # then a retry is the first, a key reused a conflict, a new name creates its agent
+    assert post(crm, said("one"), key="k").json() == {**first.json(), "accepted": False}
+    assert post(crm, said("two"), key="k").status_code == 409
+    assert post(crm, said("one"), key="k", agent="brand-new").status_code == 202
+    assert agent.account.agents.filter(name="brand-new").exists()
+    # and a cap reached is a 429, a body in another charset is read as the API reads it
+    settings.AGENTS_MAX_PENDING_SUBMISSIONS = 1
+    assert post(crm, said("three"), key="k3").status_code == 429
+    settings.AGENTS_MAX_PENDING_SUBMISSIONS = 100
+    latin = crm.post(BASE, b'{"messages": [{"content": "caf\xe9"}]}', content_type="application/json; charset=latin-1")
+    assert latin.status_code == 202 and Submission.objects.get(pk=latin.json()["id"]).messages[0]["content"] == "café"
+    # and an inactive user's token is refused, storing nothing
+    users.alice.is_active = False
+    users.alice.save(update_fields=["is_active"])
+    before = Submission.objects.count()
+    assert post(crm, said("four"), key="k4").status_code == 401
+    assert Submission.objects.count() == before

@@ -48,7 +48,7 @@ def test_an_event_becomes_one_submission_to_the_agent() -> None:
     assert submission.messages == [{"role": "user", "content": "Order 1042 arrived damaged"}]
     assert submission.metadata == {"webhook": "crm", "event_id": "evt_1", "type": "ticket.created"}
     assert submission.idempotency_key == "crm:evt_1" and submission.submitted_by is None
-    assert submission.turn.source == "submission"
+    assert submission.turn is not None and submission.turn.source == "submission"
     delivery = WebhookDelivery.objects.get(outcome="accepted")
     assert delivery.submission == submission
     assert delivery.result == {"submission": str(submission.pk), "agent": str(submission.agent), "created": True}
