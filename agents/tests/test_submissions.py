@@ -430,6 +430,13 @@ def test_the_sweep_queues_a_submission_whose_task_was_lost(users: Users, no_enqu
     assert submission.status == SubmissionStatus.RUNNING and submission.turn is not None
     assert submission.turn.agent_id == agent.pk and submission.turn.run_id is not None
 
+    # and an operator queues what waits at once, without the grace
+    later = post(api_login(users.alice), said("again"), key="b").json()
+    out = StringIO()
+    call_command("agents", "queue-submissions", stdout=out)
+    assert out.getvalue() == "Queued the inbox of 1 agent(s).\n"
+    assert Submission.objects.get(pk=later["id"]).turn is not None
+
 
 @pytest.mark.django_db
 def test_the_caps_count_submissions_not_queued_yet(settings: Any, users: Users, no_enqueue: NoEnqueue) -> None:

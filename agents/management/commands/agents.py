@@ -2,7 +2,9 @@
 ``manage.py agents fibers``: the newest fibers (an agent's background jobs) and where they stand.
 ``manage.py agents purge-chunks [--older-than 30d] [--dry-run]``: the retention of turns' streams.
 ``manage.py agents submit --account A --kind K --name N --text T [--key K] [--metadata JSON]``: a
-submission, as ``POST .../submissions`` makes one (``agents.submissions``)."""
+submission, as ``POST .../submissions`` makes one (``agents.submissions``).
+``manage.py agents queue-submissions``: queue now the turns of submissions still in an agent's
+inbox (beat's sweep does it for those waiting longer than AGENTS_SUBMISSION_QUEUE_GRACE_SECONDS)."""
 
 from __future__ import annotations
 
@@ -47,6 +49,10 @@ class Command(BaseCommand):
         submit.add_argument("--text", required=True, action="append", help="A message (repeat for several).")
         submit.add_argument("--key", default="", help="An idempotency key: the same key and text again is a no-op.")
         submit.add_argument("--metadata", default="{}", help="A JSON object kept with the submission.")
+        sub.add_parser(
+            "queue-submissions",
+            help="Queue now the turns of submissions accepted over HTTP and still waiting for a worker to queue them.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["subcommand"] == "fibers":
@@ -57,6 +63,11 @@ class Command(BaseCommand):
             return
         if options["subcommand"] == "submit":
             self.submit(options)
+            return
+        if options["subcommand"] == "queue-submissions":
+            from agents.submissions import submissions_sweep
+
+            self.stdout.write(f"Queued the inbox of {submissions_sweep(grace_seconds=0)} agent(s).")
             return
         for kind in agent_kinds():
             cls = get_agent_class(kind)
