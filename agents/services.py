@@ -279,10 +279,12 @@ def lock_queue(agent: Agent, user: User | None) -> None:
     user's row when their open turns are capped, then the agent's row, the queue's lock (the lock
     order), in one statement: a statement locks the rows of its FROM list in order.
 
-    The user's row FOR NO KEY UPDATE: the inserts that reference the user (a turn, a run) take KEY
-    SHARE on it, which a plain FOR UPDATE would block, and a message holding the agent's lock would
-    deadlock. (SQLite, the demo, has no row locks: its transactions take the database's write lock
-    when they begin.)"""
+    Both rows FOR NO KEY UPDATE: the inserts that reference them take KEY SHARE on them, which a
+    plain FOR UPDATE would block. A message holding the agent's lock would deadlock with an insert
+    referencing the user; and a submission accepted into the inbox, which takes no lock but its
+    key's index entry and then KEY SHARE on the agent at commit, would deadlock with
+    ``agents.submit`` inserting the same key under the agent's lock. (SQLite, the demo, has no row
+    locks: its transactions take the database's write lock when they begin.)"""
     if connection.vendor != "postgresql":
         return
     capped = user is not None and int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER) > 0
@@ -296,10 +298,8 @@ def lock_queue(agent: Agent, user: User | None) -> None:
 
 
 USERS, AGENTS = get_user_model()._meta.db_table, Agent._meta.db_table
-LOCK_USER_AND_AGENT_SQL = (
-    f"SELECT 1 FROM {USERS} u, {AGENTS} a WHERE u.id = %s AND a.id = %s FOR NO KEY UPDATE OF u FOR UPDATE OF a"
-)
-LOCK_AGENT_SQL = f"SELECT 1 FROM {AGENTS} a WHERE a.id = %s FOR UPDATE"
+LOCK_USER_AND_AGENT_SQL = f"SELECT 1 FROM {USERS} u, {AGENTS} a WHERE u.id = %s AND a.id = %s FOR NO KEY UPDATE OF u, a"
+LOCK_AGENT_SQL = f"SELECT 1 FROM {AGENTS} a WHERE a.id = %s FOR NO KEY UPDATE"
 
 
 def check_open_turns(queue: Queue) -> None:

@@ -218,31 +218,75 @@ def agent_pending_sql(agent: str) -> str:
     return f"(SELECT count(*) FROM {SUBMISSIONS} WHERE agent_id = {agent} AND status = 'pending')"
 
 
+# The columns of an inbox row that its INSERT computes rather than takes as values: the time it is
+# accepted is the database's (the inbox is queued in that order, and web servers' clocks differ).
+ACCEPTED_AT = {"created_at": "statement_timestamp()"}
+
+
+@functools.cache
+def _inbox_insert_sql(by_token: bool, user_capped: bool, pending_capped: bool) -> str:
+    """INSERT … SELECT of an inbox row, under the caps (their limits the last placeholders), ON
+    CONFLICT DO NOTHING; RETURNING its agent and acceptance time. ``by_token``: the agent, the
+    submitter and the caller come from the API token (``_token_agent_sql``) rather than values."""
+    db = connections[DEFAULT_DB_ALIAS]
+    computed = {**ACCEPTED_AT, **(BY_TOKEN if by_token else {})}
+    # A SELECT's values are typed: only an INSERT's VALUES take their columns' types.
+    values = ", ".join(computed.get(f.name, f"%s::{f.db_type(db)}") for f in Submission._meta.concrete_fields)
+    user, agent = ("t.user_id", "a.id") if by_token else ("%s", "%s")
+    caps = (f" AND {user_open_sql(user)} < %s" if user_capped else "") + (
+        f" AND {agent_pending_sql(agent)} < %s" if pending_capped else ""
+    )
+    columns = ", ".join(str(f.column) for f in Submission._meta.concrete_fields)
+    source = f" FROM {_token_agent_sql()}" if by_token else ""
+    return (
+        f"INSERT INTO {SUBMISSIONS} ({columns}) SELECT {values}{source} "
+        f"WHERE TRUE{caps} ON CONFLICT DO NOTHING RETURNING agent_id, created_at"
+    )
+
+
+# What the caller's API token decides in ``accept_by_token``.
+BY_TOKEN = {"agent": "a.id", "submitted_by": "t.user_id", "caller": "'user:' || t.user_id"}
+
+
+def _inbox_insert(submission: Submission, sql: str, params: list[Any], computed: set[str]) -> int | None:
+    db = connections[DEFAULT_DB_ALIAS]
+    values = [
+        f.get_db_prep_save(f.pre_save(submission, True), connection=db)
+        for f in Submission._meta.concrete_fields
+        if f.name not in computed
+    ]
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, values + params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    submission.agent_id, submission.created_at = row
+    submission._state.adding, submission._state.db = False, db.alias
+    return int(row[0])
+
+
 def insert_inbox(submission: Submission, *, user_limit: int, pending_limit: int) -> bool:
     """Store ``submission`` (accepted, no turn yet) in one autocommit statement, unless its caller
     has a submission of the agent under its idempotency key already (ON CONFLICT DO NOTHING: a
     concurrent insert of the key is waited for), or a cap is reached: the agent's pending
     submissions at ``pending_limit``, the submitter's open work (``user_open_sql``) at
     ``user_limit`` (0: no cap). False if it stored nothing; the caller tells which from the key.
+    Its ``created_at`` is the database's clock.
 
     The caps are counted in the statement's snapshot, without a lock: submissions accepted at the
     same moment are not counted against each other, so a cap is passed by at most as many as are
     accepted at once (the servers' request threads bound that)."""
-    conditions, params = ["TRUE"], []
-    if user_limit and submission.submitted_by_id is not None:
-        conditions.append(f"{user_open_sql('%s')} < %s")
-        params += [submission.submitted_by_id, submission.submitted_by_id, user_limit]
-    if pending_limit:
-        conditions.append(f"{agent_pending_sql('%s')} < %s")
-        params += [submission.agent_id, pending_limit]
-    where = " AND ".join(conditions)
-    return insert_instance(submission, on_conflict="DO NOTHING", where=where, where_params=tuple(params))
-
-
-def inbox_locked(agent: Agent) -> list[Submission]:
-    """The agent's submissions still in its inbox (accepted, no turn yet), oldest first, their rows
-    locked (inside atomic(), the agent's row locked first: the queue's lock order)."""
-    return list(Submission.objects.select_for_update().filter(INBOX, agent=agent).order_by("created_at", "id"))
+    user_capped = bool(user_limit) and submission.submitted_by_id is not None
+    params = [submission.submitted_by_id, submission.submitted_by_id, user_limit] if user_capped else []
+    params += [submission.agent_id, pending_limit] if pending_limit else []
+    if not _postgresql():  # the SQLite demo: one writer at a time, and one web process
+        conditions = ["TRUE"]
+        conditions += [f"{user_open_sql('%s')} < %s"] if user_capped else []
+        conditions += [f"{agent_pending_sql('%s')} < %s"] if pending_limit else []
+        where = " AND ".join(conditions)
+        return insert_instance(submission, on_conflict="DO NOTHING", where=where, where_params=tuple(params))
+    sql = _inbox_insert_sql(False, user_capped, bool(pending_limit))
+    return _inbox_insert(submission, sql, params, set(ACCEPTED_AT)) is not None
 
 
 def _token_agent_sql() -> str:
@@ -262,23 +306,6 @@ def _token_agent_sql() -> str:
     )
 
 
-@functools.cache
-def _accept_by_token_sql(user_capped: bool, pending_capped: bool) -> str:
-    db = connections[DEFAULT_DB_ALIAS]
-    # What the caller's token decides; every other column is a value, typed (a SELECT's are not
-    # given their columns' types as an INSERT's VALUES are).
-    joined = {"agent": "a.id", "submitted_by": "t.user_id", "caller": "'user:' || t.user_id"}
-    values = ", ".join(joined.get(f.name, f"%s::{f.db_type(db)}") for f in Submission._meta.concrete_fields)
-    caps = (f" AND {user_open_sql('t.user_id')} < %s" if user_capped else "") + (
-        f" AND {agent_pending_sql('a.id')} < %s" if pending_capped else ""
-    )
-    columns = ", ".join(str(f.column) for f in Submission._meta.concrete_fields)
-    return (
-        f"INSERT INTO {SUBMISSIONS} ({columns}) SELECT {values} FROM {_token_agent_sql()} "
-        f"WHERE TRUE{caps} ON CONFLICT DO NOTHING RETURNING agent_id"
-    )
-
-
 def accept_by_token(
     submission: Submission, *, token: str, kind: str, name: str, user_limit: int, pending_limit: int
 ) -> int | None:
@@ -290,25 +317,11 @@ def accept_by_token(
     the API always does. PostgreSQL only (None elsewhere)."""
     if not _postgresql():
         return None
-    db = connections[DEFAULT_DB_ALIAS]
-    computed = {"agent", "submitted_by", "caller"}
-    params: list[Any] = [
-        f.get_db_prep_save(f.pre_save(submission, True), connection=db)
-        for f in Submission._meta.concrete_fields
-        if f.name not in computed
-    ]
-    params += [token, kind, name]
-    if user_limit:
-        params.append(user_limit)
-    if pending_limit:
-        params.append(pending_limit)
-    with prepared_cursor() as cursor:
-        cursor.execute(_accept_by_token_sql(bool(user_limit), bool(pending_limit)), params)
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    submission.agent_id, submission._state.adding, submission._state.db = row[0], False, db.alias
-    return int(row[0])
+    params: list[Any] = [token, kind, name]
+    params += [user_limit] if user_limit else []
+    params += [pending_limit] if pending_limit else []
+    sql = _inbox_insert_sql(True, bool(user_limit), bool(pending_limit))
+    return _inbox_insert(submission, sql, params, {*ACCEPTED_AT, *BY_TOKEN})
 
 
 @functools.cache
@@ -329,3 +342,9 @@ def submission_by_token_and_key(*, token: str, kind: str, name: str, key: str) -
         cursor.execute(_by_token_and_key_sql(), [token, kind, name, key])
         row = cursor.fetchone()
     return None if row is None else (row[0], row[1], row[2])
+
+
+def inbox_locked(agent: Agent) -> list[Submission]:
+    """The agent's submissions still in its inbox (accepted, no turn yet), oldest first, their rows
+    locked (inside atomic(), the agent's row locked first: the queue's lock order)."""
+    return list(Submission.objects.select_for_update().filter(INBOX, agent=agent).order_by("created_at", "id"))

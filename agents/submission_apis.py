@@ -71,7 +71,7 @@ from workflows.apis.runs import idempotency_key_parameter
 from workflows.apis.schema import NOT_BLANK
 from workflows.conf import conf as workflows_conf
 from workflows.exceptions import InvalidPayload
-from workflows.storable import MAX_JSON_DEPTH, json_loads_strict, json_too_deep
+from workflows.storable import MAX_JSON_DEPTH, json_loads_strict
 
 TAGS = ["submissions"]
 # What InputSerializer takes, fixed when the module loads (as DRF fixes a field's limits).
@@ -297,6 +297,13 @@ class SubmissionCancelApi(ApiBase):
 
 
 _submissions_api = AgentSubmissionsApi.as_view()
+# What agent_submissions answers itself: bodies of at most this many bytes (a submission of a few
+# messages; larger ones are DRF's), with no more brackets than a submission of
+# AGENTS_MAX_SUBMISSION_MESSAGES messages and some metadata has (MAX_JSON_DEPTH is far above it),
+# to a caller who accepts JSON as DRF's JSONRenderer writes it.
+QUICK_BODY_BYTES = min(16 * 1024, body_limit(), settings.DATA_UPLOAD_MAX_MEMORY_SIZE or 16 * 1024)
+QUICK_BRACKETS = min(MAX_MESSAGES + 32, MAX_JSON_DEPTH + 1)
+PLAIN_ACCEPT = {"*/*", "application/json"}
 # What DRF adds to AgentSubmissionsApi's answers (APIView.finalize_response): the same here.
 API_HEADERS = {"Allow": "GET, POST, HEAD, OPTIONS"}
 
@@ -345,19 +352,23 @@ def _accept_by_token(request: HttpRequest, kind: str, name: str) -> HttpResponse
         or (request.content_params or {}).get("charset", "utf-8").lower() != "utf-8"
     ):
         return None
+    if request.headers.get("Accept", "*/*") not in PLAIN_ACCEPT:  # DRF negotiates anything else
+        return None
     try:
         length = int(request.headers.get("Content-Length", ""))
     except ValueError:
         return None
-    if not 0 < length <= min(body_limit(), settings.DATA_UPLOAD_MAX_MEMORY_SIZE or length):
+    # The token is checked by the statement, after the body is read: only a small body is read
+    # here, and one nested deeper than a submission's shape needs goes to DRF unparsed, so a caller
+    # without a valid token costs little more than DRF's own refusal.
+    if not 0 < length <= QUICK_BODY_BYTES:
         return None
     body = request.body  # kept: AgentSubmissionsApi reads it again if it answers
-    depth = MAX_JSON_DEPTH + 1  # LimitedJSONParser's
+    if body.count(b"[") + body.count(b"{") > QUICK_BRACKETS:
+        return None
     try:
         data = json_loads_strict(body.decode())
-        if body.count(b"[") + body.count(b"{") > depth and json_too_deep(data, max_depth=depth):
-            return None
-    except (ValueError, RecursionError):
+    except ValueError:
         return None
     plain = plainly_valid(data)
     if plain is None or not selectors.addressable(kind, name):

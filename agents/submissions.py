@@ -162,6 +162,29 @@ def submission_create(
     another caller's key first (a member a webhook's ``<source>:<event id>``)."""
     checked, metadata, key, caller = _checked(user, messages, metadata, idempotency_key, caller)
     print_ = fingerprint(checked, metadata)
+    try:
+        return _create(agent, user, checked, metadata, key, caller, print_)
+    except _KeyTaken:
+        # The same caller's key accepted into the inbox at the same moment (submission_accept
+        # takes no lock): that one is the first.
+        earlier = statements.submission_by_key(agent=agent, caller=caller, key=key)
+        assert earlier is not None
+        return _retried(earlier, print_, key)
+
+
+class _KeyTaken(Exception):
+    """The submission's key was stored by another transaction after it was looked up."""
+
+
+def _create(
+    agent: Agent,
+    user: User | None,
+    checked: list[dict[str, str]],
+    metadata: dict[str, Any],
+    key: str,
+    caller: str,
+    print_: str,
+) -> SubmissionResult:
     with transaction.atomic():
         # The user's row (the lock order), then the agent's: submissions with one key, and the
         # queue's numbers, one at a time.
@@ -184,7 +207,8 @@ def submission_create(
             metadata=metadata,
             submitted_by=user,
         )
-        insert_instance(submission)
+        if not insert_instance(submission, on_conflict="DO NOTHING"):
+            raise _KeyTaken()  # rolls the turn back
         push_turn(turn)
         start_new_locked(turn, queue)
     if turn.status != TurnStatus.QUEUED:
@@ -224,18 +248,21 @@ def submission_accept(
     )
     user_limit = int(settings.AGENTS_MAX_OPEN_TURNS_PER_USER)
     pending_limit = int(settings.AGENTS_MAX_PENDING_SUBMISSIONS)
-    if statements.insert_inbox(submission, user_limit=user_limit, pending_limit=pending_limit):
-        outbox.send_on_commit(QUEUE_TASK, (agent.pk,), queue=workflows_conf()["QUEUE"])
-        return SubmissionResult(submission, accepted=True)
-    earlier = statements.submission_by_key(agent=agent, caller=caller, key=key)
-    if earlier is not None:
-        return _retried(earlier, submission.fingerprint, key)
-    # Refused by a cap: counted again, to say which.
-    with transaction.atomic():
-        lock_queue(agent, None)
-        queue = queue_locked(agent, user=user)
-    check_open_turns(queue)
-    check_pending(queue)
+    for _ in range(2):
+        if statements.insert_inbox(submission, user_limit=user_limit, pending_limit=pending_limit):
+            outbox.send_on_commit(QUEUE_TASK, (agent.pk,), queue=workflows_conf()["QUEUE"])
+            return SubmissionResult(submission, accepted=True)
+        earlier = statements.submission_by_key(agent=agent, caller=caller, key=key)
+        if earlier is not None:
+            return _retried(earlier, submission.fingerprint, key)
+        # Refused by a cap: counted again under the agent's lock, which also ends a turn whose run
+        # ended without ending it (queue_locked), to say which cap, or to try once more if that
+        # made room.
+        with transaction.atomic():
+            lock_queue(agent, None)
+            queue = queue_locked(agent, user=user)
+        check_open_turns(queue)
+        check_pending(queue)
     raise TooManyQueuedTurns("too much is waiting for this agent already; submit again once some has run")
 
 

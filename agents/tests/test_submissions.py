@@ -6,6 +6,7 @@ cancel in each status; with a real worker for FIFO and the answers."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 from io import StringIO
 from typing import Any
@@ -724,3 +725,138 @@ def test_what_the_one_statement_stores_nothing_for_is_answered_by_the_api(
     before = Submission.objects.count()
     assert post(crm, said("four"), key="k4").status_code == 401
     assert Submission.objects.count() == before
+
+
+@pytest.mark.django_db
+def test_a_caller_without_a_valid_token_costs_no_more_than_drfs_refusal(users: Users, no_enqueue: NoEnqueue) -> None:
+    # given alice's agent, and bodies only DRF reads: one larger than the quick path takes, one of
+    # many brackets (cheap to send, dear to parse and walk)
+    chat_agent(users.alice)
+    forged = api_login(None)
+    forged.credentials(HTTP_AUTHORIZATION="Token " + "a" * 40)
+    large = {"messages": [{"content": "x" * 1000}] * 17}  # else a valid submission
+    assert len(json.dumps(large)) > 16 * 1024  # more than the quick path reads (QUICK_BODY_BYTES)
+    nested = {"messages": [{"content": "hi"}], "metadata": {"x": [[] for _ in range(5000)]}}
+
+    for body in (large, nested):
+        # when a caller with a made-up token posts it
+        with statements_sent() as sent:
+            answer = post(forged, body, key="k")
+
+        # then DRF refuses it after its one token read, the body never parsed or stored
+        assert answer.status_code == 401
+        assert len(sent) == 1 and "authtoken_token" in sent[0], sent
+    assert not Submission.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_caller_who_does_not_accept_json_is_answered_by_the_api(users: Users, no_enqueue: NoEnqueue) -> None:
+    chat_agent(users.alice)
+    crm = api_login(users.alice)
+
+    refused = crm.post(BASE, said("one"), format="json", headers={"Idempotency-Key": "a", "Accept": "text/html"})
+    pretty = crm.post(BASE, said("two"), format="json", headers={"Accept": "application/json; indent=4"})
+
+    assert refused.status_code == 406 and not Submission.objects.filter(idempotency_key="a").exists()
+    assert pretty.status_code == 202 and pretty.content.startswith(b'{\n    "id"')
+
+
+@pytest.mark.django_db
+def test_the_inbox_is_queued_in_the_databases_order_whatever_a_web_servers_clock_says(
+    users: Users, no_enqueue: NoEnqueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    # given a submission accepted by a server whose clock is an hour ahead, then one by a server on time
+    agent = chat_agent(users.alice)
+    crm = api_login(users.alice)
+    now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: now() + timedelta(hours=1))
+    ahead = post(crm, said("first"), key="a").json()
+    monkeypatch.setattr(timezone, "now", now)
+    on_time = post(crm, said("second"), key="b").json()
+
+    # when the worker queues them
+    worker_queues(agent)
+
+    # then they are queued in the order they were accepted, stamped by the database
+    first, second = (Submission.objects.select_related("turn").get(pk=s["id"]) for s in (ahead, on_time))
+    assert first.turn is not None and second.turn is not None and (first.turn.number, second.turn.number) == (1, 2)
+    assert abs(first.created_at - now()) < timedelta(minutes=1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_agents_submit_and_an_http_accept_of_one_key_at_once_make_one_submission(
+    users: Users, no_enqueue: NoEnqueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from django.db import connection
+
+    from agents import statements
+
+    # given agents.submit holding the agent's lock after it looked the key up, and finding nothing
+    agent = chat_agent(users.alice)
+    crm = api_login(users.alice)
+    looked_up, answered = threading.Event(), threading.Event()
+    real = statements.submission_by_key
+
+    def slow(**kwargs: Any) -> Any:
+        found = real(**kwargs)
+        if not looked_up.is_set():
+            looked_up.set()
+            answered.wait(15)
+        return found
+
+    monkeypatch.setattr(statements, "submission_by_key", slow)
+    outcome: dict[str, Any] = {}
+
+    def submit() -> None:
+        try:
+            one = said("one")
+            outcome["result"] = submission_create(
+                agent=agent, user=users.alice, idempotency_key="K", messages=one["messages"], metadata=one["metadata"]
+            )
+        except Exception as exc:  # reported below
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=submit)
+    thread.start()
+    assert looked_up.wait(15)
+
+    # when the same member's integration submits the same key and body over HTTP meanwhile
+    http = post(crm, said("one"), key="K")
+    answered.set()
+    thread.join(30)
+
+    # then the HTTP one is accepted at once, and agents.submit answers with it: one submission
+    assert http.status_code == 202, http.content
+    assert "error" not in outcome, outcome
+    assert not outcome["result"].accepted and str(outcome["result"].submission.pk) == http.json()["id"]
+    assert Submission.objects.count() == 1 and not Turn.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_submission_refused_by_a_stuck_queue_is_taken_once_the_refusal_repaired_it(
+    settings: Any, users: Users, no_enqueue: NoEnqueue
+) -> None:
+    # given an agent allowed two pending submissions: one running, two pending, a third refused
+    settings.AGENTS_MAX_PENDING_SUBMISSIONS = 2
+    agent = chat_agent(users.alice)
+    crm = api_login(users.alice)
+    running = post(crm, said("a"), key="a").json()
+    worker_queues(agent)
+    assert [post(crm, said(k), key=k).status_code for k in ("b", "c", "d")] == [202, 202, 429]
+
+    # when the running one's run ended without ending its turn (its hook never ran)
+    turn = Submission.objects.select_related("turn").get(pk=running["id"]).turn
+    assert turn is not None and turn.run_id is not None
+    WorkflowRun.objects.filter(pk=turn.run_id).update(status=RunStatus.FAILED)
+
+    # then the next submission repairs the queue and is taken
+    assert post(crm, said("d"), key="d").status_code == 202
+    assert Submission.objects.get(pk=running["id"]).status == SubmissionStatus.ERROR
