@@ -50,7 +50,7 @@ from agents.selectors import (
     turn_partial_text,
     turn_stopped_messages,
 )
-from agents.statements import inbox_locked, oldest_queued, save_end, user_open_sql
+from agents.statements import INBOX_SQL, inbox_locked, oldest_queued, save_end, user_open_sql
 from workflows.exceptions import InvalidPayload, TransitionNotAllowed
 from workflows.models import RunStatus, WorkflowRun
 from workflows.outbox import on_commit
@@ -235,7 +235,7 @@ SELECT count(*) FILTER (WHERE t.status IN ({_in(TURN_ACTIVE)})),
        count(*) FILTER (WHERE t.status IN ({_in(TURN_ACTIVE)}) AND r.status IN ({_in(RUN_ENDED)})),
        (SELECT max(number) FROM {TURNS} WHERE agent_id = %s),
        {user_open_sql("%s")},
-       (SELECT count(*) FROM {SUBMISSIONS} WHERE agent_id = %s AND turn_id IS NULL AND status = 'pending')
+       (SELECT count(*) FROM {SUBMISSIONS} WHERE agent_id = %s AND {INBOX_SQL})
 FROM {TURNS} t LEFT JOIN {RUNS} r ON r.id = t.run_id
 WHERE t.agent_id = %s AND t.status IN ({_in(TURN_OPEN)})
 """

@@ -20,7 +20,7 @@ from accounts.models import Account, Membership
 from accounts.selectors import accounts_of
 from agents.chunks import fenced, fenced_sql
 from agents.models import INBOX, TURN_OPEN, Agent, Chunk, Message, Submission, Turn, TurnStatus
-from workflows.statements import insert_instance, instance_from_row, prepared_cursor, update_instance, value_from_db
+from workflows.statements import instance_from_row, prepared_cursor, update_instance, value_from_db
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -201,6 +201,10 @@ def submission_by_key(*, agent: Agent, caller: str, key: str) -> Submission | No
     return None if row is None else instance_from_row(connections[DEFAULT_DB_ALIAS], Submission, row)
 
 
+# A submission in its agent's inbox (models.INBOX), as SQL over the submissions' own columns.
+INBOX_SQL = "turn_id IS NULL AND status = 'pending'"
+
+
 def user_open_sql(user: str) -> str:
     """The open work of the user whose id is ``user`` (a placeholder, or a column): their turns not
     ended, over every agent, and their submissions still in an inbox (no turn yet). What
@@ -208,8 +212,7 @@ def user_open_sql(user: str) -> str:
     open_ = ", ".join(f"'{status}'" for status in TURN_OPEN)  # the enum's own values: no input reaches SQL
     return (
         f"(SELECT count(*) FROM {TURNS} WHERE requested_by_id = {user} AND status IN ({open_}))"
-        f" + (SELECT count(*) FROM {SUBMISSIONS} WHERE submitted_by_id = {user} AND turn_id IS NULL"
-        " AND status = 'pending')"
+        f" + (SELECT count(*) FROM {SUBMISSIONS} WHERE submitted_by_id = {user} AND {INBOX_SQL})"
     )
 
 
@@ -218,20 +221,25 @@ def agent_pending_sql(agent: str) -> str:
     return f"(SELECT count(*) FROM {SUBMISSIONS} WHERE agent_id = {agent} AND status = 'pending')"
 
 
-# The columns of an inbox row that its INSERT computes rather than takes as values: the time it is
-# accepted is the database's (the inbox is queued in that order, and web servers' clocks differ).
-ACCEPTED_AT = {"created_at": "statement_timestamp()"}
+def _computed(by_token: bool) -> dict[str, str]:
+    """The columns of an inbox row that its INSERT computes rather than takes as values. On
+    PostgreSQL the time it is accepted is the database's (the inbox is queued in that order, and
+    web servers' clocks differ; the SQLite demo has one web process). ``by_token``: the agent, the
+    submitter and the caller come from the API token."""
+    accepted_at = {"created_at": "statement_timestamp()"} if _postgresql() else {}
+    return {**accepted_at, **(BY_TOKEN if by_token else {})}
 
 
 @functools.cache
 def _inbox_insert_sql(by_token: bool, user_capped: bool, pending_capped: bool) -> str:
     """INSERT … SELECT of an inbox row, under the caps (their limits the last placeholders), ON
-    CONFLICT DO NOTHING; RETURNING its agent and acceptance time. ``by_token``: the agent, the
-    submitter and the caller come from the API token (``_token_agent_sql``) rather than values."""
+    CONFLICT DO NOTHING; RETURNING its agent and acceptance time. ``by_token``: from the API token
+    (``_token_agent_sql``: its key, the kind and the name are the placeholders after the values)."""
     db = connections[DEFAULT_DB_ALIAS]
-    computed = {**ACCEPTED_AT, **(BY_TOKEN if by_token else {})}
-    # A SELECT's values are typed: only an INSERT's VALUES take their columns' types.
-    values = ", ".join(computed.get(f.name, f"%s::{f.db_type(db)}") for f in Submission._meta.concrete_fields)
+    computed = _computed(by_token)
+    # A SELECT's values are typed on PostgreSQL: only an INSERT's VALUES take their columns' types.
+    typed = "%s::{}" if _postgresql() else "%s"
+    values = ", ".join(computed.get(f.name, typed.format(f.db_type(db))) for f in Submission._meta.concrete_fields)
     user, agent = ("t.user_id", "a.id") if by_token else ("%s", "%s")
     caps = (f" AND {user_open_sql(user)} < %s" if user_capped else "") + (
         f" AND {agent_pending_sql(agent)} < %s" if pending_capped else ""
@@ -246,21 +254,27 @@ def _inbox_insert_sql(by_token: bool, user_capped: bool, pending_capped: bool) -
 
 # What the caller's API token decides in ``accept_by_token``.
 BY_TOKEN = {"agent": "a.id", "submitted_by": "t.user_id", "caller": "'user:' || t.user_id"}
+CREATED_AT = Submission._meta.get_field("created_at")
 
 
-def _inbox_insert(submission: Submission, sql: str, params: list[Any], computed: set[str]) -> int | None:
+def _inbox_insert(
+    submission: Submission, *, by_token: bool, user_capped: bool, pending_capped: bool, params: list[Any]
+) -> int | None:
+    """Run ``_inbox_insert_sql`` with ``submission``'s values and then ``params``; its agent's id,
+    or None if it stored nothing."""
     db = connections[DEFAULT_DB_ALIAS]
+    computed = _computed(by_token)
     values = [
         f.get_db_prep_save(f.pre_save(submission, True), connection=db)
         for f in Submission._meta.concrete_fields
         if f.name not in computed
     ]
     with prepared_cursor() as cursor:
-        cursor.execute(sql, values + params)
+        cursor.execute(_inbox_insert_sql(by_token, user_capped, pending_capped), values + params)
         row = cursor.fetchone()
     if row is None:
         return None
-    submission.agent_id, submission.created_at = row
+    submission.agent_id, submission.created_at = row[0], value_from_db(db, CREATED_AT, row[1])
     submission._state.adding, submission._state.db = False, db.alias
     return int(row[0])
 
@@ -271,7 +285,7 @@ def insert_inbox(submission: Submission, *, user_limit: int, pending_limit: int)
     concurrent insert of the key is waited for), or a cap is reached: the agent's pending
     submissions at ``pending_limit``, the submitter's open work (``user_open_sql``) at
     ``user_limit`` (0: no cap). False if it stored nothing; the caller tells which from the key.
-    Its ``created_at`` is the database's clock.
+    Its ``created_at`` is the database's clock (on PostgreSQL).
 
     The caps are counted in the statement's snapshot, without a lock: submissions accepted at the
     same moment are not counted against each other, so a cap is passed by at most as many as are
@@ -279,14 +293,10 @@ def insert_inbox(submission: Submission, *, user_limit: int, pending_limit: int)
     user_capped = bool(user_limit) and submission.submitted_by_id is not None
     params = [submission.submitted_by_id, submission.submitted_by_id, user_limit] if user_capped else []
     params += [submission.agent_id, pending_limit] if pending_limit else []
-    if not _postgresql():  # the SQLite demo: one writer at a time, and one web process
-        conditions = ["TRUE"]
-        conditions += [f"{user_open_sql('%s')} < %s"] if user_capped else []
-        conditions += [f"{agent_pending_sql('%s')} < %s"] if pending_limit else []
-        where = " AND ".join(conditions)
-        return insert_instance(submission, on_conflict="DO NOTHING", where=where, where_params=tuple(params))
-    sql = _inbox_insert_sql(False, user_capped, bool(pending_limit))
-    return _inbox_insert(submission, sql, params, set(ACCEPTED_AT)) is not None
+    inserted = _inbox_insert(
+        submission, by_token=False, user_capped=user_capped, pending_capped=bool(pending_limit), params=params
+    )
+    return inserted is not None
 
 
 def _token_agent_sql() -> str:
@@ -320,8 +330,9 @@ def accept_by_token(
     params: list[Any] = [token, kind, name]
     params += [user_limit] if user_limit else []
     params += [pending_limit] if pending_limit else []
-    sql = _inbox_insert_sql(True, bool(user_limit), bool(pending_limit))
-    return _inbox_insert(submission, sql, params, {*ACCEPTED_AT, *BY_TOKEN})
+    return _inbox_insert(
+        submission, by_token=True, user_capped=bool(user_limit), pending_capped=bool(pending_limit), params=params
+    )
 
 
 @functools.cache

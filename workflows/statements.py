@@ -112,17 +112,15 @@ def prepared_cursor() -> Any:
     return _cursor(_db())
 
 
-def insert_instance(obj: Model, *, on_conflict: str = "", where: str = "", where_params: tuple[Any, ...] = ()) -> bool:
+def insert_instance(obj: Model, *, on_conflict: str = "") -> bool:
     """INSERT ``obj`` as ``save(force_insert=True)`` would write it (defaults, ``auto_now_add``; an
     id the database makes read back), in one statement, prepared on PostgreSQL. ``on_conflict``:
-    what follows ON CONFLICT (``"(a, b) DO NOTHING"``); ``where``: a condition the row is written
-    under (SQL, with ``where_params``), checked by the same statement. False, nothing stored, if it
-    did nothing. Sends no model signals (nothing here listens to the models it is used for)."""
+    what follows ON CONFLICT (``"(a, b) DO NOTHING"``); False, nothing stored, if it did nothing.
+    Sends no model signals (nothing here listens to the models it is used for)."""
     db = _db()
     pk = type(obj)._meta.pk
     with _cursor(db) as cursor:
-        sql = _insert_sql(type(obj), on_conflict, where, db.vendor)
-        cursor.execute(sql, [*_values(db, obj, _fields(type(obj))), *where_params])
+        cursor.execute(_insert_sql(type(obj), on_conflict), _values(db, obj, _fields(type(obj))))
         if pk is not None and _db_generated(pk):
             row = cursor.fetchone()
             if row is None:
@@ -135,19 +133,13 @@ def insert_instance(obj: Model, *, on_conflict: str = "", where: str = "", where
 
 
 @functools.cache
-def _insert_sql(model: type[Model], on_conflict: str, where: str, vendor: str) -> str:
+def _insert_sql(model: type[Model], on_conflict: str) -> str:
     fields = _fields(model)
     pk = model._meta.pk
     conflict = f" ON CONFLICT {on_conflict}" if on_conflict else ""
     returning = f" RETURNING {pk.column}" if pk is not None and _db_generated(pk) else ""
-    if not where:
-        values = "VALUES ({})".format(", ".join(["%s"] * len(fields)))
-    else:
-        # A SELECT's values are typed on PostgreSQL: only an INSERT's VALUES take their columns' types.
-        db = connections[DEFAULT_DB_ALIAS]
-        typed = ", ".join(f"%s::{f.db_type(db)}" if vendor == "postgresql" else "%s" for f in fields)
-        values = f"SELECT {typed} WHERE {where}"
-    return f"INSERT INTO {model._meta.db_table} ({_columns(fields)}) {values}{conflict}{returning}"
+    placeholders = ", ".join(["%s"] * len(fields))
+    return f"INSERT INTO {model._meta.db_table} ({_columns(fields)}) VALUES ({placeholders}){conflict}{returning}"
 
 
 def update_instance(obj: Model, names: tuple[str, ...]) -> None:
