@@ -1317,7 +1317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pg = PrivatePostgres(root)
         started.append(pg.stop)
         redis = RedisServer()
-        started.append(redis.shutdown)
+        started.append(redis.stop)
         rabbitmq: PrivateRabbitMQ | None = None
         if args.broker == "rabbitmq":
             rabbitmq = PrivateRabbitMQ(root)

@@ -256,12 +256,21 @@ class HttpAdapter:
         """This thread's lookup client for these timeouts (URLs are absolute, so any adapter
         with the same timeouts can share it)."""
         timeout = self.timeout()
-        clients: dict[tuple[Any, ...], httpx.Client] = _lookup_clients.__dict__.setdefault("clients", {})
+        clients: _Clients = _lookup_clients.__dict__.setdefault("clients", _Clients())
         key = (timeout.connect, timeout.read)
         client = clients.get(key)
         if client is None:
             client = clients[key] = httpx.Client(timeout=timeout, verify=_tls())
         return client
+
+
+class _Clients(dict[tuple[Any, ...], httpx.Client]):
+    """A thread's lookup clients, closed with their connections when the thread ends and its
+    thread-local data goes (reconciliation's pool of lookup threads ends with each batch)."""
+
+    def __del__(self) -> None:
+        for client in self.values():
+            client.close()
 
 
 _lookup_clients = threading.local()  # per thread: an httpx.Client is not shared across threads here

@@ -232,6 +232,11 @@ class RedisServer:
         self.shutdown()
         self.start()
 
+    def stop(self) -> None:
+        """Shut down for good, its log closed (kept on disk with the run's other logs)."""
+        self.shutdown()
+        self.log.close()
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -330,6 +335,20 @@ def wait_for_status(run_id: UUID | str, *statuses: str, timeout: float = 30.0) -
 
 def wait_for_terminal(run_id: UUID | str, timeout: float = 30.0) -> WorkflowRun:
     return wait_for_status(run_id, "completed", "failed", "terminated", timeout=timeout)
+
+
+def thread_of(fn: Callable[[], Any]) -> threading.Thread:
+    """A thread (not started) that calls fn, then closes the database connection fn opened in it: a
+    connection left to the thread's end stays open until it is collected, and the test database's
+    drop fails while it is ("being accessed by other users")."""
+
+    def body() -> None:
+        try:
+            fn()
+        finally:
+            connection.close()
+
+    return threading.Thread(target=body)
 
 
 def race(fn: Callable[[], Any], n: int = 2) -> list[Any]:

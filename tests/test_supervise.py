@@ -45,6 +45,9 @@ def test_a_process_that_exits_is_restarted_and_stopping_the_supervisor_stops_it(
     finally:
         if supervisor.poll() is None:
             os.killpg(supervisor.pid, signal.SIGKILL)
+        supervisor.wait(timeout=10)
+        assert supervisor.stderr is not None
+        supervisor.stderr.close()
 
 
 def _alive(pid: int) -> bool:

@@ -9,7 +9,6 @@ server process sees them; sessions travel as a Cookie header with the page's own
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ from agents.models import Agent, Chunk, Message, Turn, TurnStatus
 from agents.streams import chunk_data, chunks_message, push_later
 from config.routing import websocket_urlpatterns
 from tests.factories import Users, login, session_of
-from tests.support import AsgiServer, wait_for
+from tests.support import AsgiServer, thread_of, wait_for
 from workflows.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from workflows.streams import publisher
 from workflows.tests.test_consumers import TIMEOUT, receive, receive_until, session_cookie
@@ -377,7 +376,7 @@ def test_live_chunks_written_during_a_long_replay_are_neither_lost_nor_repeated(
             for start in range(301, 341, 4):
                 write(turn, range(start, start + 4))
 
-        writer = threading.Thread(target=writer_step)
+        writer = thread_of(writer_step)
         writer.start()
         ws.send(json.dumps({"type": "resume", "turn": str(turn.pk), "after": 0}))
         frames = receive_until(ws, is_replay_complete)

@@ -11,13 +11,12 @@ from typing import Any
 import httpx
 import pytest
 from django.contrib.auth.models import User
-from django.db import connection
 from rest_framework.authtoken.models import Token
 
 from agents.models import Agent, Chunk, Turn, TurnStatus
 from agents.tests.test_consumers import KIND, World, make_turn, write
 from agents.tests.test_consumers import world as world  # noqa: F401  the fixture
-from tests.support import AsgiServer
+from tests.support import AsgiServer, thread_of
 from workflows.tests.test_consumers import TIMEOUT, session_cookie
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -119,7 +118,7 @@ def test_a_live_turn_is_followed_to_its_finish_with_no_gap_and_no_duplicate(
     turn = make_turn(world.agent)
     write(turn, [1, 2])
     result: list[list[Event]] = []
-    reader = threading.Thread(target=lambda: result.append(stream(asgi_server, world.users.bob, turn)[1]))
+    reader = thread_of(lambda: result.append(stream(asgi_server, world.users.bob, turn)[1]))
     reader.start()
 
     # when the writer goes on, one push lost, then finishes and the turn completes
@@ -236,12 +235,9 @@ def test_open_streams_hold_no_database_connection(small_pool_server: AsgiServer,
 
     def read_done() -> None:
         barrier.wait()
-        try:
-            results.append(stream(server, world.users.alice, done)[1])
-        finally:
-            connection.close()  # the thread's own (its session cookie), or the test database's drop waits
+        results.append(stream(server, world.users.alice, done)[1])
 
-    readers = [threading.Thread(target=read_done) for _ in range(12)]
+    readers = [thread_of(read_done) for _ in range(12)]
     for reader in readers:
         reader.start()
     for reader in readers:
@@ -254,13 +250,7 @@ def test_open_streams_hold_no_database_connection(small_pool_server: AsgiServer,
     live = make_turn(world.agent, number=2)
     write(live, [1])
 
-    def follow() -> None:
-        try:
-            stream(server, world.users.bob, live)
-        finally:
-            connection.close()
-
-    followers = [threading.Thread(target=follow) for _ in range(8)]
+    followers = [thread_of(lambda: stream(server, world.users.bob, live)) for _ in range(8)]
     for follower in followers:
         follower.start()
     time.sleep(2)  # every stream has read and is waiting

@@ -4,12 +4,23 @@ HTTP, a provider without the optional batch lookup."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import httpx
 import pytest
 
-from ledger import Failed, HttpAdapter, NoEffect, NotFound, Succeeded, Unknown, register_adapter, unregister_adapter
+from ledger import (
+    Failed,
+    HttpAdapter,
+    NoEffect,
+    NotFound,
+    Succeeded,
+    Unknown,
+    http,
+    register_adapter,
+    unregister_adapter,
+)
 from ledger.adapters import has_lookup_many
 from ledger.apps import check_timeouts
 from ledger.models import ExternalOperation, OperationStatus
@@ -136,6 +147,28 @@ def test_without_the_batch_path_each_key_is_looked_up_on_its_own_and_the_path_is
     # and later batches go straight to single lookups
     assert adapter.lookup_many(ops) == expected
     assert (provider.batch_lookups(), provider.lookups()) == (1, 6)
+
+
+def test_a_lookup_threads_kept_alive_connection_is_closed_when_the_thread_ends(
+    provider: FakeProvider, ledger_settings: Any
+) -> None:
+    # given a lookup made in a thread of its own (as reconciliation's pool of lookup threads makes them)
+    provider.seed("k-paid")
+    adapter = HttpAdapter(base_url=provider.url)
+    op = ExternalOperation(key="k-paid", system="payments", action="refund")
+    clients: list[httpx.Client] = []
+
+    def look_up() -> None:
+        assert isinstance(adapter.lookup(op), Succeeded)
+        clients.extend(http._lookup_clients.clients.values())
+
+    # when the thread ends
+    thread = threading.Thread(target=look_up)
+    thread.start()
+    thread.join(timeout=30)
+
+    # then its kept-alive client was closed with it, not left for the collector to find
+    assert len(clients) == 1 and clients[0].is_closed
 
 
 def test_a_provider_with_the_batch_path_is_asked_once_a_batch(ledger_settings: Any, tmp_path: Any) -> None:

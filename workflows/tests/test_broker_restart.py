@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 def private_redis() -> Iterator[RedisServer]:
     server = RedisServer()
     yield server
-    server.shutdown()
+    server.stop()
 
 
 def test_a_worker_outlives_a_redis_restart_and_no_run_is_lost(

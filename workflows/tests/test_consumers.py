@@ -7,7 +7,6 @@ from ``Client.force_login`` and travel as a Cookie header, with the Origin a bro
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from websockets.sync.client import ClientConnection, connect
 from websockets.typing import Origin
 
 from tests.factories import Users, login, make_run
-from tests.support import AsgiServer, Worker, wait_for, wait_for_status
+from tests.support import AsgiServer, Worker, thread_of, wait_for, wait_for_status
 from workflows import access, streams
 from workflows import public as wf
 from workflows.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, Cursor
@@ -335,9 +334,7 @@ def test_live_events_published_during_a_replay_are_neither_lost_nor_repeated(
     with open_socket(asgi_server, run.id, alice) as ws:
         assert receive(ws)["seq"] == 60
         # when 40 more are published while her resume is being answered
-        publisher = threading.Thread(
-            target=lambda: [streams.publish(run.id, "progress", {"n": 60 + n}) for n in range(40)]
-        )
+        publisher = thread_of(lambda: [streams.publish(run.id, "progress", {"n": 60 + n}) for n in range(40)])
         publisher.start()
         ws.send(json.dumps({"type": "resume", "after": 0}))
         messages = receive_until(

@@ -150,7 +150,7 @@ def test_a_publish_after_redis_restarted_goes_through_a_new_connection() -> None
         messages = redis.Redis.from_url(server.url).lrange("q", 0, -1)
         assert [json.loads(base64.b64decode(json.loads(m)["body"]))[0] for m in messages] == [["after"]]
     finally:
-        server.shutdown()
+        server.stop()
 
 
 def test_a_push_on_a_dead_connection_is_sent_once_more_as_a_new_message(
