@@ -20,7 +20,7 @@ from accounts.models import Account, Membership
 from accounts.selectors import accounts_of
 from agents.chunks import fenced, fenced_sql
 from agents.models import INBOX, TURN_OPEN, Agent, Chunk, Message, Submission, Turn, TurnStatus
-from workflows.statements import instance_from_row, prepared_cursor, update_instance, value_from_db
+from workflows.statements import insert_values, instance_from_row, prepared_cursor, update_instance, value_from_db
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -264,11 +264,7 @@ def _inbox_insert(
     or None if it stored nothing."""
     db = connections[DEFAULT_DB_ALIAS]
     computed = _computed(by_token)
-    values = [
-        f.get_db_prep_save(f.pre_save(submission, True), connection=db)
-        for f in Submission._meta.concrete_fields
-        if f.name not in computed
-    ]
+    values = insert_values(db, submission, [f for f in Submission._meta.concrete_fields if f.name not in computed])
     with prepared_cursor() as cursor:
         cursor.execute(_inbox_insert_sql(by_token, user_capped, pending_capped), values + params)
         row = cursor.fetchone()

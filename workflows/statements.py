@@ -120,7 +120,7 @@ def insert_instance(obj: Model, *, on_conflict: str = "") -> bool:
     db = _db()
     pk = type(obj)._meta.pk
     with _cursor(db) as cursor:
-        cursor.execute(_insert_sql(type(obj), on_conflict), _values(db, obj, _fields(type(obj))))
+        cursor.execute(_insert_sql(type(obj), on_conflict), insert_values(db, obj, _fields(type(obj))))
         if pk is not None and _db_generated(pk):
             row = cursor.fetchone()
             if row is None:
@@ -271,7 +271,7 @@ def _columns(fields: list[Any]) -> str:
     return ", ".join(str(f.column) for f in fields)
 
 
-def _values(db: BaseDatabaseWrapper, obj: Any, fields: list[Any]) -> list[Any]:
+def insert_values(db: BaseDatabaseWrapper, obj: Any, fields: list[Any]) -> list[Any]:
     """The fields' values as Django's own insert writes them (defaults, ``auto_now_add``)."""
     return [_db_value(db, f, f.pre_save(obj, True)) for f in fields]
 
@@ -319,7 +319,7 @@ def insert_run(run: WorkflowRun, attempt: RunAttempt) -> bool:
         attempt.save(force_insert=True)
         return True
     with _cursor(db) as cursor:
-        cursor.execute(_start_sql(db), _values(db, run, RUN_FIELDS) + _values(db, attempt, ATTEMPT_FIELDS))
+        cursor.execute(_start_sql(db), insert_values(db, run, RUN_FIELDS) + insert_values(db, attempt, ATTEMPT_FIELDS))
         inserted = bool(cursor.fetchone()[0])
     if inserted:
         for obj in (run, attempt):

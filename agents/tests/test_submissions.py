@@ -30,7 +30,7 @@ from agents.tests.support import chat_agent, streamed_text, wait_ended
 from agents.workflows import message_for_model, recent_history
 from tests.factories import Users, api_login, login
 from tests.fixtures import NoEnqueue
-from tests.support import Worker, statements_sent, wait_for
+from tests.support import Worker, statements_sent, thread_of, wait_for
 from workflows.exceptions import InvalidPayload
 from workflows.models import RunStatus, WorkflowRun
 
@@ -793,8 +793,6 @@ def test_agents_submit_and_an_http_accept_of_one_key_at_once_make_one_submission
 ) -> None:
     import threading
 
-    from django.db import connection
-
     from agents import statements
 
     # given agents.submit holding the agent's lock after it looked the key up, and finding nothing
@@ -821,10 +819,8 @@ def test_agents_submit_and_an_http_accept_of_one_key_at_once_make_one_submission
             )
         except Exception as exc:  # reported below
             outcome["error"] = exc
-        finally:
-            connection.close()
 
-    thread = threading.Thread(target=submit)
+    thread = thread_of(submit)
     thread.start()
     assert looked_up.wait(15)
 
