@@ -337,14 +337,14 @@ def wait_for_terminal(run_id: UUID | str, timeout: float = 30.0) -> WorkflowRun:
     return wait_for_status(run_id, "completed", "failed", "terminated", timeout=timeout)
 
 
-def thread_of(fn: Callable[[], Any]) -> threading.Thread:
-    """A thread (not started) that calls fn, then closes the database connection fn opened in it: a
-    connection left to the thread's end stays open until it is collected, and the test database's
-    drop fails while it is ("being accessed by other users")."""
+def thread_of(fn: Callable[..., Any], *args: Any) -> threading.Thread:
+    """A thread (not started) that calls fn(*args), then closes the database connection fn opened
+    in it: a connection left to the thread's end stays open until it is collected, and the test
+    database's drop fails while it is ("being accessed by other users")."""
 
     def body() -> None:
         try:
-            fn()
+            fn(*args)
         finally:
             connection.close()
 

@@ -21,7 +21,7 @@ from agents.tests.support import (
 )
 from tests.agents_fixtures import count
 from tests.factories import Users
-from tests.support import Worker
+from tests.support import Worker, thread_of
 from workflows.models import RunStatus, WorkflowRun
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -94,15 +94,10 @@ def test_three_messages_at_once_run_one_after_another_in_order(worker: Worker, u
     sent: list[Turn] = []
 
     def send(i: int) -> None:
-        from django.db import connection
-
         barrier.wait()
-        try:
-            sent.append(message_send(agent=agent, user=users.alice, text=f"story 5 0.05 #{i}"))
-        finally:
-            connection.close()
+        sent.append(message_send(agent=agent, user=users.alice, text=f"story 5 0.05 #{i}"))
 
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(3)]
+    threads = [thread_of(send, i) for i in range(3)]
     for t in threads:
         t.start()
     for t in threads:

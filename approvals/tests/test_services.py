@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
-from django.db import connection
 from django.utils import timezone
 
 from approvals import ApprovalRefused, RefusalCode, decide, supersede_pending
@@ -31,6 +30,7 @@ from approvals.tests.support import GROUP, assert_still_waiting, state, waiting_
 from approvals.types import Proposal
 from tests.factories import Users
 from tests.fixtures import NoEnqueue
+from tests.support import thread_of
 from workflows import services as wf_services
 from workflows.exceptions import InvalidPayload, NonRetryableError
 from workflows.models import RunEvent, RunStatus, WorkflowRun
@@ -435,11 +435,9 @@ def test_ten_concurrent_decisions_make_exactly_one_transition_and_one_event(
             outcomes[i] = ("created" if decided.created else "repeated", i % 2 == 0)
         except ApprovalRefused as refusal:
             outcomes[i] = (str(refusal.code), i % 2 == 0)
-        finally:
-            connection.close()
 
     # when
-    threads = [threading.Thread(target=body, args=(i,)) for i in range(len(reviewers))]
+    threads = [thread_of(body, i) for i in range(len(reviewers))]
     for t in threads:
         t.start()
     for t in threads:
@@ -544,18 +542,13 @@ def test_a_decision_and_a_supersession_at_once_make_one_transition_and_one_event
             outcomes["decide"] = decide(request.pk, by=users.carol, approve=True, version="v1").created
         except ApprovalRefused as refusal:
             outcomes["decide"] = refusal.code
-        finally:
-            connection.close()
 
     def change() -> None:
-        try:
-            barrier.wait()
-            outcomes["supersede"] = supersede_pending(("shop.order", 1042), reason="changed")
-        finally:
-            connection.close()
+        barrier.wait()
+        outcomes["supersede"] = supersede_pending(("shop.order", 1042), reason="changed")
 
     # when
-    threads = [threading.Thread(target=decision), threading.Thread(target=change)]
+    threads = [thread_of(decision), thread_of(change)]
     for t in threads:
         t.start()
     for t in threads:

@@ -21,7 +21,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from tests.fixtures import NoEnqueue
-from tests.support import AsgiServer, Worker, race, serving, wait_for
+from tests.support import AsgiServer, Worker, race, serving, thread_of, wait_for
 from webhooks import actions, services
 from webhooks.conf import source_get
 from webhooks.models import WebhookDelivery
@@ -148,10 +148,8 @@ def test_a_worker_killed_in_the_middle_of_an_action_leaves_nothing_and_it_then_h
                 raise RuntimeError("roll back")
         except RuntimeError:
             pass
-        finally:
-            connection.close()
 
-    holder = threading.Thread(target=hold_the_key)
+    holder = thread_of(hold_the_key)
     holder.start()
     assert held.wait(30)
     doomed = Worker(queue=queue_name, concurrency=1, WEBHOOK_SOURCES_JSON=SOURCES_JSON)
@@ -236,9 +234,8 @@ def test_a_duplicate_holding_the_row_a_moment_does_not_make_the_try_skip_its_act
                     WebhookDelivery.objects.select_for_update().filter(pk=delivery_id).first()
                     locked.set()
                     time.sleep(0.3)
-                connection.close()
 
-            holder = threading.Thread(target=hold)
+            holder = thread_of(hold)
             holder.start()
             holders.append(holder)
             assert locked.wait(10)

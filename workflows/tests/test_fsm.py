@@ -3,12 +3,10 @@ otherwise what Django's ``refresh_from_db`` is."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 
 from tests.fixtures import NoEnqueue
+from tests.support import thread_of
 from workflows import services
 from workflows.models import RunStatus, WorkflowRun
 
@@ -28,11 +26,9 @@ def test_threads_refreshing_at_once_never_refuse_each_others_state(no_enqueue: N
                 assert run.status == RunStatus.PAUSED
         except BaseException as exc:  # noqa: BLE001  # reported below
             errors.append(exc)
-        finally:
-            connection.close()
 
     # when four threads refresh at once (as an ASGI server's thread pool does)
-    threads = [threading.Thread(target=refresh_often, args=(run,)) for run in runs]
+    threads = [thread_of(refresh_often, run) for run in runs]
     for thread in threads:
         thread.start()
     for thread in threads:

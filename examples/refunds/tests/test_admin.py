@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from decimal import Decimal
 from typing import Any
 
@@ -21,6 +20,7 @@ from examples.refunds.services import (
 )
 from ledger.models import ExternalOperation, OperationStatus
 from tests.factories import Users, login
+from tests.support import thread_of
 from workflows.models import RunEvent
 
 
@@ -133,7 +133,6 @@ def test_an_order_changed_between_the_forms_check_and_the_save_is_a_form_error_a
     # given a page on version 1 of an order, and a change committed by someone else just after the
     # form's version check passed, before the admin saves (another connection: a real race)
     from django.contrib.admin.models import LogEntry
-    from django.db import connection
 
     from examples.refunds.admin import OrderForm
 
@@ -146,13 +145,7 @@ def test_an_order_changed_between_the_forms_check_and_the_save_is_a_form_error_a
     def clean_then_someone_else_changes_it(form: OrderForm) -> dict[str, Any]:
         data = checked(form)
 
-        def change() -> None:
-            try:
-                order_change(order_id=order.pk, expected_version=1, amount="40.00")
-            finally:
-                connection.close()
-
-        racer = threading.Thread(target=change)
+        racer = thread_of(lambda: order_change(order_id=order.pk, expected_version=1, amount="40.00"))
         racer.start()
         racer.join()
         return data

@@ -11,7 +11,7 @@ from uuid import UUID
 
 import pytest
 from django.contrib.auth.models import Group
-from django.db import connection, transaction
+from django.db import transaction
 
 from approvals import decide
 from approvals.models import ApprovalRequest, ApprovalStatus
@@ -26,6 +26,7 @@ from ledger.exceptions import UnknownSystem
 from ledger.models import ExternalOperation
 from tests.factories import Users
 from tests.fixtures import NoEnqueue
+from tests.support import thread_of
 from workflows.engine import advance
 from workflows.models import WorkflowRun
 
@@ -46,31 +47,25 @@ def test_a_change_while_the_request_is_being_raised_supersedes_it(no_enqueue: No
         return proposal
 
     def request_step() -> None:
-        try:
-            with transaction.atomic():  # as the engine runs an atomic step
-                _create(
-                    str(refund.run_id),
-                    1,
-                    "refund approval",
-                    ("refunds.order", str(order.pk)),
-                    load_then_linger,
-                    "refund-approvers",
-                    3600.0,
-                    None,
-                    None,
-                )
-        finally:
-            connection.close()
+        with transaction.atomic():  # as the engine runs an atomic step
+            _create(
+                str(refund.run_id),
+                1,
+                "refund approval",
+                ("refunds.order", str(order.pk)),
+                load_then_linger,
+                "refund-approvers",
+                3600.0,
+                None,
+                None,
+            )
 
     def change() -> None:
-        try:
-            read.wait(10)
-            order_change(order_id=order.pk, shipping_address={"street": "1 New Road"})
-        finally:
-            connection.close()
+        read.wait(10)
+        order_change(order_id=order.pk, shipping_address={"street": "1 New Road"})
 
     # when the order changes in the middle of the request step
-    threads = [threading.Thread(target=request_step), threading.Thread(target=change)]
+    threads = [thread_of(request_step), thread_of(change)]
     for t in threads:
         t.start()
     for t in threads:

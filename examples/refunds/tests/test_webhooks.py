@@ -10,7 +10,6 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connection
 from django.test import Client
 
 from examples.refunds.models import RefundRequest
@@ -26,7 +25,7 @@ from examples.refunds.tests.support import (
 from examples.sandbox.process import SandboxProcess
 from ledger.models import ExternalOperation, OperationalRecord, OperationEvent, OperationStatus
 from tests.factories import Users
-from tests.support import wait_for
+from tests.support import thread_of, wait_for
 from webhooks.models import WebhookDelivery
 from webhooks.tests.support import SOURCES, encode, outcome_event, standard_headers
 from workflows.models import StepResult, WorkflowRun
@@ -55,9 +54,7 @@ def provider_record(sandbox: SandboxProcess, key: str) -> dict[str, Any]:
 def post_outcome(event_id: str, event: dict[str, Any]) -> Any:
     body = encode(event)
     headers = standard_headers(body, event_id)
-    response = Client().post("/webhooks/sandbox/", data=body, content_type="application/json", headers=headers)
-    connection.close()  # from a thread: its own connection must not outlive it
-    return response
+    return Client().post("/webhooks/sandbox/", data=body, content_type="application/json", headers=headers)
 
 
 def settled_events(op: ExternalOperation) -> int:
@@ -133,13 +130,10 @@ def test_a_webhook_and_reconcile_racing_settle_the_refund_once(world: World, use
 
     def reconciling() -> None:
         barrier.wait()
-        try:
-            answers["reconcile"] = reconcile()
-        finally:
-            connection.close()
+        answers["reconcile"] = reconcile()
 
     # when both run at the same instant
-    threads = [threading.Thread(target=webhook), threading.Thread(target=reconciling)]
+    threads = [thread_of(webhook), thread_of(reconciling)]
     for thread in threads:
         thread.start()
     for thread in threads:
