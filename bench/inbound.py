@@ -3,7 +3,7 @@
 (not a test: it prints).
 
     .venv/bin/python bench/inbound.py [--deliveries N] [--submissions N] [--outcomes N] [--clients C]
-                                      [--rate R] [--paced-seconds S]
+                                      [--rate R] [--paced-seconds S] [--timeline FILE]
 
 Self-contained like bench/chat.py (through bench/harness.py): its own PostgreSQL database (dropped at
 the end), Redis db 13, a private queue with one ``celery worker -P prefork -c 2``, and --web real
@@ -115,6 +115,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the paced part of each burst offers this many requests a second (default 500, the target)",
     )
     p.add_argument("--paced-seconds", type=float, default=8, help="how long the paced part lasts (default 8)")
+    p.add_argument(
+        "--timeline",
+        type=Path,
+        help="write each paced request's phase, due time (s), latency from due (ms) and status to this\n"
+        "file, one per line in the order answered: where a tail comes from (a stall or a queue)",
+    )
     p.add_argument("--replays", type=float, default=0.10, help="share of requests that replay an earlier one (0.10)")
     p.add_argument(
         "--worker",
@@ -172,6 +178,7 @@ class Sent:
     statuses: list[int] = field(default_factory=list)
     refusals: dict[int, str] = field(default_factory=dict)  # a status other than 200/202 -> one body
     latencies: list[float] = field(default_factory=list)
+    dues: list[float] = field(default_factory=list)  # paced: when each answered request was due, s from the start
     seconds: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)  # CPU seconds a request, by part (CpuMeter)
 
@@ -288,6 +295,7 @@ async def send_paced(servers: list[AsgiServer], requests: list[Request], rate: f
         finally:
             idle.put_nowait(connection)
         sent.latencies.append(time.perf_counter() - due)
+        sent.dues.append(due - start)
         sent.statuses.append(status)
         if status not in OK:
             sent.refusals.setdefault(status, content[:300].decode(errors="replace"))
@@ -590,11 +598,22 @@ def burst_rows(name: str, b: Burst, floor: Sent | None, args: argparse.Namespace
     ]
 
 
+def write_timeline(path: Path, parts: dict[str, Sent]) -> None:
+    """--timeline: each paced request of each phase, as answered."""
+    with path.open("w") as f:
+        f.write("phase\tdue_s\tlatency_ms\tstatus\n")
+        for phase, sent in parts.items():
+            for due, latency, status in zip(sent.dues, sent.latencies, sent.statuses, strict=True):
+                f.write(f"{phase}\t{due:.4f}\t{latency * 1000:.2f}\t{status}\n")
+    say(f"timeline of the paced requests written to {path}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     configure_inbound_environment()
     rows: list[Row] = []
     probes: list[str] = []
+    paced_parts: dict[str, Sent] = {}
     with bench_session(args) as session:
         from django.contrib.auth.models import User
         from rest_framework.authtoken.models import Token
@@ -622,17 +641,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             if "floor" in args.phases:
                 base, base_paced = floor(args, servers)
                 rows += floor_rows(base, base_paced, args)
+                paced_parts["floor"] = base_paced
             if "webhooks" in args.phases:
                 burst = webhooks(args, session, servers, check)
                 rows += burst_rows("webhooks", burst, base, args)
+                paced_parts["webhooks"] = burst.paced
                 server_errors |= 500 in burst.sent.refusals or 500 in burst.paced.refusals
             if "webhooks-later" in args.phases:
                 burst = webhooks(args, session, servers, check, source="bench-runs-later")
                 rows += burst_rows("webhooks, act: later", burst, base, args)
+                paced_parts["webhooks-later"] = burst.paced
                 server_errors |= 500 in burst.sent.refusals or 500 in burst.paced.refusals
             if "submissions" in args.phases:
                 burst = submissions(args, session, servers, token, check)
                 rows += burst_rows("submissions", burst, base, args)
+                paced_parts["submissions"] = burst.paced
                 server_errors |= 500 in burst.sent.refusals or 500 in burst.paced.refusals
             if "outcome" in args.phases:
                 o = outcome(args, servers[0], check)
@@ -643,6 +666,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     Row("  the webhook's own answer p50", ms(percentile(o.answer, 0.5))),
                 ]
             probes.append(probe_environment("after "))
+            if args.timeline:
+                write_timeline(args.timeline, paced_parts)
             ok = not server_errors
             if server_errors:
                 say("some requests were answered 500: the daphne logs are kept")
