@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import IO, Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler as DjangoASGIHandler
-from django.core.handlers.asgi import get_script_prefix
+from django.core.handlers.asgi import ASGIRequest, get_script_prefix
 from django.db import close_old_connections
 from django.http import FileResponse
 from django.http.response import HttpResponseBase
@@ -65,6 +67,22 @@ class ASGIHandler(DjangoASGIHandler):
                 await self.send_response(response, send)
         finally:
             body_file.close()
+
+    def create_request(
+        self, scope: Mapping[str, Any], body_file: IO[bytes]
+    ) -> tuple[ASGIRequest, None] | tuple[None, HttpResponseBase]:
+        """Django's request, with the length of a body sent chunked: the server has read it whole
+        by now (within HTTP_MAX_BODY_BYTES), but without a ``Content-Length`` DRF reads no body at
+        all, and the API would act on ``{}``: a run started with an empty payload and its
+        idempotency key spent on it."""
+        created = super().create_request(scope, body_file)
+        request = created[0]
+        if request is not None and "CONTENT_LENGTH" not in request.META:
+            size = body_file.seek(0, os.SEEK_END)
+            body_file.seek(0)
+            if size:
+                request.META["CONTENT_LENGTH"] = str(size)
+        return created
 
     def respond(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
         """The response to the request (in the request's thread); closed if it is not streamed."""

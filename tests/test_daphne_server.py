@@ -5,7 +5,8 @@ as its headers are in, a chunked one once it passes the limit. daphne's requests
 to Django: Twisted no longer parses it in the reactor's thread first. A multipart body Twisted
 cannot parse shows which of the two read it: Twisted refuses it with a bare 400 and closes the
 connection; Django's view answers as it would. And Twisted formats no access-log line for a log
-daphne discards."""
+daphne discards. A body sent chunked (no ``Content-Length``) reaches the API whole
+(config/handlers.py), as one with a length does."""
 
 from __future__ import annotations
 
@@ -18,10 +19,15 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from rest_framework.authtoken.models import Token
 
+from agents.models import Submission
+from agents.tests.support import chat_agent
+from tests.factories import Users
 from tests.support import ROOT, AsgiServer, service_env, serving
 from webhooks.models import WebhookDelivery
 from webhooks.tests.support import SOURCES
+from workflows.models import WorkflowRun
 
 LIMIT = 64 * 1024
 
@@ -126,3 +132,36 @@ def test_a_body_within_the_limit_reaches_the_view(limited: AsgiServer) -> None:
     [delivery] = WebhookDelivery.objects.all()
     assert response.json()["error"]["detail"] == {"delivery": delivery.pk}
     assert delivery.reason == "payload_too_large"
+
+
+def chunked(body: bytes) -> Iterator[bytes]:
+    """A body httpx sends chunked (``Transfer-Encoding: chunked``, no ``Content-Length``)."""
+    yield body[:7]
+    yield body[7:]
+
+
+def test_a_chunked_body_reaches_the_api_whole(asgi_server: AsgiServer, users: Users) -> None:
+    # given another system's token, an agent, and bodies it sends chunked
+    chat_agent(users.alice)
+    token = Token.objects.create(user=users.alice).key
+    headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
+    start = json.dumps({"payload": {"n": 7}}).encode()
+    said = json.dumps({"messages": [{"role": "user", "content": "sent chunked"}], "metadata": {"m": 1}}).encode()
+
+    # when it starts a run and makes a submission with them, then retries the start with a length
+    with httpx.Client(base_url=asgi_server.url, headers=headers, timeout=30) as client:
+        key = {"Idempotency-Key": "chunked-start"}
+        first = client.post("/api/workflows/test.echo/runs", content=chunked(start), headers=key)
+        retry = client.post("/api/workflows/test.echo/runs", content=start, headers=key)
+        submitted = client.post(
+            "/api/agents/test.chat/t/submissions", content=chunked(said), headers={"Idempotency-Key": "chunked-said"}
+        )
+
+    # then the run has the payload sent, the retry is the same run (not a 409 for another payload),
+    # and the submission holds its messages: nothing was read as {}
+    assert first.status_code == 201, first.text
+    assert retry.status_code == 200 and retry.json()["id"] == first.json()["id"], retry.text
+    assert WorkflowRun.objects.get(pk=first.json()["id"]).payload == {"n": 7}
+    assert submitted.status_code == 202, submitted.text
+    submission = Submission.objects.get(pk=submitted.json()["id"])
+    assert (submission.messages, submission.metadata) == ([{"role": "user", "content": "sent chunked"}], {"m": 1})
