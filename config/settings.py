@@ -460,11 +460,13 @@ AGENTS_OPENAI_CONTINUE_FINAL_MESSAGE = envbool("AGENTS_OPENAI_CONTINUE_FINAL_MES
 # or github), its secrets (several at once while one is rotated), and what an accepted event becomes
 # (its action). A JSON object in WEBHOOK_SOURCES_JSON replaces the default, which is the sandbox
 # payment provider's outcome webhooks where the examples are installed (the sandbox is one of them),
-# and no source otherwise. Its secret has a public development default only with DEBUG:
-# without DEBUG and without SANDBOX_WEBHOOK_SECRET it has no secret, and every delivery is refused
-# (system check webhooks.W001 says so) rather than verified against a key anyone can read here.
-# The sandbox provider signs its webhooks with the same variable (scripts/run.sh exports one value).
-SANDBOX_WEBHOOK_SECRET = envstr("SANDBOX_WEBHOOK_SECRET", "") or ("whsec_ZGV2ZWxvcG1lbnQtb25seQ==" if DEBUG else "")
+# and no source otherwise. Its secret has no default, not even with DEBUG: without
+# SANDBOX_WEBHOOK_SECRET it has no secret, and every delivery is refused (system check
+# webhooks.W001 says so) rather than verified against a key anyone can read here (a default one let
+# a customer of the demo forge the provider's "refund failed" for a refund in flight, then be paid
+# twice). The sandbox provider signs its webhooks with the same variable: scripts/run.sh exports
+# one value to both, made once for the machine.
+SANDBOX_WEBHOOK_SECRET = envstr("SANDBOX_WEBHOOK_SECRET", "")
 WEBHOOK_SOURCES: dict[str, Any] = envjson(
     "WEBHOOK_SOURCES_JSON",
     {

@@ -19,21 +19,33 @@ ensure_venv() {
     fi
 }
 
+ensure_machine_secret() {
+    # $1: a variable; $2: its file in var/ (gitignored); $3: Python code that prints a new value.
+    # Exports the variable: its value if it is set, else the file's, made the first time, readable
+    # by its owner only. It stays the same across restarts and never leaves this machine.
+    local name=$1 file=var/$2 make=$3
+    if [ -z "${!name:-}" ]; then
+        if [ ! -s "$file" ]; then
+            mkdir -p var
+            (umask 077 && "$PYTHON" -c "$make" >"$file.tmp" && mv "$file.tmp" "$file")
+        fi
+        printf -v "$name" %s "$(cat "$file")"
+    fi
+    export "${name?}"
+}
+
 ensure_secret_key() {
-    # Settings refuse to start with DEBUG off and no SECRET_KEY. Unless one is in the environment,
-    # use the key in var/secret_key (gitignored), generated the first time: sessions and
-    # password-reset links stay valid across restarts, and the key never leaves this machine.
-    if [ -n "${SECRET_KEY:-}" ]; then
-        export SECRET_KEY
-        return
-    fi
-    local file=var/secret_key
-    if [ ! -s "$file" ]; then
-        mkdir -p var
-        (umask 077 && "$PYTHON" -c 'import secrets; print(secrets.token_urlsafe(50))' >"$file.tmp" && mv "$file.tmp" "$file")
-    fi
-    SECRET_KEY="$(cat "$file")"
-    export SECRET_KEY
+    # Settings refuse to start with DEBUG off and no SECRET_KEY: sessions and password-reset links
+    # stay valid across restarts.
+    ensure_machine_secret SECRET_KEY secret_key 'import secrets; print(secrets.token_urlsafe(50))'
+}
+
+ensure_sandbox_webhook_secret() {
+    # The sandbox provider posts its refunds' outcomes, signed, to this system's webhook source
+    # "sandbox-payments": both read the secret from SANDBOX_WEBHOOK_SECRET. Never a secret anyone
+    # can read, with which a customer could sign the provider's "refund failed" themselves.
+    ensure_machine_secret SANDBOX_WEBHOOK_SECRET sandbox_webhook_secret \
+        'import base64, secrets; print("whsec_" + base64.b64encode(secrets.token_bytes(32)).decode())'
 }
 
 ensure_redis() {

@@ -20,23 +20,7 @@ export DEBUG="${DEBUG:-1}"
 export INSTALL_EXAMPLES="${INSTALL_EXAMPLES:-1}"  # every process below inherits it
 examples_on() { [[ "${INSTALL_EXAMPLES,,}" =~ ^(1|true|yes|on)$ ]]; }
 
-# The sandbox provider posts its refunds' outcomes, signed, to this system's webhook source
-# "sandbox-payments": both read the secret from SANDBOX_WEBHOOK_SECRET, exported here once. Unless
-# it is set, it is the settings' own default (their public development secret, with DEBUG on) or,
-# with DEBUG off (no default then), one made once for this machine in var/ (gitignored).
-ensure_sandbox_webhook_secret() {
-    if [ -z "${SANDBOX_WEBHOOK_SECRET:-}" ]; then
-        SANDBOX_WEBHOOK_SECRET="$(.venv/bin/python -c 'from config import settings; print(settings.SANDBOX_WEBHOOK_SECRET)')"
-    fi
-    if [ -z "$SANDBOX_WEBHOOK_SECRET" ]; then
-        local file=var/sandbox_webhook_secret
-        if [ ! -s "$file" ]; then
-            (umask 077 && .venv/bin/python -c 'import base64, secrets; print("whsec_" + base64.b64encode(secrets.token_bytes(32)).decode())' >"$file.tmp" && mv "$file.tmp" "$file")
-        fi
-        SANDBOX_WEBHOOK_SECRET="$(cat "$file")"
-    fi
-    export SANDBOX_WEBHOOK_SECRET
-}
+# The sandbox provider and the settings read one SANDBOX_WEBHOOK_SECRET (scripts/common.sh).
 if examples_on; then
     ensure_sandbox_webhook_secret
     if [ "$PORT" = "$SANDBOX_PORT" ]; then

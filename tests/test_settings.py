@@ -4,6 +4,7 @@ case imports the settings in a fresh interpreter, as a process starting would.""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import stat
@@ -90,8 +91,13 @@ def test_a_key_of_its_own_is_used_with_or_without_debug(debug: str) -> None:
 
 def ensure_secret_key(cwd: Path, **env: str) -> str:
     """scripts/common.sh's ensure_secret_key, as scripts/run.sh calls it, in ``cwd``."""
-    base = {key: value for key, value in os.environ.items() if key != "SECRET_KEY"}
-    script = f'source "{ROOT}/scripts/common.sh" && ensure_secret_key && printf %s "$SECRET_KEY"'
+    return ensured("ensure_secret_key", "SECRET_KEY", cwd, **env)
+
+
+def ensured(function: str, variable: str, cwd: Path, **env: str) -> str:
+    """What scripts/common.sh's ``function`` exports as ``variable``, called in ``cwd``."""
+    base = {key: value for key, value in os.environ.items() if key != variable}
+    script = f'source "{ROOT}/scripts/common.sh" && {function} && printf %s "${variable}"'
     result = subprocess.run(
         ["bash", "-c", script], cwd=cwd, env={**base, **env}, capture_output=True, text=True, timeout=60
     )
@@ -118,6 +124,32 @@ def test_the_run_command_generates_a_key_once_keeps_it_private_and_reuses_it(tmp
 def test_a_key_in_the_environment_wins_over_the_generated_one(tmp_path: Path) -> None:
     assert ensure_secret_key(tmp_path, SECRET_KEY="from-the-environment") == "from-the-environment"
     assert not (tmp_path / "var" / "secret_key").exists()
+
+
+def test_the_run_command_gives_the_sandbox_and_the_settings_a_webhook_secret_of_the_machines_own(
+    tmp_path: Path,
+) -> None:
+    # when the run command starts twice in a fresh checkout, with DEBUG on as it runs
+    first = ensured("ensure_sandbox_webhook_secret", "SANDBOX_WEBHOOK_SECRET", tmp_path)
+    second = ensured("ensure_sandbox_webhook_secret", "SANDBOX_WEBHOOK_SECRET", tmp_path)
+
+    # then it made one random Standard Webhooks secret, private to the machine, and kept it
+    secret_file = tmp_path / "var" / "sandbox_webhook_secret"
+    assert first == second == secret_file.read_text().strip()
+    assert first.startswith("whsec_") and len(base64.b64decode(first.removeprefix("whsec_"))) == 32
+    assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
+    # and the settings verify the sandbox's webhooks with it, and with nothing else, DEBUG or not
+    code = "import json, config.settings as s; print(json.dumps(s.WEBHOOK_SOURCES['sandbox-payments']['secrets']))"
+    env = {"SECRET_KEY": "k" * 50, "INSTALL_EXAMPLES": "1", "DEBUG": "1", "SANDBOX_WEBHOOK_SECRET": first}
+    result = fresh_python(code, env, unset=("WEBHOOK_SOURCES_JSON",))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [first]
+    # and one in the environment wins
+    (tmp_path / "x").mkdir()
+    given = ensured(
+        "ensure_sandbox_webhook_secret", "SANDBOX_WEBHOOK_SECRET", tmp_path / "x", SANDBOX_WEBHOOK_SECRET="s" * 20
+    )
+    assert given == "s" * 20 and not (tmp_path / "x" / "var").exists()
 
 
 EXAMPLE_APPS = ["examples.demo", "examples.refunds", "examples.suppliers"]

@@ -1,5 +1,5 @@
-"""WEBHOOK_SOURCES from the environment: the sandbox provider's source by default, its secret a
-public development default only with DEBUG; WEBHOOK_SOURCES_JSON replaces it. Each case imports the
+"""WEBHOOK_SOURCES from the environment: the sandbox provider's source by default, its secret
+SANDBOX_WEBHOOK_SECRET's and none without it, DEBUG or not; WEBHOOK_SOURCES_JSON replaces it. Each case imports the
 settings in a fresh interpreter, as a process starting would."""
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ def test_without_the_examples_there_is_no_default_source() -> None:
     assert sources(INSTALL_EXAMPLES="0") == {}
 
 
-def test_with_debug_the_development_secret_is_used() -> None:
-    assert sources(DEBUG="1")["sandbox-payments"]["secrets"] == ["whsec_ZGV2ZWxvcG1lbnQtb25seQ=="]
+def test_with_debug_there_is_no_default_secret_either() -> None:
+    # A default secret would be one anyone can read here, and sign the provider's outcomes with.
+    assert sources(DEBUG="1")["sandbox-payments"]["secrets"] == []
 
 
 def test_the_json_variable_replaces_the_default() -> None:
