@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import secrets
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -32,6 +34,11 @@ class Order(models.Model):
         return f"order {self.number}"
 
 
+def new_key_salt() -> str:
+    """A request's part of its ledger key that no other database makes: see ``key_salt``."""
+    return secrets.token_hex(6)
+
+
 class RefundRequest(models.Model):
     order = models.ForeignKey(Order, on_delete=models.PROTECT, related_name="refund_requests")
     customer = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="refund_requests")
@@ -43,6 +50,12 @@ class RefundRequest(models.Model):
     # The chat the customer asked in (the support agent's ``request_refund`` tool), or None (the API):
     # the refund's run reports each state the customer cares about to that agent's state.
     agent = models.ForeignKey("agents.Agent", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # Random, in the refund's ledger key after the order and the request's id: a provider keeps
+    # keys for good, and another database (a fresh one, or a backup restored) numbers its requests
+    # again from where it stands. Without it, request 1 on order 1041 of a new database had the key
+    # of an earlier one's, and the provider answered with that refund as this one's: confirmed, and
+    # no money sent. "" for the requests made before it (their keys stay as they were).
+    key_salt = models.CharField(max_length=16, blank=True, default=new_key_salt, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -60,14 +73,17 @@ class RefundRequest(models.Model):
     @property
     def operation_key(self) -> str:
         """The ledger key of this request's refund: one refund per request, whatever retries."""
-        return operation_key(self.order.number, self.pk)
+        return operation_key(self.order.number, self.pk, self.key_salt)
 
 
-def operation_key(order_number: str, request_id: int) -> str:
-    return f"refund:{order_number}:{request_id}"
+def operation_key(order_number: str, request_id: int, salt: str) -> str:
+    return f"refund:{order_number}:{request_id}" + (f":{salt}" if salt else "")
 
 
-def request_id_of(key: str) -> int | None:
-    """The request id ``operation_key`` put in ``key``, or None for a key of another shape."""
-    prefix, _, request_id = key.rpartition(":")
-    return int(request_id) if prefix.startswith("refund:") and request_id.isdigit() else None
+def request_ids_in(key: str) -> list[int]:
+    """The ids of the requests whose key ``key`` may be, if ``operation_key`` made it: its last
+    part, or the one before the salt (which may be digits too). The caller keeps the request whose
+    own key is ``key``."""
+    if not key.startswith("refund:"):
+        return []
+    return [int(part) for part in key.split(":")[2:][-2:] if part.isdigit()]

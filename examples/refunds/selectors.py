@@ -123,7 +123,7 @@ def order_balance(*, order: Order, exclude_request_id: int | None = None) -> Ord
     requests = RefundRequest.objects.filter(order=order).select_related("run").order_by("pk")
     if exclude_request_id is not None:
         requests = requests.exclude(pk=exclude_request_id)
-    keys = {operation_key(order.number, r.pk): r for r in requests}
+    keys = {operation_key(order.number, r.pk, r.key_salt): r for r in requests}
     statuses = dict(ExternalOperation.objects.filter(key__in=keys).values_list("key", "status"))
     totals: dict[Hold, Decimal] = {"refunded": Decimal("0"), "in_flight": Decimal("0"), "released": Decimal("0")}
     for key, request in keys.items():

@@ -18,7 +18,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from approvals import supersede_pending
-from examples.refunds.models import Order, OrderStatus, RefundRequest, request_id_of
+from examples.refunds.models import Order, OrderStatus, RefundRequest, request_ids_in
 from examples.refunds.selectors import OrderBalance, order_balance
 from ledger import prepare, record_create
 from ledger.models import ExternalOperation, OperationStatus
@@ -278,13 +278,9 @@ def refund_settled(op: ExternalOperation) -> None:
     """
     if (op.system, op.action, op.status) != ("payments", "refund", OperationStatus.SUCCEEDED):
         return
-    request_id = request_id_of(op.key)
-    refund = (
-        RefundRequest.objects.select_related("order", "run").filter(pk=request_id).first()
-        if request_id is not None
-        else None
-    )
-    if refund is None or refund.operation_key != op.key or (refund.run is not None and not refund.run.is_terminal):
+    candidates = RefundRequest.objects.select_related("order", "run").filter(pk__in=request_ids_in(op.key))
+    refund = next((r for r in candidates if r.operation_key == op.key), None)
+    if refund is None or (refund.run is not None and not refund.run.is_terminal):
         return
     record_create(
         request_id=f"refund-request:{refund.pk}",

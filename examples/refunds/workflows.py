@@ -126,7 +126,8 @@ class Refund(Workflow):
         """Decide, ask for an approval when needed, and pay: the run's outcome."""
         payload = event.payload
         request_id = int(payload["request_id"])
-        key = operation_key(snapshot["order"], request_id)
+        # A snapshot stored before requests had a salt is of a request without one.
+        key = snapshot.get("operation_key") or operation_key(snapshot["order"], request_id, "")
         # A restarted run whose earlier attempt reserved (and perhaps sent) this request's refund
         # continues that operation: the money is already committed, so it is neither checked nor
         # approved again; perform answers from storage, or sends or looks up the key as it stands.
@@ -256,6 +257,7 @@ def load_snapshot(request_id: int, *, lock: bool = False) -> dict[str, Any]:
         "request_id": request.pk,
         "order_id": order.pk,
         "order": order.number,
+        "operation_key": request.operation_key,
         "version": str(order.version),
         "customer_id": request.customer_id,
         "order_amount": str(order.amount),

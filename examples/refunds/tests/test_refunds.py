@@ -6,13 +6,14 @@ import json
 from decimal import Decimal
 
 import pytest
+from django.db import transaction
 from django.db.models import F
 
 from approvals import ApprovalRefused, RefusalCode, decide
 from approvals.models import ApprovalRequest, ApprovalStatus
 from examples.refunds.models import Order, RefundRequest
 from examples.refunds.selectors import run_pending_operations
-from examples.refunds.services import order_change
+from examples.refunds.services import order_change, refund_request_create
 from examples.refunds.tests.conftest import World
 from examples.refunds.tests.support import (
     ask,
@@ -22,6 +23,7 @@ from examples.refunds.tests.support import (
     operation_reaches,
     pending_approval,
     reconcile,
+    refunded_at_provider,
     run_of,
     status_of,
     wait_status,
@@ -68,6 +70,27 @@ def test_small_refund_needs_no_approval_and_is_confirmed(world: World, users: Us
     assert_confirmed(request, world.sandbox)
     assert not ApprovalRequest.objects.filter(run_id=request.run_id).exists()
     assert Order.objects.get(pk=order.pk).version == 2  # marking it refunded is a change
+
+
+def test_a_request_is_paid_where_the_provider_holds_another_databases_refund_under_its_number(
+    world: World, users: Users
+) -> None:
+    # given a request for £10 of an order, and the provider holding a refund of £10 of an order of
+    # that number under the key of the same request number: another database's (a fresh one, or a
+    # backup restored, numbers its requests again), made before this request's run can start
+    order = new_order(users.alice, "1060", amount="50.00")
+    with transaction.atomic():
+        request, _ = refund_request_create(order=order, customer=users.alice, amount="10.00", reason="broken")
+        earlier = f"refund:1060:{request.pk}"
+        body = {"order": "1060", "amount": "10.00", "currency": "GBP"}
+        status, _answer = world.sandbox.request("POST", "/v1/refunds", body, headers={"Idempotency-Key": earlier})
+        assert status == 201, _answer
+
+    # then this request's key is its own (the request's salt after its number), and the provider
+    # refunds it: a second refund on order 1060, not the first one's record taken as this one's
+    assert request.operation_key.startswith(f"{earlier}:") and len(request.key_salt) == 12
+    assert_confirmed(request, world.sandbox, provider_refunds=2)
+    assert refunded_at_provider(world.sandbox, "1060") == Decimal("20.00")
 
 
 def test_refund_is_recorded_without_personal_data(world: World, users: Users) -> None:
