@@ -21,7 +21,7 @@ from approvals import supersede_pending
 from examples.refunds.models import Order, OrderStatus, RefundRequest, request_ids_in
 from examples.refunds.selectors import OrderBalance, order_balance
 from ledger import prepare, record_create
-from ledger.models import ExternalOperation, OperationStatus
+from ledger.models import ExternalOperation, OperationalRecord, OperationStatus
 from workflows import NonRetryableError
 from workflows import services as workflow_services
 from workflows.exceptions import IdempotencyConflict
@@ -282,6 +282,8 @@ def refund_settled(op: ExternalOperation) -> None:
     refund = next((r for r in candidates if r.operation_key == op.key), None)
     if refund is None or (refund.run is not None and not refund.run.is_terminal):
         return
+    if refund_recorded(request_id=refund.pk, order_id=refund.order_id) is not None:
+        return  # recorded already, by its run
     record_create(
         request_id=f"refund-request:{refund.pk}",
         run=refund.run_id,
@@ -301,6 +303,15 @@ def refund_settled(op: ExternalOperation) -> None:
     )
     order_mark_refunded(order_id=refund.order_id)
     refund_tell_chat(refund)
+
+
+def refund_recorded(*, request_id: int, order_id: int) -> OperationalRecord | None:
+    """Inside atomic(): with the order's row locked, the operational record of request
+    ``request_id``'s refund, if it has one. A refund is recorded, and its order marked, once: a run
+    restarted after it finished (or after reconcile settled its refund) finds the record and adds
+    none, nor another version of the order."""
+    Order.objects.select_for_update().filter(pk=order_id).exists()
+    return OperationalRecord.objects.filter(request_id=f"refund-request:{request_id}", tool="payments.refund").first()
 
 
 def refund_tell_chat(refund: RefundRequest) -> None:

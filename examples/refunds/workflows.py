@@ -48,7 +48,7 @@ from examples.refunds.selectors import (
     needs_approval,
     order_balance,
 )
-from examples.refunds.services import OPTIONS, RefundRefused, order_mark_refunded, refund_reserve
+from examples.refunds.services import OPTIONS, RefundRefused, order_mark_refunded, refund_recorded, refund_reserve
 from ledger import (
     OperationFailed,
     OperationInProgress,
@@ -342,6 +342,8 @@ def check_refund(key: str, request: dict[str, Any]) -> dict[str, Any]:
 def record_refund(request_id: int, run_id: str, snapshot: dict[str, Any], key: str, response: Any) -> int:
     """The operational record and the order's new status, in the step's one transaction."""
     assert transaction.get_connection().in_atomic_block, "run as an atomic step"
+    if (earlier := refund_recorded(request_id=request_id, order_id=snapshot["order_id"])) is not None:
+        return earlier.pk  # a restarted run's: recorded once, by its earlier attempt or reconcile
     observed_at = parse_datetime(snapshot["observed_at"])
     record = record_create(
         request_id=f"refund-request:{request_id}",

@@ -368,6 +368,28 @@ def test_a_run_restarted_after_another_request_took_the_money_ends_refused(world
     assert refunded_at_provider(sandbox, "2012") == Decimal("150.00")
 
 
+def test_a_finished_refund_run_restarted_records_its_refund_once(world: World, users: Users) -> None:
+    from workflows import restart
+
+    # given a refund confirmed and recorded
+    order = new_order(users.alice, "2014", "80.00")
+    request = ask(order, "20.00")
+    assert_confirmed(request, world.sandbox)
+    version = Order.objects.get(pk=order.pk).version
+
+    # when staff restart its finished run
+    restart(run_of(request))
+
+    # then the run ends refunded again from what is stored: one provider refund, one record, and
+    # the order not changed again
+    run = wait_for_terminal(run_of(request), timeout=60)
+    assert run.result is not None, run.error
+    assert (run.status, run.result["outcome"]) == ("completed", "refunded"), run.error
+    assert world.sandbox.stats()["refunds"] == 1
+    assert OperationalRecord.objects.filter(request_id=f"refund-request:{request.pk}").count() == 1
+    assert Order.objects.get(pk=order.pk).version == version
+
+
 def test_a_restarted_run_continues_the_refund_its_earlier_attempt_sent(world: World, users: Users) -> None:
     """Its money is already committed: the run neither checks the balance nor asks for an approval
     again (the other request on the order would now make it need one), it finds out what became
