@@ -176,7 +176,11 @@ def test_the_examples_are_installed_only_when_asked(env: dict[str, str], install
 
 def test_the_run_test_and_type_check_commands_install_the_examples() -> None:
     # the run command exports it to every process it starts, unless told otherwise
-    assert 'export INSTALL_EXAMPLES="${INSTALL_EXAMPLES:-1}"' in (ROOT / "scripts" / "run.sh").read_text()
+    run_sh = (ROOT / "scripts" / "run.sh").read_text()
+    assert 'export INSTALL_EXAMPLES="${INSTALL_EXAMPLES:-1}"' in run_sh
+    # (and the customers' runs go to a queue of their own, with a worker of its own)
+    assert 'export WORKFLOWS_PUBLIC_QUEUE="${WORKFLOWS_PUBLIC_QUEUE-public}"' in run_sh
+    assert 'celery -A config worker -Q "$WORKFLOWS_PUBLIC_QUEUE"' in run_sh
     # the test process (and the workers and servers it starts, which inherit its environment)
     assert os.environ["INSTALL_EXAMPLES"] == "1"
     from django.conf import settings
