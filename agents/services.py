@@ -254,7 +254,7 @@ def turn_add_locked(*, agent: Agent, queue: Queue, user: User | None, source: st
     }
     if not (queue.active or queue.queued):
         # Its run first (the payload names the turn), so the turn's row is written once.
-        run, _ = run_start(workflow=TURN_WORKFLOW, payload={"turn": str(fields["id"])}, owner=user)
+        run, _ = run_start(workflow=TURN_WORKFLOW, payload={"turn": str(fields["id"])}, owner=user, queue=turn_queue())
         fields.update(status=TurnStatus.RUNNING, run=run, started_at=timezone.now())
     turn = Turn(**fields)
     insert_instance(turn)
@@ -372,10 +372,15 @@ def start_oldest_locked(agent: Agent) -> Turn | None:
     return start_locked(turn) if turn is not None else None
 
 
+def turn_queue() -> str | None:
+    """The queue a turn's run advances on: AGENTS_TURN_QUEUE, or (None) the workflows' own."""
+    return settings.AGENTS_TURN_QUEUE or None
+
+
 def start_locked(turn: Turn) -> Turn:
     """Start ``turn``, its agent's oldest queued turn, with no turn of the agent active (inside
     atomic(), the agent row locked): its run is created and enqueued on commit."""
-    run, _ = run_start(workflow=TURN_WORKFLOW, payload={"turn": str(turn.pk)}, owner=_user(turn))
+    run, _ = run_start(workflow=TURN_WORKFLOW, payload={"turn": str(turn.pk)}, owner=_user(turn), queue=turn_queue())
     turn.begin()
     turn.run = run
     turn.started_at = timezone.now()

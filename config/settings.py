@@ -426,6 +426,9 @@ AGENTS_HISTORY_MESSAGES = envint("AGENTS_HISTORY_MESSAGES", 40)
 AGENTS_HISTORY_CHARS = envint("AGENTS_HISTORY_CHARS", 200_000)
 # Agents one account may have: opening one creates it, so opening ever new names stops here.
 AGENTS_MAX_AGENTS_PER_ACCOUNT = envint("AGENTS_MAX_AGENTS_PER_ACCOUNT", 100)
+# The Celery queue chat turns' runs advance on (empty: WORKFLOWS_QUEUE). Given workers of its own, a
+# chat answers while every process of the main workers waits on a slow provider or a long step.
+AGENTS_TURN_QUEUE = envstr("AGENTS_TURN_QUEUE", "")
 # Turns one agent may have queued behind its running one; a message beyond it is refused (a 429 over
 # HTTP, an error frame on the socket) and stores nothing. 0: no limit.
 AGENTS_MAX_QUEUED_TURNS = envint("AGENTS_MAX_QUEUED_TURNS", 5)

@@ -19,6 +19,7 @@ SANDBOX_PORT="${SANDBOX_PORT:-8765}"  # the sandbox payment provider's (with the
 export DEBUG="${DEBUG:-1}"
 export INSTALL_EXAMPLES="${INSTALL_EXAMPLES:-1}"  # every process below inherits it
 export WORKFLOWS_PUBLIC_QUEUE="${WORKFLOWS_PUBLIC_QUEUE-public}"  # set empty: one worker takes them all
+export AGENTS_TURN_QUEUE="${AGENTS_TURN_QUEUE-agents}"              # the same
 examples_on() { [[ "${INSTALL_EXAMPLES,,}" =~ ^(1|true|yes|on)$ ]]; }
 
 # The sandbox provider and the settings read one SANDBOX_WEBHOOK_SECRET (scripts/common.sh).
@@ -71,6 +72,11 @@ if [ -n "$WORKFLOWS_PUBLIC_QUEUE" ]; then
     supervise public-worker var/public-worker.log .venv/bin/celery -A config worker -Q "$WORKFLOWS_PUBLIC_QUEUE" \
         -n "public@%h" -c 1 -l INFO --without-gossip --without-mingle
 fi
+if [ -n "$AGENTS_TURN_QUEUE" ]; then
+    # Chat turns too: a chat answers while every process above waits on a slow provider's answer.
+    supervise agents-worker var/agents-worker.log .venv/bin/celery -A config worker -Q "$AGENTS_TURN_QUEUE" \
+        -n "agents@%h" -c 2 -l INFO --without-gossip --without-mingle
+fi
 supervise beat var/beat.log .venv/bin/celery -A config beat -l INFO -s var/celerybeat-schedule
 if examples_on; then
     # Its webhook secret comes from the environment (SANDBOX_WEBHOOK_SECRET), not the command line.
@@ -82,8 +88,8 @@ supervise web var/web.log .venv/bin/daphne -b 127.0.0.1 -p "$PORT" config.asgi:a
 if examples_on; then
     cat <<INFO
 
-  The system is running (logs in var/web.log, var/worker.log, var/public-worker.log, var/beat.log,
-  var/sandbox.log).
+  The system is running (logs in var/web.log, var/worker.log, var/public-worker.log,
+  var/agents-worker.log, var/beat.log, var/sandbox.log).
 
   Sign in          http://127.0.0.1:$PORT/accounts/login/  (alice / alice; her home page / lists her refunds and runs)
   Admin            http://127.0.0.1:$PORT/admin/           (admin / admin)
@@ -103,7 +109,7 @@ else
     cat <<INFO
 
   The engine is running without the examples (INSTALL_EXAMPLES=0; logs in var/web.log,
-  var/worker.log, var/public-worker.log, var/beat.log). No demo data: make a login with
+  var/worker.log, var/public-worker.log, var/agents-worker.log, var/beat.log). No demo data: make a login with
   DEBUG=1 .venv/bin/python manage.py createsuperuser
 
   Sign in          http://127.0.0.1:$PORT/accounts/login/

@@ -178,9 +178,11 @@ def test_the_run_test_and_type_check_commands_install_the_examples() -> None:
     # the run command exports it to every process it starts, unless told otherwise
     run_sh = (ROOT / "scripts" / "run.sh").read_text()
     assert 'export INSTALL_EXAMPLES="${INSTALL_EXAMPLES:-1}"' in run_sh
-    # (and the customers' runs go to a queue of their own, with a worker of its own)
+    # (and the customers' runs and the chat turns go to queues of their own, each with a worker)
     assert 'export WORKFLOWS_PUBLIC_QUEUE="${WORKFLOWS_PUBLIC_QUEUE-public}"' in run_sh
     assert 'celery -A config worker -Q "$WORKFLOWS_PUBLIC_QUEUE"' in run_sh
+    assert 'export AGENTS_TURN_QUEUE="${AGENTS_TURN_QUEUE-agents}"' in run_sh
+    assert 'celery -A config worker -Q "$AGENTS_TURN_QUEUE"' in run_sh
     # the test process (and the workers and servers it starts, which inherit its environment)
     assert os.environ["INSTALL_EXAMPLES"] == "1"
     from django.conf import settings

@@ -3,6 +3,8 @@ queue's bookkeeping, stops from anywhere, the agent's state and what a client se
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pytest_django import DjangoAssertNumQueries
 
@@ -94,6 +96,31 @@ def test_turns_queued_with_none_active_start_oldest_first(users: Users, no_enque
     # then the oldest queued turn starts, and the new one waits behind it
     assert Turn.objects.get(pk=waiting.pk).status == TurnStatus.RUNNING
     assert third.status == TurnStatus.QUEUED and third.run is None
+
+
+@pytest.mark.django_db
+def test_turns_run_on_the_turn_queue_when_there_is_one(users: Users, no_enqueue: NoEnqueue, settings: Any) -> None:
+    # given the workflows' own queue at first, then a queue for turns
+    agent = chat_agent(users.alice)
+    on_default = message_send(agent=agent, user=users.alice, text="one")
+    settings.AGENTS_TURN_QUEUE = "agent-turns"
+
+    # when a turn starts at once, and another starts once the one before it ends
+    assert on_default.run_id is not None
+    run_terminate(run_id=on_default.run_id)
+    started = message_send(agent=agent, user=users.alice, text="two")
+    queued = message_send(agent=agent, user=users.alice, text="three")
+    assert started.run_id is not None
+    run_terminate(run_id=started.run_id)
+
+    # then each run is on the queue that was configured when it started
+    queued.refresh_from_db()
+    assert [t.run.queue for t in (on_default, started, queued) if t.run is not None] == [
+        settings.WORKFLOWS_QUEUE,
+        "agent-turns",
+        "agent-turns",
+    ]
+    assert queued.status == TurnStatus.RUNNING
 
 
 @pytest.mark.django_db
