@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote
 from uuid import UUID
 
 from django.db import connection
@@ -32,10 +33,13 @@ def service_env(**overrides: str) -> dict[str, str]:
     """The test process's environment, pointed at the test database pytest-django created."""
     env = dict(os.environ)
     settings_dict = connection.settings_dict
-    env["DATABASE_URL"] = (
-        f"postgres://{settings_dict['USER'] or 'postgres'}@{settings_dict['HOST'] or '127.0.0.1'}:"
-        f"{settings_dict['PORT'] or 5432}/{settings_dict['NAME']}"
-    )
+    # Quoted: a socket directory as the host (/var/run/postgresql) or a password with an @ in it
+    # would otherwise be read as part of the path or the host.
+    user = quote(settings_dict["USER"] or "postgres", safe="")
+    if settings_dict["PASSWORD"]:
+        user += ":" + quote(settings_dict["PASSWORD"], safe="")
+    host = quote(settings_dict["HOST"] or "127.0.0.1", safe="")
+    env["DATABASE_URL"] = f"postgres://{user}@{host}:{settings_dict['PORT'] or 5432}/{settings_dict['NAME']}"
     env["PYTHONPATH"] = str(ROOT)
     env.update(overrides)
     return env
