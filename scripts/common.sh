@@ -11,6 +11,10 @@ ensure_venv() {
         echo "==> creating .venv with $($PYTHON --version)"
         "$PYTHON" -m venv .venv
     fi
+    # The test command's install ([test]) holds everything the run command's does.
+    if [ -z "$extras" ] && [ -f ".venv/.installed[test]" ] && [ ! pyproject.toml -nt ".venv/.installed[test]" ]; then
+        return
+    fi
     if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
         echo "==> installing the project and its dependencies into .venv"
         .venv/bin/python -m pip install --quiet --upgrade pip
