@@ -56,6 +56,10 @@ class RefundRequest(models.Model):
     # of an earlier one's, and the provider answered with that refund as this one's: confirmed, and
     # no money sent. "" for the requests made before it (their keys stay as they were).
     key_salt = models.CharField(max_length=16, blank=True, default=new_key_salt, editable=False)
+    # When its refund was recorded and its order marked (by its run, or by the settling of an
+    # operation whose run had ended): at most once. Kept here, not read from the operational
+    # record, which purge_records deletes by age: a run restarted after that recorded it again.
+    recorded_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

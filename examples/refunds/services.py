@@ -16,6 +16,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from approvals import supersede_pending
 from examples.refunds.models import Order, OrderStatus, RefundRequest, request_ids_in
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from agents.models import Agent
 
 WORKFLOW = "refund"
+REFUND_TOOL = "payments.refund"  # the operational record's tool
 CHANGEABLE = frozenset({"amount", "currency", "items", "shipping_address", "status"})
 # Payload keys a caller (tests, the demo) may set to shorten the workflow's waits.
 OPTIONS = frozenset({"approval_timeout_seconds", "retry_delay_seconds", "check_interval_seconds"})
@@ -282,13 +284,13 @@ def refund_settled(op: ExternalOperation) -> None:
     refund = next((r for r in candidates if r.operation_key == op.key), None)
     if refund is None or (refund.run is not None and not refund.run.is_terminal):
         return
-    if refund_recorded(request_id=refund.pk, order_id=refund.order_id) is not None:
+    if refund_recorded(request_id=refund.pk, order_id=refund.order_id):
         return  # recorded already, by its run
     record_create(
-        request_id=f"refund-request:{refund.pk}",
+        request_id=refund_record_id(refund.pk),
         run=refund.run_id,
         step="reconcile",
-        tool="payments.refund",
+        tool=REFUND_TOOL,
         observed_at=op.finished_at,
         approval_pending=False,
         operation=op,
@@ -301,17 +303,32 @@ def refund_settled(op: ExternalOperation) -> None:
             },
         },
     )
-    order_mark_refunded(order_id=refund.order_id)
+    refund_mark_recorded(request_id=refund.pk, order_id=refund.order_id)
     refund_tell_chat(refund)
 
 
-def refund_recorded(*, request_id: int, order_id: int) -> OperationalRecord | None:
-    """Inside atomic(): with the order's row locked, the operational record of request
-    ``request_id``'s refund, if it has one. A refund is recorded, and its order marked, once: a run
-    restarted after it finished (or after reconcile settled its refund) finds the record and adds
-    none, nor another version of the order."""
+def refund_recorded(*, request_id: int, order_id: int) -> bool:
+    """Inside atomic(): with the order's row locked, whether request ``request_id``'s refund was
+    recorded and its order marked already. A refund is, once: a run restarted after it finished (or
+    after reconcile settled its refund) finds it so and adds nothing, nor another version of the
+    order, however long after (the request's ``recorded_at`` is never purged; the record is).
+    A record without the mark is one a release before the mark wrote."""
     Order.objects.select_for_update().filter(pk=order_id).exists()
-    return OperationalRecord.objects.filter(request_id=f"refund-request:{request_id}", tool="payments.refund").first()
+    if RefundRequest.objects.filter(pk=request_id, recorded_at__isnull=False).exists():
+        return True
+    return OperationalRecord.objects.filter(request_id=refund_record_id(request_id), tool=REFUND_TOOL).exists()
+
+
+def refund_mark_recorded(*, request_id: int, order_id: int) -> None:
+    """Inside atomic(), after ``refund_recorded`` said no: the operational record is written and the
+    order marked refunded, and the request remembers it."""
+    RefundRequest.objects.filter(pk=request_id).update(recorded_at=timezone.now())
+    order_mark_refunded(order_id=order_id)
+
+
+def refund_record_id(request_id: int) -> str:
+    """The operational record's ``request_id`` for a refund request."""
+    return f"refund-request:{request_id}"
 
 
 def refund_tell_chat(refund: RefundRequest) -> None:

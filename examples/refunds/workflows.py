@@ -48,7 +48,15 @@ from examples.refunds.selectors import (
     needs_approval,
     order_balance,
 )
-from examples.refunds.services import OPTIONS, RefundRefused, order_mark_refunded, refund_recorded, refund_reserve
+from examples.refunds.services import (
+    OPTIONS,
+    REFUND_TOOL,
+    RefundRefused,
+    refund_mark_recorded,
+    refund_record_id,
+    refund_recorded,
+    refund_reserve,
+)
 from ledger import (
     OperationFailed,
     OperationInProgress,
@@ -339,22 +347,23 @@ def check_refund(key: str, request: dict[str, Any]) -> dict[str, Any]:
     return {"state": "succeeded", "response": response}
 
 
-def record_refund(request_id: int, run_id: str, snapshot: dict[str, Any], key: str, response: Any) -> int:
-    """The operational record and the order's new status, in the step's one transaction."""
+def record_refund(request_id: int, run_id: str, snapshot: dict[str, Any], key: str, response: Any) -> int | None:
+    """The operational record and the order's new status, in the step's one transaction: the
+    record's id, or None if the request's refund was recorded before."""
     assert transaction.get_connection().in_atomic_block, "run as an atomic step"
-    if (earlier := refund_recorded(request_id=request_id, order_id=snapshot["order_id"])) is not None:
-        return earlier.pk  # a restarted run's: recorded once, by its earlier attempt or reconcile
+    if refund_recorded(request_id=request_id, order_id=snapshot["order_id"]):
+        return None  # a restarted run's: recorded once, by its earlier attempt or reconcile
     observed_at = parse_datetime(snapshot["observed_at"])
     record = record_create(
-        request_id=f"refund-request:{request_id}",
+        request_id=refund_record_id(request_id),
         run=run_id,
         step="refund",
-        tool="payments.refund",
+        tool=REFUND_TOOL,
         observed_at=observed_at,
         approval_pending=False,
         operation=ExternalOperation.objects.filter(key=key).first(),
         # The order as it was relied on; its address is redacted by record_create.
         response={"provider": response, "order": snapshot},
     )
-    order_mark_refunded(order_id=snapshot["order_id"])  # a change, so a new version
+    refund_mark_recorded(request_id=request_id, order_id=snapshot["order_id"])  # a change: a new version
     return record.pk

@@ -7,6 +7,7 @@ Every test counts what the sandbox provider really refunded, by its own list."""
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -38,7 +39,7 @@ from examples.refunds.tests.support import (
     unknown_refund,
 )
 from ledger.models import ExternalOperation, OperationalRecord, OperationStatus
-from ledger.services import operation_resolve
+from ledger.services import operation_resolve, record_purge
 from ledger.services.common import may_still_arrive
 from tests.factories import Users, api_login
 from tests.support import race, wait_for, wait_for_status, wait_for_terminal
@@ -368,14 +369,20 @@ def test_a_run_restarted_after_another_request_took_the_money_ends_refused(world
     assert refunded_at_provider(sandbox, "2012") == Decimal("150.00")
 
 
-def test_a_finished_refund_run_restarted_records_its_refund_once(world: World, users: Users) -> None:
+@pytest.mark.parametrize("purged", [False, True], ids=["its record kept", "its record purged"])
+def test_a_finished_refund_run_restarted_records_its_refund_once(world: World, users: Users, purged: bool) -> None:
+    """However long after: purge_records deletes the operational record by age, and a run restarted
+    after that once recorded the refund again and changed the order again."""
     from workflows import restart
 
-    # given a refund confirmed and recorded
+    # given a refund confirmed and recorded (and its record purged since)
     order = new_order(users.alice, "2014", "80.00")
     request = ask(order, "20.00")
     assert_confirmed(request, world.sandbox)
     version = Order.objects.get(pk=order.pk).version
+    if purged:
+        # (the retention period passed: purged as `purge_records` would, 90 days on)
+        assert record_purge(older_than=timedelta(days=90), now=timezone.now() + timedelta(days=91)).count == 1
 
     # when staff restart its finished run
     restart(run_of(request))
@@ -386,7 +393,7 @@ def test_a_finished_refund_run_restarted_records_its_refund_once(world: World, u
     assert run.result is not None, run.error
     assert (run.status, run.result["outcome"]) == ("completed", "refunded"), run.error
     assert world.sandbox.stats()["refunds"] == 1
-    assert OperationalRecord.objects.filter(request_id=f"refund-request:{request.pk}").count() == 1
+    assert OperationalRecord.objects.filter(request_id=f"refund-request:{request.pk}").count() == (0 if purged else 1)
     assert Order.objects.get(pk=order.pk).version == version
 
 
