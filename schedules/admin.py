@@ -4,8 +4,10 @@ the tick's next due time as the tick wrote it unless the timing changed."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.forms import ModelForm
@@ -15,7 +17,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from schedules.models import Outcome, Schedule, ScheduleFiring
-from schedules.services import schedule_fire, schedule_save, schedules_enable
+from schedules.services import schedule_fire, schedule_save, schedule_settings, schedules_enable
 from workflows.admin import ReadOnlyAdmin, run_admin_link
 
 RECENT_FIRINGS = 20
@@ -30,19 +32,53 @@ def _what(firing: ScheduleFiring) -> str:
     return run_admin_link(firing.run_id) if firing.run_id else str(firing.submission_id or "-")
 
 
+class ScheduleForm(ModelForm[Schedule]):
+    """Carries the schedule's settings as the page loaded them (``seen``): a save from a page opened
+    before someone else changed the schedule (disabled it, say) is refused, not written over it."""
+
+    seen = forms.CharField(widget=forms.HiddenInput, required=False)
+
+    class Meta:
+        model = Schedule
+        fields = "__all__"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            self.fields["seen"].initial = json.dumps(schedule_settings(self.instance))
+
+    def clean_seen(self) -> dict[str, Any] | None:
+        if self.instance.pk is None:
+            return None
+        try:
+            seen = json.loads(self.cleaned_data.get("seen") or "")
+        except ValueError:
+            seen = None
+        # The row as it is now, locked until the admin's change view (one transaction) has saved it:
+        # schedule_save finds it as checked here.
+        current = Schedule.objects.select_for_update().filter(pk=self.instance.pk).first()
+        if not isinstance(seen, dict) or current is None or seen != schedule_settings(current):
+            raise forms.ValidationError(STALE, code="stale")
+        return seen
+
+
+STALE = "This schedule changed since the page was opened; reload it and make your change again."
+
+
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin[Schedule]):
     """Schedules are configuration with the system's own reach: one may start any workflow, private
     ones with any payload, and submit to any account's agent. So only superusers add, change, fire
     or delete them; staff with the view permission see them and their firings."""
 
+    form = ScheduleForm
     list_display = ("name", "what", "when", "enabled", "next_due_at", "last_fired_at", "latest_outcome", "firings_link")
     list_filter = ("enabled", "action")
     search_fields = ("name", "workflow", "account", "agent_kind", "agent_name")
     actions = ("enable", "disable", "fire_now")
     readonly_fields = ("next_due_at", "last_fired_at", "created_at", "updated_at", "recent_firings")
     fieldsets = (
-        (None, {"fields": ("name", "description", "enabled")}),
+        (None, {"fields": ("name", "description", "enabled", "seen")}),
         ("When", {"fields": ("cron", "interval_seconds", "timezone", "next_due_at", "last_fired_at")}),
         ("What: a workflow", {"fields": ("action", "workflow", "payload")}),
         ("What: a submission to an agent", {"fields": ("account", "agent_kind", "agent_name", "message")}),
@@ -108,7 +144,9 @@ class ScheduleAdmin(admin.ModelAdmin[Schedule]):
         return format_html('<table class="schedule-firings">{}{}</table>', mark_safe(HEADER), body)
 
     def save_model(self, request: HttpRequest, obj: Schedule, form: ModelForm[Schedule], change: bool) -> None:
-        schedule_save(schedule=obj, changed=form.changed_data if change else ())
+        # The admin's change view is one transaction: the row checked in the form is the one saved.
+        seen = form.cleaned_data.get("seen") if change else None
+        schedule_save(schedule=obj, changed=form.changed_data if change else (), seen=seen)
 
     # --- actions: thin, one service call ---
     @admin.action(description="Enable selected schedules (next due from now)", permissions=["change"])

@@ -20,10 +20,12 @@ now"). Firings' work goes through the lower apps' own services (``workflows.serv
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -271,11 +273,38 @@ def schedules_enable(*, schedules: Iterable[Schedule], enabled: bool, now: datet
     return changed
 
 
-def schedule_save(*, schedule: Schedule, changed: Iterable[str] = (), now: datetime | None = None) -> Schedule:
+class ScheduleChanged(Exception):
+    """An edit made on a schedule as it was (``seen``) that has changed since."""
+
+
+# What people set (the admin, the command); the rest is the tick's, or Django's.
+SETTING_FIELDS = tuple(
+    f.name
+    for f in Schedule._meta.concrete_fields
+    if f.name not in ("id", "next_due_at", "last_fired_at", "created_at", "updated_at")
+)
+
+
+def schedule_settings(schedule: Schedule) -> dict[str, Any]:
+    """What people set of ``schedule``, as JSON: an edit form carries it from when it was loaded."""
+    return cast(dict[str, Any], json.loads(json.dumps({name: getattr(schedule, name) for name in SETTING_FIELDS})))
+
+
+def schedule_save(
+    *,
+    schedule: Schedule,
+    changed: Iterable[str] = (),
+    seen: dict[str, Any] | None = None,
+    now: datetime | None = None,
+) -> Schedule:
     """Save a schedule that passed ``full_clean()`` (the admin's form, ``manage.py schedules add``).
     A new one, or one whose timing changed or that was just enabled, is due next after ``now``;
     otherwise the tick's ``next_due_at`` and ``last_fired_at`` are left as the tick wrote them (a
-    form loaded before a tick must not move them back)."""
+    form loaded before a tick must not move them back).
+
+    ``seen``, ``schedule_settings`` of the schedule as the edit began: ScheduleChanged if someone
+    changed it since (a page opened before another operator disabled a misbehaving schedule would
+    otherwise enable it again with its save, whatever field it was opened to change)."""
     now = now or timezone.now()
     changed = set(changed)
     with transaction.atomic():
@@ -283,7 +312,9 @@ def schedule_save(*, schedule: Schedule, changed: Iterable[str] = (), now: datet
             schedule.next_due_at = schedule.spec().next_after(now) if schedule.enabled else None
             schedule.save()
             return schedule
-        Schedule.objects.select_for_update().filter(pk=schedule.pk).first()
+        current = Schedule.objects.select_for_update().filter(pk=schedule.pk).first()
+        if seen is not None and (current is None or schedule_settings(current) != seen):
+            raise ScheduleChanged("deleted since the edit began" if current is None else "changed since the edit began")
         fields = [
             f.name for f in Schedule._meta.concrete_fields if f.name not in ("id", "next_due_at", "last_fired_at")
         ]

@@ -3,7 +3,11 @@ the checks; enabled, disabled and fired now by staff who may change them; firing
 
 from __future__ import annotations
 
+import html
+import json
+import re
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -139,3 +143,61 @@ def test_staff_with_the_schedule_permissions_but_not_superuser_change_nothing(us
     client.post(URL, {"action": "fire_now", "_selected_action": [schedule.pk]})
     assert not ScheduleFiring.objects.exists()
     assert Schedule.objects.get(pk=schedule.pk).name == "echo"
+
+
+def edit_page(client: Any, schedule: Schedule) -> dict[str, str]:
+    """The change page's form as loaded, its hidden ``seen`` included."""
+    page = client.get(f"{URL}{schedule.pk}/change/").content.decode()
+    seen = re.search(r'name="seen" value="([^"]*)"', page)
+    assert seen, "the page carries the settings it shows"
+    return {
+        "name": schedule.name,
+        "description": schedule.description,
+        "interval_seconds": str(schedule.interval_seconds or ""),
+        "cron": schedule.cron,
+        "timezone": schedule.timezone,
+        "initial-timezone": schedule.timezone,  # a callable default's hidden initial, as a browser sends it
+        "action": schedule.action,
+        "workflow": schedule.workflow,
+        "payload": json.dumps(schedule.payload),
+        **({"enabled": "on"} if schedule.enabled else {}),
+        "seen": html.unescape(seen.group(1)),
+    }
+
+
+def test_a_page_opened_before_the_schedule_was_disabled_cannot_enable_it_again(carol: User) -> None:
+    schedule = workflow_schedule(due=timezone.now() + timedelta(minutes=1))
+    client = login(carol)
+    # given the page open, and another operator disabling the schedule meanwhile
+    form = edit_page(client, schedule)
+    client.post(URL, {"action": "disable", "_selected_action": [schedule.pk]})
+
+    # when the page is saved with only its description changed
+    refused = client.post(f"{URL}{schedule.pk}/change/", {**form, "description": "nightly, see runbook"})
+
+    # then the save is refused and the schedule stays disabled, as the other operator left it
+    assert refused.status_code == 200
+    assert "This schedule changed since the page was opened" in refused.content.decode()
+    schedule.refresh_from_db()
+    assert (schedule.enabled, schedule.description, schedule.next_due_at) == (False, "", None)
+    # and the page reloaded saves the change, leaving it disabled
+    saved = client.post(f"{URL}{schedule.pk}/change/", {**edit_page(client, schedule), "description": "runbook"})
+    assert saved.status_code == 302
+    schedule.refresh_from_db()
+    assert (schedule.enabled, schedule.description) == (False, "runbook")
+
+
+def test_a_page_opened_before_a_firing_still_saves_and_keeps_the_ticks_times(carol: User) -> None:
+    schedule = workflow_schedule(due=timezone.now() - timedelta(seconds=1), every=3600)
+    client = login(carol)
+    # given the page open, and the tick firing the schedule meanwhile (its times change, not its settings)
+    form = edit_page(client, schedule)
+    schedules_tick()
+    schedule.refresh_from_db()
+    ticked = (schedule.next_due_at, schedule.last_fired_at)
+
+    saved = client.post(f"{URL}{schedule.pk}/change/", {**form, "description": "hourly echo"})
+
+    assert saved.status_code == 302
+    schedule.refresh_from_db()
+    assert (schedule.description, (schedule.next_due_at, schedule.last_fired_at)) == ("hourly echo", ticked)

@@ -15,7 +15,15 @@ from django.core.exceptions import ValidationError
 from accounts.services import account_ensure
 from agents.models import Agent, Submission, Turn
 from schedules.models import Outcome, Schedule, ScheduleFiring, Trigger
-from schedules.services import firing_purge, schedule_fire, schedule_save, schedules_enable, schedules_tick
+from schedules.services import (
+    ScheduleChanged,
+    firing_purge,
+    schedule_fire,
+    schedule_save,
+    schedule_settings,
+    schedules_enable,
+    schedules_tick,
+)
 from schedules.tests.support import submission_schedule, workflow_schedule
 from workflows.models import WorkflowRun
 
@@ -189,6 +197,28 @@ def test_an_edit_leaves_the_ticks_due_time_unless_the_timing_changed() -> None:
     schedule_save(schedule=stale, changed=["interval_seconds"], now=NOW)
     schedule.refresh_from_db()
     assert schedule.next_due_at == NOW + timedelta(hours=1)
+
+
+def test_an_edit_of_settings_changed_since_it_began_is_refused() -> None:
+    schedule = workflow_schedule(due=NOW + timedelta(seconds=30))
+    stale = Schedule.objects.get(pk=schedule.pk)
+    seen = schedule_settings(stale)  # what the edit began from
+    schedules_enable(schedules=[schedule], enabled=False, now=NOW)  # another operator
+
+    stale.description = "edited"
+    with pytest.raises(ScheduleChanged):
+        schedule_save(schedule=stale, changed=["description"], seen=seen, now=NOW)
+
+    schedule.refresh_from_db()
+    assert (schedule.enabled, schedule.description) == (False, "")
+    # the tick's own writes are not a change of settings: an edit that began before them saves
+    schedules_enable(schedules=[schedule], enabled=True, now=NOW)
+    fresh = Schedule.objects.get(pk=schedule.pk)
+    seen = schedule_settings(fresh)
+    schedules_tick(now=NOW + timedelta(seconds=61))
+    fresh.description = "edited"
+    schedule_save(schedule=fresh, changed=["description"], seen=seen, now=NOW)
+    assert Schedule.objects.get(pk=schedule.pk).description == "edited"
 
 
 def test_a_stored_timing_that_cannot_be_read_disables_the_schedule() -> None:
