@@ -24,24 +24,23 @@ def migrate_to_the_end() -> None:
     executor.migrate(executor.loader.graph.leaf_nodes())
 
 
-@pytest.fixture
-def before_the_salt() -> Iterator[MigrationExecutor]:
+def migrated_back_to(target: tuple[str, str]) -> Iterator[MigrationExecutor]:
     executor = MigrationExecutor(connection)
-    executor.migrate([BEFORE])
+    executor.migrate([target])
     try:
         yield executor
     finally:
         migrate_to_the_end()
+
+
+@pytest.fixture
+def before_the_salt() -> Iterator[MigrationExecutor]:
+    yield from migrated_back_to(BEFORE)
 
 
 @pytest.fixture
 def before_the_mark() -> Iterator[MigrationExecutor]:
-    executor = MigrationExecutor(connection)
-    executor.migrate([BEFORE_THE_MARK])
-    try:
-        yield executor
-    finally:
-        migrate_to_the_end()
+    yield from migrated_back_to(BEFORE_THE_MARK)
 
 
 def test_requests_made_before_the_salt_keep_their_keys_and_new_ones_get_a_salt_each(
