@@ -103,7 +103,11 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin[WebhookDelivery]):
             self.log_change(request, delivery, f"Acted on again now; {delivery.message.split('; ', 1)[-1]}.")
         self.message_user(request, f"{len(ids)} delivery(ies) will be acted on now.", messages.SUCCESS)
         if skipped := selected - len(ids):
-            self.message_user(request, f"{skipped} neither failed nor pending: left as they were.", messages.WARNING)
+            self.message_user(
+                request,
+                f"{skipped} neither failed nor pending, or a try is acting on it now: left as they were.",
+                messages.WARNING,
+            )
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> TemplateResponse:
         context = {**(extra_context or {}), "webhook_sources": source_summaries()}

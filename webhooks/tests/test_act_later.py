@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import Client
 from django.utils import timezone
 
@@ -335,10 +335,14 @@ def test_commands_sweep_and_act_again(sent: list[Any], capsys: pytest.CaptureFix
 
     done = accepted("evt_2")
     delivery_act(done.pk)
-    call_command("webhooks", "act-again", str(delivery.pk), "424242", str(done.pk))
+    with pytest.raises(CommandError, match="no such delivery"):  # exit status 1, after acting on the rest
+        call_command("webhooks", "act-again", str(delivery.pk), "424242", str(done.pk))
     out, err = capsys.readouterr()
     assert "1 delivery(ies) will be acted on now" in out
     assert "no delivery 424242\n" in err and f"{done.pk}: neither failed nor pending" in err
+    with pytest.raises(CommandError, match="nothing to act on"):
+        call_command("webhooks", "act-again", str(done.pk))
+    capsys.readouterr()
     WebhookDelivery.objects.filter(pk=delivery.pk).update(act_after=timezone.now() - timedelta(hours=1))
     call_command("webhooks", "sweep")
     assert "1 overdue action(s) sent again" in capsys.readouterr().out

@@ -52,6 +52,8 @@ class Command(BaseCommand):
             if left := sorted(found - acted):
                 listed = ", ".join(map(str, left))
                 self.stderr.write(f"{listed}: neither failed nor pending, or a try is acting now: left as they were")
+            if missing or not acted:  # a script sees that it did not do what it was asked
+                raise CommandError("no such delivery" if missing else "nothing to act on")
         else:
             self.purge(options)
 
