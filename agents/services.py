@@ -643,8 +643,10 @@ def chunks_purge(*, older_than: timedelta | None = None, dry_run: bool = False) 
     AGENTS_CHUNK_RETENTION_DAYS). A turn's answer stays: its text and its messages are the
     conversation; only the replay of an old stream goes (a resume of such a turn replays nothing).
     Streams of open turns are never touched, whatever their age."""
-    age = older_than if older_than is not None else timedelta(days=int(settings.AGENTS_CHUNK_RETENTION_DAYS))
-    cutoff = timezone.now() - age
+    from ledger.services import retention_cutoff
+
+    # ValueError for a period of zero or less, as every purge here: it would take every ended turn's.
+    cutoff = retention_cutoff(older_than, default_days=int(settings.AGENTS_CHUNK_RETENTION_DAYS))
     old = Turn.objects.filter(status__in=TURN_ENDED, finished_at__lt=cutoff)
     chunks = Chunk.objects.filter(turn__in=old.values("pk"))
     if dry_run:

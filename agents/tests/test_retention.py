@@ -66,3 +66,9 @@ def test_purge_deletes_only_the_streams_of_turns_ended_before_the_cutoff(users: 
 def test_a_bad_age_is_a_usage_error() -> None:
     with pytest.raises(CommandError, match="not a duration"):
         purge("--older-than", "soon")
+
+
+def test_an_age_of_zero_is_refused() -> None:
+    """It would take the stream of every turn that has ended: the other purges refuse it too."""
+    with pytest.raises(CommandError, match="more than zero"):
+        purge("--older-than", "0d")

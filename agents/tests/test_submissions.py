@@ -526,6 +526,7 @@ def test_a_refused_submission_opens_no_agent(users: Users, no_enqueue: NoEnqueue
         ["--name", "new", "--text", "hi", "--metadata", "[1]"],
         ["--name", "new", "--text", "hi", "--key", " spaced "],
         ["--name", "new", "--text", "hi", "--key", "k" * 300],
+        ["--name", "new", "--text", "hi", "--key", ""],  # an unset variable: not "no key"
     ],
 )
 def test_the_command_refuses_bad_input_and_opens_no_agent(users: Users, no_enqueue: NoEnqueue, args: list[str]) -> None:

@@ -47,7 +47,7 @@ class Command(BaseCommand):
         submit.add_argument("--kind", required=True, help="The agent's kind.")
         submit.add_argument("--name", required=True, help="The agent's name (created on first use).")
         submit.add_argument("--text", required=True, action="append", help="A message (repeat for several).")
-        submit.add_argument("--key", default="", help="An idempotency key: the same key and text again is a no-op.")
+        submit.add_argument("--key", help="An idempotency key: the same key and text again is a no-op.")
         submit.add_argument("--metadata", default="{}", help="A JSON object kept with the submission.")
         sub.add_parser(
             "queue-submissions",
@@ -88,8 +88,8 @@ class Command(BaseCommand):
     def purge(self, *, older_than: Any, dry_run: bool) -> None:
         try:
             result = chunks_purge(older_than=older_than, dry_run=dry_run)
-        except OverflowError:
-            raise CommandError("--older-than reaches before the year 1") from None
+        except ValueError as exc:  # zero or less, or reaching before the year 1
+            raise CommandError(f"--older-than: {exc}") from None
         for line in purge_report(
             deleted=f"{result.chunks} chunk(s) of {result.turns} turn(s) ended",
             cutoff=result.cutoff,
@@ -109,7 +109,7 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(f"--metadata is not JSON: {exc}") from None
         messages = [{"role": "user", "content": text} for text in options["text"]]
-        key = options["key"] or None
+        key = options["key"]  # None without --key; an empty one (an unset shell variable) is refused
         if key is not None and re.fullmatch(IDEMPOTENCY_KEY, key) is None:
             raise CommandError(
                 f"--key must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters, no space at either end"
