@@ -408,11 +408,18 @@ class TestCancellation:
 def test_the_command_lists_the_queue(users: Users, capsys: pytest.CaptureFixture[str]) -> None:
     pending = waiting_request(requested_by=users.bob, version="v9")
     waiting_request(status=ApprovalStatus.APPROVED)
+    waiting_request(status=ApprovalStatus.CANCELLED)
 
     call_command("approvals", "list")
 
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 1 and out[0].startswith(f"{pending.pk}\tpending\tshop.order:1042 version v9\trefund-approvers")
+    assert "\texpires in " in out[0]
+
+    # a closed request says so, not when it would have expired
+    call_command("approvals", "list", "--status", ApprovalStatus.CANCELLED)
+    (line,) = capsys.readouterr().out.splitlines()
+    assert "\tcancelled\t" in line and "\tclosed\t" in line and "expires" not in line
 
 
 @pytest.mark.django_db(transaction=True)

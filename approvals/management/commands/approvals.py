@@ -26,7 +26,12 @@ class Command(BaseCommand):
             return
         now = timezone.now()
         for request in approval_queue(status=str(options["status"])):
-            expiry = "overdue" if request.expires_at <= now else f"expires in {timesince(now, request.expires_at)}"
+            if not request.is_pending:  # its expiry no longer means anything
+                expiry = f"decided {timesince(request.decided_at, now)} ago" if request.decided_at else "closed"
+            elif request.is_overdue(now):
+                expiry = "overdue"
+            else:
+                expiry = f"expires in {timesince(now, request.expires_at)}"
             self.stdout.write(
                 f"{request.pk}\t{request.status}\t{request.subject_type}:{request.subject_id} version {request.version}"
                 f"\t{request.approvers}\tage {timesince(request.created_at, now)}\t{expiry}\t{request.summary}"
