@@ -73,8 +73,8 @@ def check_startable(*, workflow: str) -> None:
     cls = get_workflow(workflow)
     if not cls.public:
         raise NotStartable(
-            f"workflow {workflow!r} cannot be started directly: it is started by its own "
-            "service (for example a refund request or an assessment's submission)"
+            f"workflow {workflow!r} cannot be started directly: it is not public; its own service "
+            "starts it, or a schedule or a webhook source that names it"
         )
 
 
