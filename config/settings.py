@@ -369,8 +369,9 @@ LEDGER: dict[str, Any] = {
     # An operation a person marked failed after it was sent is looked up again by every reconcile
     # for this many days: if the provider acted on it after all, the ledger says so (see README).
     "RECHECK_RESOLVED_DAYS": envfloat("LEDGER_RECHECK_RESOLVED_DAYS", 7.0),
-    # Keys whose values never reach operational records or logs, matched case-insensitively at
-    # any depth, ignoring "_" and "-" (so cardNumber matches card_number). Whole keys only.
+    # Keys whose values (personal data, credentials) never reach operational records, webhook
+    # deliveries or logs, matched case-insensitively at any depth, ignoring "_" and "-" (so
+    # cardNumber matches card_number). Whole keys only.
     "REDACT_KEYS": envlist(
         "LEDGER_REDACT_KEYS",
         [
@@ -400,6 +401,16 @@ LEDGER: dict[str, Any] = {
             "ssn",
             "national_id",
             "tax_id",
+            # Credentials: a provider's or a webhook's body may carry one, and no record needs it.
+            "password",
+            "passwd",
+            "secret",
+            "client_secret",
+            "api_key",
+            "access_token",
+            "refresh_token",
+            "private_key",
+            "authorization",
         ],
     ),
     # `manage.py purge_records` deletes operational records older than this by default.

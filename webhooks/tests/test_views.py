@@ -144,6 +144,20 @@ def test_a_replay_with_another_body_is_a_duplicate_and_changes_nothing() -> None
     assert duplicate.body_digest == body_digest("runs", "msg_1", other)
 
 
+def test_credentials_in_a_body_are_recorded_redacted_and_reach_the_work_whole() -> None:
+    data = {"order": "1042", "api_key": "sk_live_1", "login": {"Password": "hunter2", "user": "alice"}}
+    body = encode({"type": "order.paid", "data": data})
+
+    assert post("runs", body, standard_headers(body, "msg_cred")).status_code == 202
+
+    delivery = WebhookDelivery.objects.get()
+    assert delivery.body == {
+        "type": "order.paid",
+        "data": {"order": "1042", "api_key": "[redacted]", "login": {"Password": "[redacted]", "user": "alice"}},
+    }
+    assert WorkflowRun.objects.get().payload == data  # what the work is given is the sender's
+
+
 def test_a_bodys_digest_is_keyed_so_it_confirms_no_guess_of_what_was_redacted(settings: Any) -> None:
     # the body as received holds the email the stored body redacts; its digest is no plain hash,
     # which anyone reading the row could compare with guesses, and it changes with the key
