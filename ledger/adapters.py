@@ -105,8 +105,12 @@ def get_adapter(system: str) -> Adapter:
     try:
         return _adapters[system]
     except KeyError:
-        known = ", ".join(sorted(_adapters)) or "none"
-        raise UnknownSystem(f"no adapter is registered for system {system!r} (registered: {known})") from None
+        raise UnknownSystem(unknown_system_message(system)) from None
+
+
+def unknown_system_message(system: str) -> str:
+    known = ", ".join(sorted(_adapters)) or "none"
+    return f"no adapter is registered for system {system!r} (registered: {known})"
 
 
 def has_adapter(system: str) -> bool:

@@ -30,6 +30,13 @@ def reconcile(*args: str) -> str:
     return out.getvalue()
 
 
+@pytest.mark.django_db
+def test_a_system_without_an_adapter_is_named_as_such() -> None:
+    err = StringIO()
+    call_command("reconcile", "--system", "paymnets", stdout=StringIO(), stderr=err)
+    assert "no adapter is registered for system 'paymnets'" in err.getvalue()
+
+
 def row_of(output: str, key: str) -> str:
     [row] = [line for line in output.splitlines() if f" {key} " in f" {line} "]
     return row

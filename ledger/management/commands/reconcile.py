@@ -11,6 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from ledger.adapters import has_adapter, unknown_system_message
 from ledger.durations import describe, duration_argument
 from ledger.management.tables import table
 from ledger.services import ReconcileResult, operations_reconcile
@@ -32,6 +33,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         dry_run: bool = options["dry_run"]
+        if (system := options["system"]) and not has_adapter(system):  # a typo, or an app not installed
+            warning = f"{unknown_system_message(system)}: its operations cannot be looked up"
+            self.stderr.write(self.style.WARNING(warning))
         results = operations_reconcile(system=options["system"], older_than=options["older_than"], dry_run=dry_run)
         scope = f" of {options['system']}" if options["system"] else ""
         if options["older_than"] is not None:
