@@ -13,8 +13,10 @@ from typing import Any, TypeVar
 from uuid import UUID
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -312,8 +314,25 @@ class WorkflowRunAdmin(admin.ModelAdmin[WorkflowRun]):
         self._control(request, queryset, services.run_terminate, "terminated")
 
     @admin.action(description="Restart selected runs (new attempt from the first step)", permissions=["control"])
-    def restart_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> None:
-        self._control(request, queryset, services.run_restart, "restarted")
+    def restart_runs(self, request: HttpRequest, queryset: QuerySet[WorkflowRun]) -> TemplateResponse | None:
+        """After a page that lists each run's attempt, and restarts that attempt only: the page sent
+        twice (a double click, a second tab) finds the run on the attempt the first made, and leaves it."""
+        if "apply" not in request.POST:
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "Restart runs",
+                "opts": self.model._meta,
+                "runs": list(queryset.order_by("created_at")),
+                "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            }
+            return TemplateResponse(request, "admin/workflows/workflowrun/restart.html", context)
+
+        def restart_seen(*, run_id: UUID) -> WorkflowRun:
+            seen = request.POST.get(f"attempt-{run_id}", "")
+            return services.run_restart(run_id=run_id, attempt=int(seen) if seen.isdigit() else None)
+
+        self._control(request, queryset, restart_seen, "restarted")
+        return None
 
     def _control(self, request: HttpRequest, queryset: QuerySet[WorkflowRun], control: Control, done: str) -> None:
         # Ids only: each service locks and re-reads its run, so a status read here could be stale.

@@ -298,10 +298,19 @@ def run_terminate(*, run_id: UUID) -> WorkflowRun:
     return run
 
 
-def run_restart(*, run_id: UUID) -> WorkflowRun:
-    """Start a new attempt from the first step. Earlier attempts and their steps stay stored."""
+def run_restart(*, run_id: UUID, attempt: int | None = None) -> WorkflowRun:
+    """Start a new attempt from the first step. Earlier attempts and their steps stay stored.
+
+    ``attempt``: the attempt the caller saw and means to replace. If the run has moved on since (a
+    second click, another operator), TransitionNotAllowed: the attempt that replaced it is left to run,
+    not restarted once more."""
     with transaction.atomic():
         run = _locked(run_id)
+        if attempt is not None and run.attempt != attempt:
+            raise TransitionNotAllowed(
+                f"not restarted: it is on attempt {run.attempt} now, not attempt {attempt} (restarted already?)",
+                status=run.status,
+            )
         now = timezone.now()
         if not run.is_terminal:
             RunAttempt.objects.filter(run=run, number=run.attempt).update(

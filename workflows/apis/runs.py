@@ -8,6 +8,7 @@ run is a 404. Control and events need ownership or ``control_workflowrun`` (else
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -350,8 +351,10 @@ class RunControlApi(ApiBase):
 
     OutputSerializer = RunDetailSerializer
 
-    def control(self, request: Request, run_id: str, action: Callable[..., WorkflowRun]) -> Response:
-        run = controllable_run(user=request.user, run_id=run_id)
+    def control(
+        self, request: Request, run_id: str, action: Callable[..., WorkflowRun], run: WorkflowRun | None = None
+    ) -> Response:
+        run = run or controllable_run(user=request.user, run_id=run_id)
         run = action(run_id=run.id)
         return Response(self.OutputSerializer(run_detail_data(run=run, user=request.user)).data)
 
@@ -389,6 +392,27 @@ class RunTerminateApi(RunControlApi):
 
 
 class RunRestartApi(RunControlApi):
-    @_control_schema("restart", "Start a new attempt from the first step; earlier attempts stay visible.")
+    @extend_schema_serializer(component_name="RunRestartInput")
+    class InputSerializer(StrictSerializer):
+        attempt = serializers.IntegerField(
+            required=False,
+            min_value=1,
+            max_value=2**31 - 1,
+            help_text="The attempt to replace (the run's `attempt` as you saw it): 409 if the run is on "
+            "another now, restarted already by a second click or someone else. Without it, the current one.",
+        )
+
+    @extend_schema(
+        operation_id="run_restart",
+        tags=TAGS,
+        parameters=[RUN_ID],
+        request=InputSerializer,
+        description="Start a new attempt from the first step; earlier attempts stay visible. An empty body "
+        "restarts whatever attempt is current.",
+        responses={200: RunDetailSerializer, **error_responses(400, 401, 403, 404, 409)},
+    )
     def post(self, request: Request, run_id: str) -> Response:
-        return self.control(request, run_id, services.run_restart)
+        run = controllable_run(user=request.user, run_id=run_id)  # access first, as for every control
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        return self.control(request, run_id, partial(services.run_restart, **serializer.validated_data), run=run)

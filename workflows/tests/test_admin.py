@@ -168,14 +168,35 @@ def test_restart_and_terminate_actions(users: Users) -> None:
     waiting = waiting_run()
     carol = login(users.carol)
 
-    act(carol, "restart_runs", failed)
+    # restart asks first, showing the attempt it will replace, and changes nothing yet
+    asked = carol.post(CHANGELIST, {"action": "restart_runs", "_selected_action": [str(failed.pk)]})
+    assert asked.status_code == 200 and f'name="attempt-{failed.pk}" value="1"' in asked.content.decode()
+    assert "&rsaquo; Restart runs" in asked.content.decode()
+    assert WorkflowRun.objects.get(pk=failed.pk).attempt == 1
+    confirmed = {
+        "action": "restart_runs",
+        "_selected_action": [str(failed.pk)],
+        f"attempt-{failed.pk}": "1",
+        "apply": "1",
+    }
+    restarted = carol.post(CHANGELIST, confirmed, follow=True)
     act(carol, "terminate_runs", waiting)
 
     failed.refresh_from_db()
     waiting.refresh_from_db()
+    assert [str(m) for m in get_messages(restarted.wsgi_request)] == [
+        f"test.lines {failed.pk}: restarted (now queued, attempt 2)"
+    ]
     assert (failed.status, failed.attempt, failed.failure_reason) == (RunStatus.QUEUED, 2, "")
     assert list(failed.attempts.values_list("number", flat=True)) == [1, 2]
     assert waiting.status == RunStatus.TERMINATED
+
+    # the confirmation sent again (a double click, a second tab) leaves the new attempt to run
+    again = carol.post(CHANGELIST, confirmed, follow=True)
+    assert [str(m) for m in get_messages(again.wsgi_request)] == [
+        f"test.lines {failed.pk}: not restarted: it is on attempt 2 now, not attempt 1 (restarted already?)"
+    ]
+    assert list(failed.attempts.values_list("number", flat=True)) == [1, 2]
 
 
 def test_refused_action_reports_the_reason_and_changes_nothing(users: Users) -> None:

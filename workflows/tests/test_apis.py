@@ -591,6 +591,18 @@ def test_pause_resume_terminate_restart_and_the_refusals_between(users: Users) -
     assert restarted["attempt"] == 2
     assert [(a["number"], a["status"]) for a in restarted["attempts"]] == [(1, "terminated"), (2, "queued")]
 
+    # a restart of the attempt the caller saw: once, however often it is sent
+    url = run_url(run.id, "restart")
+    assert client.post(url, {"attempt": 2}, format="json").json()["attempt"] == 3
+    before = snapshot(run)
+    twice = client.post(url, {"attempt": 2}, format="json")
+    assert twice.status_code == 409 and error_of(twice)["detail"] == {"status": "queued"}
+    assert "it is on attempt 3 now, not attempt 2" in error_of(twice)["message"]
+    assert snapshot(run) == before
+    for bad in ({"attempt": 0}, {"attempt": "2x"}, {"attempts": 2}):
+        assert client.post(url, bad, format="json").status_code == 400, bad
+    assert snapshot(run) == before
+
 
 @pytest.mark.django_db
 @pytest.mark.parametrize("action", ["pause", "resume", "terminate", "restart"])

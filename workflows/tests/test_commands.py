@@ -153,7 +153,9 @@ class TestWrites:
         run.refresh_from_db()
         assert run.status == RunStatus.QUEUED
 
-        run_command("restart", str(run.pk))
+        run_command("restart", str(run.pk), "--attempt", "1")
+        with pytest.raises(CommandError, match="it is on attempt 2 now, not attempt 1"):
+            run_command("restart", str(run.pk), "--attempt", "1")  # sent twice: once
         run_command("terminate", str(run.pk))
         run.refresh_from_db()
         assert (run.status, run.attempt) == (RunStatus.TERMINATED, 2)

@@ -72,7 +72,14 @@ class Command(BaseCommand):
         send.add_argument("--key", help="Idempotency key: sending again with it records no second event.")
 
         for name, (_, text) in CONTROLS.items():
-            sub.add_parser(name, help=text).add_argument("run_id")
+            control = sub.add_parser(name, help=text)
+            control.add_argument("run_id")
+            if name == "restart":
+                control.add_argument(
+                    "--attempt",
+                    type=positive_int,
+                    help="The attempt to replace: refused if the run is on another now (restarted already).",
+                )
 
         sub.add_parser("sweep", help="Fire due timers and re-enqueue lost runs once, as the beat task does.")
 
@@ -174,7 +181,8 @@ class Command(BaseCommand):
     def control(self, action: str, options: dict[str, Any]) -> None:
         run = get_run(options["run_id"])
         service, _ = CONTROLS[action]
-        run = service(run_id=run.id)
+        extra = {"attempt": options["attempt"]} if options.get("attempt") is not None else {}
+        run = service(run_id=run.id, **extra)
         if run.status == RunStatus.RUNNING and run.pause_requested:
             self.stdout.write(f"Run {run.id}: pause requested; it pauses at its next step boundary.")
         else:
