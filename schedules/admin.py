@@ -17,7 +17,14 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
 from schedules.models import Outcome, Schedule, ScheduleFiring
-from schedules.services import schedule_fire, schedule_save, schedule_settings, schedules_enable
+from schedules.services import (
+    ScheduleChanged,
+    schedule_fire,
+    schedule_lock_as_seen,
+    schedule_save,
+    schedule_settings,
+    schedules_enable,
+)
 from workflows.admin import ReadOnlyAdmin, run_admin_link
 
 RECENT_FIRINGS = 20
@@ -54,11 +61,14 @@ class ScheduleForm(ModelForm[Schedule]):
             seen = json.loads(self.cleaned_data.get("seen") or "")
         except ValueError:
             seen = None
-        # The row as it is now, locked until the admin's change view (one transaction) has saved it:
-        # schedule_save finds it as checked here.
-        current = Schedule.objects.select_for_update().filter(pk=self.instance.pk).first()
-        if not isinstance(seen, dict) or current is None or seen != schedule_settings(current):
+        if not isinstance(seen, dict):
             raise forms.ValidationError(STALE, code="stale")
+        # Checked against the row as it is now, locked until the admin's change view (one
+        # transaction) has saved it: schedule_save then finds it as checked here.
+        try:
+            schedule_lock_as_seen(pk=self.instance.pk, seen=seen)
+        except ScheduleChanged:
+            raise forms.ValidationError(STALE, code="stale") from None
         return seen
 
 

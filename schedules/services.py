@@ -290,6 +290,14 @@ def schedule_settings(schedule: Schedule) -> dict[str, Any]:
     return cast(dict[str, Any], json.loads(json.dumps({name: getattr(schedule, name) for name in SETTING_FIELDS})))
 
 
+def schedule_lock_as_seen(*, pk: int, seen: dict[str, Any] | None) -> None:
+    """Inside atomic(): lock the schedule's row until the transaction ends. ScheduleChanged if an
+    edit began from ``seen`` (``schedule_settings`` then) and the row is gone or its settings changed."""
+    current = Schedule.objects.select_for_update().filter(pk=pk).first()
+    if seen is not None and (current is None or schedule_settings(current) != seen):
+        raise ScheduleChanged("deleted since the edit began" if current is None else "changed since the edit began")
+
+
 def schedule_save(
     *,
     schedule: Schedule,
@@ -312,9 +320,7 @@ def schedule_save(
             schedule.next_due_at = schedule.spec().next_after(now) if schedule.enabled else None
             schedule.save()
             return schedule
-        current = Schedule.objects.select_for_update().filter(pk=schedule.pk).first()
-        if seen is not None and (current is None or schedule_settings(current) != seen):
-            raise ScheduleChanged("deleted since the edit began" if current is None else "changed since the edit began")
+        schedule_lock_as_seen(pk=schedule.pk, seen=seen)
         fields = [
             f.name for f in Schedule._meta.concrete_fields if f.name not in ("id", "next_due_at", "last_fired_at")
         ]
