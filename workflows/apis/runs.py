@@ -8,7 +8,6 @@ run is a 404. Control and events need ownership or ``control_workflowrun`` (else
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -351,10 +350,8 @@ class RunControlApi(ApiBase):
 
     OutputSerializer = RunDetailSerializer
 
-    def control(
-        self, request: Request, run_id: str, action: Callable[..., WorkflowRun], run: WorkflowRun | None = None
-    ) -> Response:
-        run = run or controllable_run(user=request.user, run_id=run_id)
+    def control(self, request: Request, run_id: str, action: Callable[..., WorkflowRun]) -> Response:
+        run = controllable_run(user=request.user, run_id=run_id)
         run = action(run_id=run.id)
         return Response(self.OutputSerializer(run_detail_data(run=run, user=request.user)).data)
 
@@ -412,7 +409,10 @@ class RunRestartApi(RunControlApi):
         responses={200: RunDetailSerializer, **error_responses(400, 401, 403, 404, 409)},
     )
     def post(self, request: Request, run_id: str) -> Response:
-        run = controllable_run(user=request.user, run_id=run_id)  # access first, as for every control
-        serializer = self.InputSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        return self.control(request, run_id, partial(services.run_restart, **serializer.validated_data), run=run)
+        def restart(*, run_id: UUID) -> WorkflowRun:
+            # Read once control() found a run the caller may control: to anyone else, only "not found".
+            serializer = self.InputSerializer(data=request.data)
+            serializer.is_valid(raise_exception=True)
+            return services.run_restart(run_id=run_id, **serializer.validated_data)
+
+        return self.control(request, run_id, restart)

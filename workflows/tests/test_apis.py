@@ -619,6 +619,9 @@ def test_who_may_control_alices_run(users: Users, action: str) -> None:
     # then mallory gets a 404, dave a 403, and the run is as it was
     assert as_mallory.status_code == 404
     assert error_of(as_mallory)["code"] == "not_found"
+    # a body the action would refuse tells her no more than that (not a 400 from reading it)
+    with_a_bad_body = api_login(users.mallory).post(run_url(run.id, action), {"attempt": "x"}, format="json")
+    assert with_a_bad_body.status_code == 404
     assert as_dave.status_code == 403
     assert error_of(as_dave)["code"] == "permission_denied"
     assert snapshot(run) == before
