@@ -29,17 +29,21 @@ ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 
 
-def service_env(**overrides: str) -> dict[str, str]:
-    """The test process's environment, pointed at the test database pytest-django created."""
-    env = dict(os.environ)
-    settings_dict = connection.settings_dict
+def database_url(settings_dict: dict[str, Any], name: str | None = None) -> str:
+    """A ``DATABASE_URL`` for a connection's settings (another database of that server by ``name``)."""
     # Quoted: a socket directory as the host (/var/run/postgresql) or a password with an @ in it
     # would otherwise be read as part of the path or the host.
     user = quote(settings_dict["USER"] or "postgres", safe="")
     if settings_dict["PASSWORD"]:
         user += ":" + quote(settings_dict["PASSWORD"], safe="")
     host = quote(settings_dict["HOST"] or "127.0.0.1", safe="")
-    env["DATABASE_URL"] = f"postgres://{user}@{host}:{settings_dict['PORT'] or 5432}/{settings_dict['NAME']}"
+    return f"postgres://{user}@{host}:{settings_dict['PORT'] or 5432}/{name or settings_dict['NAME']}"
+
+
+def service_env(**overrides: str) -> dict[str, str]:
+    """The test process's environment, pointed at the test database pytest-django created."""
+    env = dict(os.environ)
+    env["DATABASE_URL"] = database_url(connection.settings_dict)
     env["PYTHONPATH"] = str(ROOT)
     env.update(overrides)
     return env

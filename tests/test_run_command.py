@@ -26,7 +26,7 @@ import psycopg
 import pytest
 from django.db import connections
 
-from tests.support import ROOT, free_port, wait_for
+from tests.support import ROOT, database_url, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -133,8 +133,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
     }
     env.update(
         {
-            "DATABASE_URL": f"postgres://{settings['USER'] or 'postgres'}@{settings['HOST'] or '127.0.0.1'}:"
-            f"{settings['PORT'] or 5432}/{database}",
+            "DATABASE_URL": database_url(settings, database),
             "PORT": str(free_port()),
             "SANDBOX_PORT": str(free_port()),
             "WORKFLOWS_QUEUE": tag,
@@ -144,8 +143,6 @@ def served(tmp_path: Path) -> Iterator[Served]:
             "PYTHONPATH": str(app),
         }
     )
-    if settings["PASSWORD"]:
-        env["DATABASE_URL"] = env["DATABASE_URL"].replace("@", f":{settings['PASSWORD']}@", 1)
     served = Served(app, env, int(env["PORT"]), int(env["SANDBOX_PORT"]))
     try:
         yield served

@@ -6,7 +6,7 @@ import dj_database_url
 import pytest
 from django.db import connections
 
-from tests.support import service_env
+from tests.support import database_url, service_env
 
 
 @pytest.mark.parametrize(
@@ -29,3 +29,5 @@ def test_a_started_process_is_given_the_test_database_as_it_is(
         5433,
         settings["NAME"],
     )
+    # and another database of the same server, as the run command's test makes one
+    assert dj_database_url.parse(database_url(settings, "another"))["NAME"] == "another"
