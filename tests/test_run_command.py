@@ -48,6 +48,9 @@ class Served:
             stdout=self.output,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # the test's Ctrl-C goes to the script alone, as a terminal's would
+            # A terminal's foreground command may be interrupted; a test run started in the background
+            # (`scripts/test.sh &`) hands its children SIGINT ignored, which bash then cannot trap.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
 
     def log(self, name: str = "") -> str:
