@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +65,14 @@ CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS", [])
 INSTALL_EXAMPLES = envbool("INSTALL_EXAMPLES", False)
 EXAMPLE_APPS = ["examples.demo", "examples.refunds", "examples.suppliers"]
 
+# daphne's app is only what makes `manage.py runserver` serve the ASGI application (WebSockets
+# included); the web server itself is `daphne config.asgi:application`. The app imports Twisted and
+# installs its reactor in whichever process loads it: a quarter of a second at each start of a
+# worker, beat or command, which have no use for it. So only runserver loads it.
+DEV_SERVER_APPS = ["daphne"] if sys.argv[1:2] == ["runserver"] else []
+
 INSTALLED_APPS = [
-    "daphne",
+    *DEV_SERVER_APPS,
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -174,6 +174,31 @@ def test_the_examples_are_installed_only_when_asked(env: dict[str, str], install
     assert apps[-1] == "portal"  # the top layer stays last, after the examples it reads
 
 
+@pytest.mark.parametrize(
+    ("argv", "loaded"),
+    [
+        (["celery", "-A", "config", "worker"], False),
+        (["manage.py", "migrate"], False),
+        (["manage.py", "runserver"], True),
+    ],
+    ids=["a worker", "a command", "runserver"],
+)
+def test_only_runserver_loads_daphnes_app_and_twisted(argv: list[str], loaded: bool) -> None:
+    """A worker, beat or command has no use for Twisted, which daphne's app imports (and whose
+    reactor it installs) at every start; ``manage.py runserver`` needs the app to serve ASGI."""
+    code = (
+        f"import sys; sys.argv = {argv!r}\n"
+        "import django; django.setup()\n"
+        "from config.celery import app; app.loader.import_default_modules()\n"
+        "from django.conf import settings\n"
+        "print('daphne' in settings.INSTALLED_APPS, any(m.startswith('twisted') for m in sys.modules))"
+    )
+    result = fresh_python(code, {"SECRET_KEY": "k" * 50, "DJANGO_SETTINGS_MODULE": "config.settings"})
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(loaded), str(loaded)]
+
+
 def test_the_run_test_and_type_check_commands_install_the_examples() -> None:
     # the run command exports it to every process it starts, unless told otherwise
     run_sh = (ROOT / "scripts" / "run.sh").read_text()
