@@ -405,9 +405,9 @@ def test_a_restarted_run_continues_the_refund_its_earlier_attempt_sent(world: Wo
 
     sandbox = world.sandbox
     # given £100 of a £150 order sent to a provider that takes 5 s, its run terminated while the
-    # outcome is unknown, and another £50 asked for meanwhile
+    # outcome is unknown (its next try 8 s away), and another £50 asked for meanwhile
     order = new_order(users.alice, "2013", "150.00")
-    first = ask(order, "100.00", sandbox=sandbox, faults=(("delay=5", "create", 1, ""),), retry_delay_seconds=30)
+    first = ask(order, "100.00", sandbox=sandbox, faults=(("delay=5", "create", 1, ""),), retry_delay_seconds=8)
     wait_for(
         lambda: ExternalOperation.objects.filter(key=first.operation_key, status=OperationStatus.UNKNOWN).exists(),
         timeout=40,
