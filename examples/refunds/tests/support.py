@@ -127,17 +127,26 @@ def refunded_at_provider(sandbox: SandboxProcess, order_number: str) -> Decimal:
 
 
 def unknown_refund(
-    world: World, customer: User, number: str, order_amount: str, amount: str, *, check_interval: float = 2
+    world: World,
+    customer: User,
+    number: str,
+    order_amount: str,
+    amount: str,
+    *,
+    check_interval: float = 2,
+    retry_delay: float = 0.5,
 ) -> RefundRequest:
     """A refund for ``customer`` that the provider makes, but whose answer is lost; lookups fail until
-    drained. Its run checks the outcome every ``check_interval`` seconds, and when woken."""
+    drained. Its run's refund step tries five times more, ``retry_delay`` seconds apart at first and
+    doubling (15.5 s in all by default), then checks the outcome every ``check_interval`` seconds,
+    and when woken."""
     sandbox = world.sandbox
     request = ask(
         new_order(customer, number, order_amount),
         amount,
         sandbox=sandbox,
         faults=(("timeout=3", "create", 1, ""), ("error", "lookup", 100, "")),
-        retry_delay_seconds=0.5,
+        retry_delay_seconds=retry_delay,
         check_interval_seconds=check_interval,
     )
     wait_for(

@@ -68,8 +68,8 @@ def settled_events(op: ExternalOperation) -> int:
 
 def test_the_providers_webhook_settles_an_unknown_refund_and_wakes_the_run(world: World, users: Users) -> None:
     # given a refund the provider made, whose answer was lost and whose lookups fail, and whose run
-    # waits ten minutes between checks
-    request = unknown_refund(world, users.alice, "2101", "50.00", "30.00", check_interval=600)
+    # waits ten minutes between checks (after its refund step's retries, 3.1 s in all)
+    request = unknown_refund(world, users.alice, "2101", "50.00", "30.00", check_interval=600, retry_delay=0.1)
     wait_for(lambda: waiting_for_outcome(request), timeout=30, what="the run to wait for the refund's outcome")
     assert status_of(request) == "outcome being checked"
     record = provider_record(world.sandbox, request.operation_key)
