@@ -23,14 +23,16 @@ echo "==> mypy (in the background; its report follows pytest's)"
 mypy_log="$(mktemp)"
 .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
-echo "==> pytest"
+echo "==> pytest (${SECONDS} s after the start: install, services, ruff)"
 status=0
+pytest_started=$SECONDS
 # Three test processes (pytest-xdist), each with its own test database, queues and servers: most of
 # the suite waits on workers, servers and sleeps, so three share the two cores well (on this 2-core
 # machine the suite took 550 s with three, 620 to 650 with two). Whole files go to one process
 # (--dist loadfile): a module's workers and servers start once, in the order conftest.py gives them
 # (--no-loadscope-reorder: the longest file first). PYTEST_WORKERS=0 runs everything in this process.
 .venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@" || status=$?
+pytest_seconds=$((SECONDS - pytest_started))
 echo "==> mypy"
 if wait "$mypy_pid"; then
     tail -n 1 "$mypy_log"
@@ -39,4 +41,6 @@ else
     status=1
 fi
 rm -f "$mypy_log"
+# CI allows 15 minutes for all of this: the figures say where the time went.
+echo "==> done in ${SECONDS} s (pytest ${pytest_seconds} s)"
 exit "$status"
