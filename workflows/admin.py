@@ -8,6 +8,7 @@ to change a run is an action that calls ``workflows.services``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 from uuid import UUID
@@ -202,6 +203,8 @@ TIME_FIELDS = ("created_at", "updated_at", "started_at", "finished_at")
 
 # A control service: run_pause, run_resume, run_terminate or run_restart.
 Control = Callable[..., WorkflowRun]
+# An attempt as the restart confirmation posts it back: ASCII digits, within the column's range.
+ATTEMPT = re.compile(r"[1-9][0-9]{0,8}")
 
 
 @admin.register(WorkflowRun)
@@ -329,7 +332,12 @@ class WorkflowRunAdmin(admin.ModelAdmin[WorkflowRun]):
 
         def restart_seen(*, run_id: UUID) -> WorkflowRun:
             seen = request.POST.get(f"attempt-{run_id}", "")
-            return services.run_restart(run_id=run_id, attempt=int(seen) if seen.isdigit() else None)
+            if not ATTEMPT.fullmatch(seen):  # never "whatever attempt is current": that is the API's empty body
+                raise TransitionNotAllowed(
+                    "not restarted: the confirmation did not say which attempt you saw; select it again",
+                    status="",
+                )
+            return services.run_restart(run_id=run_id, attempt=int(seen))
 
         self._control(request, queryset, restart_seen, "restarted")
         return None

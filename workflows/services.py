@@ -298,19 +298,24 @@ def run_terminate(*, run_id: UUID) -> WorkflowRun:
     return run
 
 
-def run_restart(*, run_id: UUID, attempt: int | None = None) -> WorkflowRun:
+def run_restart(*, run_id: UUID, attempt: int | None = None, quota_for: User | None = None) -> WorkflowRun:
     """Start a new attempt from the first step. Earlier attempts and their steps stay stored.
 
     ``attempt``: the attempt the caller saw and means to replace. If the run has moved on since (a
     second click, another operator), TransitionNotAllowed: the attempt that replaced it is left to run,
-    not restarted once more."""
+    not restarted once more. ``quota_for``: the caller, whose own run brought back from its end counts
+    against their limit as a start would (``check_run_quota``): terminating and restarting runs
+    must not get a customer past it. Staff restarting someone's run are not limited."""
     with transaction.atomic():
         run = _locked(run_id)
         if attempt is not None and run.attempt != attempt:
+            moved = "restarted already?" if attempt < run.attempt else f"it has had no attempt {attempt}"
             raise TransitionNotAllowed(
-                f"not restarted: it is on attempt {run.attempt} now, not attempt {attempt} (restarted already?)",
+                f"not restarted: it is on attempt {run.attempt} now, not attempt {attempt} ({moved})",
                 status=run.status,
             )
+        if quota_for is not None and run.owner_id == quota_for.pk and run.is_terminal:
+            check_run_quota(owner=quota_for)  # (a private workflow's run is not counted, as at start)
         now = timezone.now()
         if not run.is_terminal:
             RunAttempt.objects.filter(run=run, number=run.attempt).update(

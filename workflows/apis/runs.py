@@ -35,6 +35,7 @@ from workflows.apis.common import (
     JsonValueField,
     RunCursorPagination,
     StrictCharField,
+    StrictIntegerField,
     StrictSerializer,
     authenticated_user,
     controllable_run,
@@ -391,7 +392,7 @@ class RunTerminateApi(RunControlApi):
 class RunRestartApi(RunControlApi):
     @extend_schema_serializer(component_name="RunRestartInput")
     class InputSerializer(StrictSerializer):
-        attempt = serializers.IntegerField(
+        attempt = StrictIntegerField(
             required=False,
             min_value=1,
             max_value=2**31 - 1,
@@ -405,14 +406,17 @@ class RunRestartApi(RunControlApi):
         parameters=[RUN_ID],
         request=InputSerializer,
         description="Start a new attempt from the first step; earlier attempts stay visible. An empty body "
-        "restarts whatever attempt is current.",
-        responses={200: RunDetailSerializer, **error_responses(400, 401, 403, 404, 409)},
+        "restarts whatever attempt is current. Your own run brought back from its end counts against "
+        "your limit of unfinished runs, as a start does (429).",
+        responses={200: RunDetailSerializer, **error_responses(400, 401, 403, 404, 409, 429)},
     )
     def post(self, request: Request, run_id: str) -> Response:
         def restart(*, run_id: UUID) -> WorkflowRun:
             # Read once control() found a run the caller may control: to anyone else, only "not found".
             serializer = self.InputSerializer(data=request.data)
             serializer.is_valid(raise_exception=True)
-            return services.run_restart(run_id=run_id, **serializer.validated_data)
+            return services.run_restart(
+                run_id=run_id, quota_for=authenticated_user(request), **serializer.validated_data
+            )
 
         return self.control(request, run_id, restart)

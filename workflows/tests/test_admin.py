@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from tests.factories import Users, login, make_run
+from workflows import services
 from workflows.models import RunAttempt, RunEvent, RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
 
 pytestmark = pytest.mark.django_db
@@ -197,6 +198,38 @@ def test_restart_and_terminate_actions(users: Users) -> None:
         f"test.lines {failed.pk}: not restarted: it is on attempt 2 now, not attempt 1 (restarted already?)"
     ]
     assert list(failed.attempts.values_list("number", flat=True)) == [1, 2]
+
+
+def test_a_restart_confirmation_without_a_clean_attempt_restarts_nothing(users: Users) -> None:
+    run = make_run(workflow="test.lines", status=RunStatus.FAILED, failure_reason="error")
+    carol = login(users.carol)
+    for seen in (None, "", "abc", "-1", "1.0", " 1", "+1", "\u00b9", "1" * 5000):
+        confirmed = {"action": "restart_runs", "_selected_action": [str(run.pk)], "apply": "1"}
+        if seen is not None:
+            confirmed[f"attempt-{run.pk}"] = seen
+        answered = carol.post(CHANGELIST, confirmed, follow=True)
+        assert answered.status_code == 200, seen
+        assert [str(m) for m in get_messages(answered.wsgi_request)] == [
+            f"test.lines {run.pk}: not restarted: the confirmation did not say which attempt you saw; select it again"
+        ], seen
+        assert WorkflowRun.objects.get(pk=run.pk).attempt == 1, seen
+
+
+def test_a_restart_confirmed_from_a_filtered_list_tells_of_a_run_that_left_the_filter(users: Users) -> None:
+    run = make_run(workflow="test.lines", status=RunStatus.FAILED, failure_reason="error")
+    carol = login(users.carol)
+    asked = carol.post(
+        f"{CHANGELIST}?status__exact=failed", {"action": "restart_runs", "_selected_action": [str(run.pk)]}
+    )
+    assert f'<form method="post" action="{CHANGELIST}">' in asked.content.decode()
+    # (someone else restarts it meanwhile: it is queued now, out of the "failed" filter)
+    services.run_restart(run_id=run.pk, attempt=1)
+
+    confirmed = {"action": "restart_runs", "_selected_action": [str(run.pk)], f"attempt-{run.pk}": "1", "apply": "1"}
+    answered = carol.post(CHANGELIST, confirmed, follow=True)
+    assert [str(m) for m in get_messages(answered.wsgi_request)] == [
+        f"test.lines {run.pk}: not restarted: it is on attempt 2 now, not attempt 1 (restarted already?)"
+    ]
 
 
 def test_refused_action_reports_the_reason_and_changes_nothing(users: Users) -> None:

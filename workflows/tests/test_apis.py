@@ -20,7 +20,16 @@ from tests.factories import Users, api_login
 from tests.support import Worker, wait_for
 from workflows import services
 from workflows.apis.errors import body_limit
-from workflows.models import RunAttempt, RunEvent, RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
+from workflows.models import (
+    TERMINAL,
+    RunAttempt,
+    RunEvent,
+    RunStatus,
+    StepKind,
+    StepResult,
+    StepStatus,
+    WorkflowRun,
+)
 
 
 # --- helpers --------------------------------------------------------------------------------------
@@ -597,7 +606,9 @@ def test_pause_resume_terminate_restart_and_the_refusals_between(users: Users) -
     before = snapshot(run)
     twice = client.post(url, {"attempt": 2}, format="json")
     assert twice.status_code == 409 and error_of(twice)["detail"] == {"status": "queued"}
-    assert "it is on attempt 3 now, not attempt 2" in error_of(twice)["message"]
+    assert "it is on attempt 3 now, not attempt 2 (restarted already?)" in error_of(twice)["message"]
+    ahead = client.post(url, {"attempt": 9}, format="json")
+    assert ahead.status_code == 409 and "not attempt 9 (it has had no attempt 9)" in error_of(ahead)["message"]
     assert snapshot(run) == before
     for bad in ({"attempt": 0}, {"attempt": "2x"}, {"attempts": 2}):
         assert client.post(url, bad, format="json").status_code == 400, bad
@@ -817,6 +828,31 @@ def test_one_person_may_have_only_so_many_runs_going(users: Users, settings: Any
     # and once one of hers has finished, she may start another
     services.run_terminate(run_id=started[0].json()["id"])
     assert mallory.post(start_url(), {"payload": {"n": 4}}, format="json").status_code == 201
+
+
+@pytest.mark.django_db
+def test_terminating_and_restarting_does_not_get_past_the_run_limit(users: Users, settings: Any) -> None:
+    settings.WORKFLOWS = {**settings.WORKFLOWS, "MAX_ACTIVE_RUNS_PER_OWNER": 2}
+    mallory = api_login(users.mallory)
+    first, second = (mallory.post(start_url(), {"payload": {"n": i}}, format="json").json()["id"] for i in range(2))
+    # given one of her two runs terminated and a new one started in its place: at her limit again
+    services.run_terminate(run_id=first)
+    assert mallory.post(start_url(), {"payload": {"n": 2}}, format="json").status_code == 201
+    before = snapshot(WorkflowRun.objects.get(pk=first))
+
+    # when she restarts the terminated one, then it is refused as a start would be, and nothing changed
+    refused = mallory.post(run_url(first, "restart"), {"attempt": 1}, format="json")
+    assert refused.status_code == 429 and error_of(refused)["code"] == "too_many_runs", refused.content
+    assert snapshot(WorkflowRun.objects.get(pk=first)) == before
+    assert WorkflowRun.objects.filter(owner=users.mallory).exclude(status__in=TERMINAL).count() == 2
+
+    # a run of hers not yet finished is restarted in place (still as many unfinished)
+    assert mallory.post(run_url(second, "restart"), format="json").status_code == 200
+    # and staff may restart the finished one for her
+    assert api_login(users.carol).post(run_url(first, "restart"), {"attempt": 1}, format="json").status_code == 200
+    # the attempt is a JSON number, as the schema says
+    for bad in ("2", "٥", True):
+        assert mallory.post(run_url(second, "restart"), {"attempt": bad}, format="json").status_code == 400, bad
 
 
 @pytest.mark.django_db(transaction=True)

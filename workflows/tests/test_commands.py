@@ -17,6 +17,8 @@ from tests.support import Worker, wait_for_status, wait_for_terminal
 from workflows import public as wf
 from workflows.models import RunAttempt, RunEvent, RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
 
+NO_RUN = "00000000-0000-0000-0000-000000000000"
+
 
 def run_command(*args: str) -> str:
     out = StringIO()
@@ -179,6 +181,8 @@ class TestWrites:
             (["start", "test.echo", "--owner", "nobody"], "no user named 'nobody'"),
             (["list", "--status", "asleep"], "invalid choice: 'asleep'"),
             (["list", "--limit", "0"], "must be at least 1"),
+            (["restart", NO_RUN, "--attempt", "\u0665"], "'\u0665' is not a whole number"),  # an Arabic-Indic 5
+            (["restart", NO_RUN, "--attempt", " 1"], "' 1' is not a whole number"),
         ],
     )
     def test_bad_input_is_a_command_error_and_changes_nothing(self, args: list[str], message: str) -> None:

@@ -36,10 +36,10 @@ CELL_CHARS = 60  # table cells longer than this are cut, so a row stays one line
 
 
 def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ArgumentTypeError(f"{text!r} is not a whole number") from None
+    """ASCII digits only: int() would also take "٥", " 5 " and "1_0"."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
+        raise ArgumentTypeError(f"{text!r} is not a whole number")
+    value = int(text)
     if value < 1:
         raise ArgumentTypeError("must be at least 1")
     return value
