@@ -55,20 +55,24 @@ class ScheduleForm(ModelForm[Schedule]):
             self.fields["seen"].initial = json.dumps(schedule_settings(self.instance))
 
     def clean_seen(self) -> dict[str, Any] | None:
+        # The refusal is the form's, above every field: on the hidden field itself, the admin
+        # hides it with the field, leaving only "Please correct the error below."
         if self.instance.pk is None:
             return None
         try:
             seen = json.loads(self.cleaned_data.get("seen") or "")
-        except ValueError:
+        except (ValueError, RecursionError):  # (a page's own is a flat object; "[[[…" is not)
             seen = None
         if not isinstance(seen, dict):
-            raise forms.ValidationError(STALE, code="stale")
+            self.add_error(None, forms.ValidationError(STALE, code="stale"))
+            return None
         # Checked against the row as it is now, locked until the admin's change view (one
         # transaction) has saved it: schedule_save then finds it as checked here.
         try:
             schedule_lock_as_seen(pk=self.instance.pk, seen=seen)
         except ScheduleChanged:
-            raise forms.ValidationError(STALE, code="stale") from None
+            self.add_error(None, forms.ValidationError(STALE, code="stale"))
+            return None
         return seen
 
 

@@ -13,6 +13,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.utils import timezone
 
+from schedules.admin import STALE
 from schedules.models import Outcome, Schedule, ScheduleFiring, Trigger
 from schedules.services import schedules_tick
 from schedules.tests.support import workflow_schedule
@@ -177,7 +178,9 @@ def test_a_page_opened_before_the_schedule_was_disabled_cannot_enable_it_again(c
 
     # then the save is refused and the schedule stays disabled, as the other operator left it
     assert refused.status_code == 200
-    assert "This schedule changed since the page was opened" in refused.content.decode()
+    # (above the form, where the admin shows it: not on the hidden field, hidden with it)
+    assert refused.context["adminform"].form.non_field_errors() == [STALE]
+    assert f'<ul class="errorlist nonfield"><li>{html.escape(STALE)}</li></ul>' in refused.content.decode()
     schedule.refresh_from_db()
     assert (schedule.enabled, schedule.description, schedule.next_due_at) == (False, "", None)
     # and the page reloaded saves the change, leaving it disabled
@@ -185,6 +188,18 @@ def test_a_page_opened_before_the_schedule_was_disabled_cannot_enable_it_again(c
     assert saved.status_code == 302
     schedule.refresh_from_db()
     assert (schedule.enabled, schedule.description) == (False, "runbook")
+
+
+@pytest.mark.parametrize("seen", ["", "not json", "[1]", "[" * 100_000], ids=["none", "text", "a list", "deep"])
+def test_a_save_without_the_settings_its_page_loaded_is_refused(carol: User, seen: str) -> None:
+    schedule = workflow_schedule(due=timezone.now() + timedelta(minutes=1))
+    client = login(carol)
+
+    refused = client.post(f"{URL}{schedule.pk}/change/", {**edit_page(client, schedule), "seen": seen, "enabled": ""})
+
+    assert refused.status_code == 200
+    assert refused.context["adminform"].form.non_field_errors() == [STALE]
+    assert Schedule.objects.get(pk=schedule.pk).enabled
 
 
 def test_a_page_opened_before_a_firing_still_saves_and_keeps_the_ticks_times(carol: User) -> None:
