@@ -325,7 +325,7 @@ class WorkflowRunAdmin(admin.ModelAdmin[WorkflowRun]):
                 **self.admin_site.each_context(request),
                 "title": "Restart runs",
                 "opts": self.model._meta,
-                "runs": list(queryset.order_by("created_at")),
+                "runs": list(queryset),  # in the order the list shows them, and the results will
                 "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             }
             return TemplateResponse(request, "admin/workflows/workflowrun/restart.html", context)
