@@ -69,11 +69,20 @@ def _walk(value: Any) -> Iterator[tuple[Any, int]]:
 def json_loads_strict(text: str | bytes) -> Any:
     """``json.loads`` without Python's extensions: NaN, Infinity and numbers too large for a float
     are not JSON, and PostgreSQL refuses to store them. ValueError for them as for any bad JSON."""
-    return json.loads(text, parse_constant=_not_json, parse_float=_finite)
+    return json.loads(text, parse_constant=_not_json, parse_float=_finite, parse_int=_whole)
 
 
 def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
+
+
+def _whole(text: str) -> int:
+    # Python refuses more digits than sys.get_int_max_str_digits() (4,300) with advice for its own
+    # programmers ("use sys.set_int_max_str_digits()"): a sender is told what is wrong instead.
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"a whole number of {len(text):,} characters is too large a number") from None
 
 
 def _finite(text: str) -> float:
