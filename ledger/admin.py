@@ -171,7 +171,8 @@ class ExternalOperationAdmin(admin.ModelAdmin[ExternalOperation]):
         for operation_id in queryset.values_list("pk", flat=True):
             result = services.operation_reconcile(operation_id=operation_id)
             level = {"resolved": messages.SUCCESS, "flagged": messages.WARNING}.get(result.verdict, messages.INFO)
-            self.message_user(request, f"{result.key}: {result.before} → {result.after}: {result.note}", level)
+            change = f"{result.before} → {result.after}"
+            self.message_user(request, f"Operation {result.key}: {change}: {result.note}", level)
 
     @admin.action(description="Mark succeeded (resolve by hand, with a note)", permissions=["resolve"])
     def mark_succeeded(self, request: HttpRequest, queryset: QuerySet[ExternalOperation]) -> TemplateResponse | None:
@@ -193,9 +194,9 @@ class ExternalOperationAdmin(admin.ModelAdmin[ExternalOperation]):
                         operation_id=operation_id, outcome=outcome, note=form.cleaned_data["note"], user=request.user
                     )
                 except ResolutionRefused as exc:
-                    self.message_user(request, f"{key}: not resolved: {exc}", messages.ERROR)
+                    self.message_user(request, f"Operation {key}: not resolved: {exc}", messages.ERROR)
                 else:
-                    self.message_user(request, f"{key}: resolved by hand as {op.status}", messages.SUCCESS)
+                    self.message_user(request, f"Operation {key}: resolved by hand as {op.status}", messages.SUCCESS)
             return None
         context = {
             **self.admin_site.each_context(request),

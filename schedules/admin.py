@@ -178,11 +178,13 @@ class ScheduleAdmin(admin.ModelAdmin[Schedule]):
         for schedule in queryset:
             firing = schedule_fire(schedule=schedule)
             if firing is None:
-                self.message_user(request, f"{schedule.name}: fired at this instant already.", messages.WARNING)
+                self.message_user(
+                    request, f"Schedule {schedule.name}: fired at this instant already.", messages.WARNING
+                )
             elif firing.outcome == "failed":
-                self.message_user(request, f"{schedule.name}: failed: {firing.error}", messages.ERROR)
+                self.message_user(request, f"Schedule {schedule.name}: failed: {firing.error}", messages.ERROR)
             else:
-                self.message_user(request, f"{schedule.name}: {firing.outcome}.", messages.SUCCESS)
+                self.message_user(request, f"Schedule {schedule.name}: {firing.outcome}.", messages.SUCCESS)
 
 
 @admin.register(ScheduleFiring)

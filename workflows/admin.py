@@ -345,7 +345,7 @@ class WorkflowRunAdmin(admin.ModelAdmin[WorkflowRun]):
     def _control(self, request: HttpRequest, queryset: QuerySet[WorkflowRun], control: Control, done: str) -> None:
         # Ids only: each service locks and re-reads its run, so a status read here could be stale.
         for run_id, workflow in queryset.values_list("id", "workflow"):
-            label = f"{workflow} {run_id}"
+            label = f"Run {workflow} {run_id}"  # a noun first: the admin capitalises a message
             try:
                 run = control(run_id=run_id)
             except TransitionNotAllowed as exc:

@@ -152,7 +152,7 @@ def test_manual_resolution_asks_for_a_note_and_records_who_and_when(resolver: Us
     # the run gets the fact, never the staff note (its owner may read the step's result)
     assert op.response == {"status": "succeeded", "resolved_by_hand": True}
     assert "dashboard" not in json.dumps(op.response)
-    assert messages_of(done) == ["refund:7: resolved by hand as succeeded"]
+    assert messages_of(done) == ["Operation refund:7: resolved by hand as succeeded"]
     event = OperationEvent.objects.get(operation=op)
     assert (event.kind, event.outcome, event.status_before, event.status_after) == (
         "resolve",
@@ -204,11 +204,11 @@ def test_only_unknown_or_stale_operations_are_resolved_by_hand(resolver: User) -
     assert snapshot(done, in_flight) == before
     assert ExternalOperation.objects.get(pk=stale.pk).status == OperationStatus.FAILED
     assert sorted(messages_of(response)) == [
-        "done: not resolved: only unknown operations (or submits gone stale, or pending ones sent before whose "
-        "run has ended) are resolved by hand; this one is succeeded",
-        "in-flight: not resolved: only unknown operations (or submits gone stale, or pending ones sent before "
-        "whose run has ended) are resolved by hand; this one is submitted",
-        "stale: resolved by hand as failed",
+        "Operation done: not resolved: only unknown operations (or submits gone stale, or pending ones sent before "
+        "whose run has ended) are resolved by hand; this one is succeeded",
+        "Operation in-flight: not resolved: only unknown operations (or submits gone stale, or pending ones sent "
+        "before whose run has ended) are resolved by hand; this one is submitted",
+        "Operation stale: resolved by hand as failed",
     ]
 
 
@@ -238,8 +238,9 @@ def test_reconcile_now_looks_the_selected_operations_up(resolver: User, payments
     assert ExternalOperation.objects.get(pk=lost.pk).status == OperationStatus.PENDING
     assert snapshot(untouched) == before
     assert sorted(messages_of(response)) == [
-        "lost: unknown → pending: the provider never received it, so it never took effect: safe to send again",
-        "paid: unknown → succeeded: the provider has it as succeeded",
+        "Operation lost: unknown → pending: the provider never received it, so it never took effect: "
+        "safe to send again",
+        "Operation paid: unknown → succeeded: the provider has it as succeeded",
     ]
     assert payments.submits() == 0
 

@@ -108,7 +108,7 @@ def test_actions_enable_disable_and_fire_now(carol: User) -> None:
     assert "1 schedule(s) enabled." in act("enable")
     schedule.refresh_from_db()
     assert schedule.enabled and schedule.next_due_at is not None
-    assert "echo: started." in act("fire_now").lower()  # the message list capitalises it
+    assert "Schedule echo: started." in act("fire_now")
     assert ScheduleFiring.objects.get(schedule=schedule).trigger == Trigger.MANUAL
     assert "1 schedule(s) disabled." in act("disable")
     schedule.refresh_from_db()

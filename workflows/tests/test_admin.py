@@ -151,7 +151,7 @@ def test_pause_action_pauses_through_the_service(users: Users) -> None:
 
     run.refresh_from_db()
     assert run.status == RunStatus.PAUSED
-    assert messages == [f"test.wait {run.pk}: paused (now paused, attempt 1)"]
+    assert messages == [f"Run test.wait {run.pk}: paused (now paused, attempt 1)"]
 
 
 def test_pause_of_a_running_run_is_a_request(users: Users) -> None:
@@ -186,7 +186,7 @@ def test_restart_and_terminate_actions(users: Users) -> None:
     failed.refresh_from_db()
     waiting.refresh_from_db()
     assert [str(m) for m in get_messages(restarted.wsgi_request)] == [
-        f"test.lines {failed.pk}: restarted (now queued, attempt 2)"
+        f"Run test.lines {failed.pk}: restarted (now queued, attempt 2)"
     ]
     assert (failed.status, failed.attempt, failed.failure_reason) == (RunStatus.QUEUED, 2, "")
     assert list(failed.attempts.values_list("number", flat=True)) == [1, 2]
@@ -195,7 +195,7 @@ def test_restart_and_terminate_actions(users: Users) -> None:
     # the confirmation sent again (a double click, a second tab) leaves the new attempt to run
     again = carol.post(CHANGELIST, confirmed, follow=True)
     assert [str(m) for m in get_messages(again.wsgi_request)] == [
-        f"test.lines {failed.pk}: not restarted: it is on attempt 2 now, not attempt 1 (restarted already?)"
+        f"Run test.lines {failed.pk}: not restarted: it is on attempt 2 now, not attempt 1 (restarted already?)"
     ]
     assert list(failed.attempts.values_list("number", flat=True)) == [1, 2]
 
@@ -210,7 +210,8 @@ def test_a_restart_confirmation_without_a_clean_attempt_restarts_nothing(users: 
         answered = carol.post(CHANGELIST, confirmed, follow=True)
         assert answered.status_code == 200, seen
         assert [str(m) for m in get_messages(answered.wsgi_request)] == [
-            f"test.lines {run.pk}: not restarted: the confirmation did not say which attempt you saw; select it again"
+            f"Run test.lines {run.pk}: not restarted: "
+            "the confirmation did not say which attempt you saw; select it again"
         ], seen
         assert WorkflowRun.objects.get(pk=run.pk).attempt == 1, seen
 
@@ -228,7 +229,7 @@ def test_a_restart_confirmed_from_a_filtered_list_tells_of_a_run_that_left_the_f
     confirmed = {"action": "restart_runs", "_selected_action": [str(run.pk)], f"attempt-{run.pk}": "1", "apply": "1"}
     answered = carol.post(CHANGELIST, confirmed, follow=True)
     assert [str(m) for m in get_messages(answered.wsgi_request)] == [
-        f"test.lines {run.pk}: not restarted: it is on attempt 2 now, not attempt 1 (restarted already?)"
+        f"Run test.lines {run.pk}: not restarted: it is on attempt 2 now, not attempt 1 (restarted already?)"
     ]
 
 
@@ -242,8 +243,8 @@ def test_refused_action_reports_the_reason_and_changes_nothing(users: Users) -> 
     messages = act(login(users.carol), "resume_runs", queued, paused)
 
     # then: the refusal is reported per run, the other run still resumed
-    assert f"test.echo {queued.pk}: cannot resume a run that is queued" in messages
-    assert f"test.echo {paused.pk}: resumed (now queued, attempt 1)" in messages
+    assert f"Run test.echo {queued.pk}: cannot resume a run that is queued" in messages
+    assert f"Run test.echo {paused.pk}: resumed (now queued, attempt 1)" in messages
     queued.refresh_from_db()
     assert (queued.status, queued.updated_at, queued.enqueued_at) == (
         before.status,
@@ -259,7 +260,7 @@ def test_terminate_of_a_finished_run_is_refused(users: Users) -> None:
 
     done.refresh_from_db()
     assert done.status == RunStatus.COMPLETED
-    assert messages == [f"test.echo {done.pk}: cannot terminate a run that is completed"]
+    assert messages == [f"Run test.echo {done.pk}: cannot terminate a run that is completed"]
 
 
 def test_staff_without_control_permission_cannot_act(users: Users) -> None:
