@@ -8,6 +8,7 @@ run is a 404. Control and events need ownership or ``control_workflowrun`` (else
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -349,11 +350,18 @@ class RunControlApi(ApiBase):
     """Base of the four control operations: the caller must be allowed to control the run; the
     service refuses a transition the run's state does not allow (409 with that state)."""
 
+    class InputSerializer(StrictSerializer):
+        """Pause, resume and terminate take no body (or ``{}``): a field in it would be one they do
+        not read, e.g. restart's ``attempt``, which a client would believe guarded them."""
+
     OutputSerializer = RunDetailSerializer
 
     def control(self, request: Request, run_id: str, action: Callable[..., WorkflowRun]) -> Response:
         run = controllable_run(user=request.user, run_id=run_id)
-        run = action(run_id=run.id)
+        # The body is read once the caller may control the run: to anyone else, only "not found".
+        serializer = self.InputSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        run = action(run_id=run.id, **serializer.validated_data)
         return Response(self.OutputSerializer(run_detail_data(run=run, user=request.user)).data)
 
 
@@ -363,8 +371,8 @@ def _control_schema(operation: str, description: str) -> Callable[[Callable[...,
         tags=TAGS,
         parameters=[RUN_ID],
         request=None,
-        description=description,
-        responses={200: RunDetailSerializer, **error_responses(401, 403, 404, 409)},
+        description=f"{description} No body, or an empty object.",
+        responses={200: RunDetailSerializer, **error_responses(400, 401, 403, 404, 409)},
     )
 
 
@@ -411,12 +419,4 @@ class RunRestartApi(RunControlApi):
         responses={200: RunDetailSerializer, **error_responses(400, 401, 403, 404, 409, 429)},
     )
     def post(self, request: Request, run_id: str) -> Response:
-        def restart(*, run_id: UUID) -> WorkflowRun:
-            # Read once control() found a run the caller may control: to anyone else, only "not found".
-            serializer = self.InputSerializer(data=request.data)
-            serializer.is_valid(raise_exception=True)
-            return services.run_restart(
-                run_id=run_id, quota_for=authenticated_user(request), **serializer.validated_data
-            )
-
-        return self.control(request, run_id, restart)
+        return self.control(request, run_id, partial(services.run_restart, quota_for=authenticated_user(request)))

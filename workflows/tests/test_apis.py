@@ -574,8 +574,16 @@ def test_pause_resume_terminate_restart_and_the_refusals_between(users: Users) -
     def control(action: str) -> Any:
         return client.post(run_url(run.id, action))
 
-    # a queued run pauses at once; pausing again is refused and changes nothing
-    assert control("pause").json()["status"] == "paused"
+    # a body with a field in it is refused, not ignored: only restart reads one ("attempt")
+    before = snapshot(run)
+    for action in ("pause", "resume", "terminate"):
+        with_a_field = client.post(run_url(run.id, action), {"attempt": 1}, format="json")
+        assert with_a_field.status_code == 400 and error_of(with_a_field)["detail"] == {"attempt": ["Unknown field."]}
+        assert client.post(run_url(run.id, action), [1], format="json").status_code == 400, action
+    assert snapshot(run) == before
+
+    # a queued run pauses at once (an empty object is no body); pausing again is refused and changes nothing
+    assert client.post(run_url(run.id, "pause"), {}, format="json").json()["status"] == "paused"
     before = snapshot(run)
     again = control("pause")
     assert again.status_code == 409
