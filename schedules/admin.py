@@ -63,12 +63,11 @@ class ScheduleForm(ModelForm[Schedule]):
             seen = json.loads(self.cleaned_data.get("seen") or "")
         except (ValueError, RecursionError):  # (a page's own is a flat object; "[[[…" is not)
             seen = None
-        if not isinstance(seen, dict):
-            self.add_error(None, forms.ValidationError(STALE, code="stale"))
-            return None
         # Checked against the row as it is now, locked until the admin's change view (one
         # transaction) has saved it: schedule_save then finds it as checked here.
         try:
+            if not isinstance(seen, dict):
+                raise ScheduleChanged("the page did not say what it showed")
             schedule_lock_as_seen(pk=self.instance.pk, seen=seen)
         except ScheduleChanged:
             self.add_error(None, forms.ValidationError(STALE, code="stale"))

@@ -321,9 +321,7 @@ def schedule_save(
             schedule.save()
             return schedule
         schedule_lock_as_seen(pk=schedule.pk, seen=seen)
-        fields = [
-            f.name for f in Schedule._meta.concrete_fields if f.name not in ("id", "next_due_at", "last_fired_at")
-        ]
+        fields = [*SETTING_FIELDS, "updated_at"]  # the tick's times as the tick wrote them
         if changed & {*SPEC_FIELDS, "enabled"}:
             schedule.next_due_at = schedule.spec().next_after(now) if schedule.enabled else None
             fields.append("next_due_at")
