@@ -139,6 +139,8 @@ def test_manual_resolution_asks_for_a_note_and_records_who_and_when(resolver: Us
     page = act(client, "mark_succeeded", op)
     assert page.status_code == 200
     assert "Note" in page.content.decode() and "refund:7" in page.content.decode()
+    assert '<input type="hidden" name="action" value="mark_succeeded">' in page.content.decode()
+    assert '<input type="submit" class="default" value="Mark succeeded">' in page.content.decode()
     assert ExternalOperation.objects.get(pk=op.pk).status == OperationStatus.UNKNOWN
 
     # when carol submits a note

@@ -173,6 +173,8 @@ def test_restart_and_terminate_actions(users: Users) -> None:
     asked = carol.post(CHANGELIST, {"action": "restart_runs", "_selected_action": [str(failed.pk)]})
     assert asked.status_code == 200 and f'name="attempt-{failed.pk}" value="1"' in asked.content.decode()
     assert "&rsaquo; Restart runs" in asked.content.decode()
+    assert '<input type="hidden" name="action" value="restart_runs">' in asked.content.decode()
+    assert '<input type="submit" class="default" value="Restart">' in asked.content.decode()
     assert WorkflowRun.objects.get(pk=failed.pk).attempt == 1
     confirmed = {
         "action": "restart_runs",
