@@ -300,18 +300,23 @@ def _record_submit(op: ExternalOperation, outcome: SubmitOutcome) -> Plan:
             _correct_failed(current, outcome, note, kind=EventKind.SUBMIT)
             return _settled(current)
         if before != OperationStatus.SUBMITTED or current.submit_count != op.submit_count:
-            # Resolved by reconciliation or a person while the provider was slow (possible only
-            # once the submit had gone stale). That record stands; this answer is kept beside it.
-            note = f"the submit's answer arrived after the operation was already {before}"
+            # Settled while the provider answered: its webhook often comes before its answer to
+            # the submit, and a reconcile or a person may act once the submit has gone stale. That
+            # record stands; this answer is kept beside it. An answer that says the same, or
+            # nothing (unknown), is the ordinary race; one that contradicts it is for a person.
+            said = outcome_code(outcome)
+            agrees = isinstance(outcome, Unknown) or said == before
+            note = f"the submit's answer ({said}) arrived after the operation was already {before}"
             record_event(
                 current,
                 kind=EventKind.SUBMIT,
-                outcome=outcome_code(outcome),
+                outcome=said,
                 before=before,
                 detail=outcome_detail(outcome),
                 note=note,
             )
-            log_on_commit(logging.ERROR, "%s %s: %s; compare the events", current.system, current.key, note)
+            if not agrees:  # (the event's own line says the rest)
+                log_on_commit(logging.ERROR, "%s %s: %s; compare the events", current.system, current.key, note)
             return _settled(current)
         plan = _apply_submit(current, outcome, now=timezone.now())
         record_event(

@@ -28,7 +28,7 @@ from ledger import (
     register_adapter,
     unregister_adapter,
 )
-from ledger.adapters import Failed
+from ledger.adapters import Failed, NoEffect, Succeeded
 from ledger.exceptions import (
     InvalidOperation,
     OperationInProgress,
@@ -368,6 +368,39 @@ def test_a_success_answered_after_a_failure_was_recorded_meanwhile_corrects_it(p
     op = operation("refund:15")
     assert op.status == OperationStatus.SUCCEEDED and "corrected" in op.note
     assert events("refund:15")[-1][:2] == ("submit", "succeeded")
+
+
+@pytest.mark.parametrize(
+    ("reported", "level"),
+    [(Succeeded({"id": "from the webhook"}), "INFO"), (NoEffect("not acted on"), "ERROR")],
+    ids=["the same", "a contradiction"],
+)
+def test_a_submit_answered_after_its_webhook_settled_it_is_kept_beside_it(
+    payments: FakeProvider, caplog: pytest.LogCaptureFixture, reported: Any, level: str
+) -> None:
+    """The provider's webhook often arrives before its answer to the submit: an answer that says the
+    same is the ordinary race (INFO), one that contradicts what was recorded is for a person (ERROR)."""
+
+    class SettledMeanwhile(HttpAdapter):
+        def submit(self, op: ExternalOperation) -> Any:
+            answer = super().submit(op)
+            with transaction.atomic():
+                operation_report(key=op.key, system="payments", outcome=Succeeded({}), reported_by="a test")
+            return reported if isinstance(reported, NoEffect) else answer
+
+    register_adapter("payments", SettledMeanwhile(base_url=payments.url))
+    caplog.set_level(logging.INFO, logger="ledger")
+
+    refund("refund:16")
+
+    op = operation("refund:16")
+    assert op.status == OperationStatus.SUCCEEDED  # the webhook's record stands
+    said = "succeeded" if level == "INFO" else "no_effect"
+    assert events("refund:16")[-1][:2] == ("submit", said)
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records if "refund:16" in r.getMessage()]
+    late = f"the submit's answer ({said}) arrived after the operation was already succeeded"
+    assert [level for level, message in logged if late in message] == ["INFO", "ERROR"][: 1 + (level == "ERROR")]
+    assert not [message for level, message in logged if level in ("WARNING", "ERROR") and late not in message]
 
 
 # --- concurrency --------------------------------------------------------------------------------
