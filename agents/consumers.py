@@ -10,7 +10,7 @@ Protocol:
   active turn's highest stored seq, read after joining the agent's group: every chunk above it is
   sent live. With ``since``, the messages are only those after that message id: a page that
   reconnects names the newest message it has and gets what it missed, not the conversation again
-  (a ``since`` that is not a message id gets an ``error`` frame, then the whole snapshot).
+  (a ``since`` that is not a whole number gets an ``error`` frame, then the whole snapshot).
 - a client need not wait for the snapshot: frames it sends at once (a reconnecting page's
   ``resume``) are handled after it, in order.
 - client: ``{"type": "message", "text"}`` -> a turn, answered with a ``turn`` frame (and the
@@ -24,6 +24,8 @@ Protocol:
   "id", "number", "status", "end_reason"}``, ``{"type": "message", "id", "turn", "role", "text",
   "parts", "created_at"}``, ``{"type": "state", "version", "state"}``, ``{"type": "fiber", "id",
   "name", "status", "stash_version", "attempts", "end_reason"}`` (a fiber of the agent changed status).
+  A turn's status is never sent going back (``turn_stage``): a stop's answer leaves at once, and the
+  worker's ``running`` pushed just before it may arrive after.
 - bad client messages get ``{"type": "error", "message", "about"?}`` (``about``: ``message``,
   ``resume`` or ``stop``, the type of the message refused, when it was one of these, so that the
   page gives back the text of a refused message only), the socket stays open and nothing is
@@ -57,7 +59,7 @@ from django.http import QueryDict
 from django.urls.converters import UUIDConverter
 
 from agents import selectors, services, streams
-from agents.models import FIBER_ENDED, TURN_OPEN, Agent, FiberStatus, Turn
+from agents.models import FIBER_ENDED, TURN_ACTIVE, TURN_OPEN, Agent, FiberStatus, Turn, TurnStatus
 from agents.registry import get_agent_class
 from agents.selectors import AgentSnapshot, ChunkData
 from workflows.consumers import (
@@ -118,6 +120,7 @@ class AgentConsumer(StreamConsumer):
         self.agent = agent
         self.cursors: dict[str, Cursor] = {}
         self.fibers: dict[str, tuple[bool, int, bool]] = {}  # fiber id -> the order of its last change sent
+        self.turn_stages: dict[str, int] = {}  # turn id -> the stage of its last status sent (turn_stage)
         # Turns that had ended at the snapshot: their answers are in its messages, so their late
         # pushes are dropped (a resume still replays them on request).
         self.ended: set[str] = set()
@@ -200,7 +203,7 @@ class AgentConsumer(StreamConsumer):
     async def _message(self, text: str) -> None:
         turn = await database_sync_to_async(self._send_message)(text)
         self.started = (*self.started, turn.pk)
-        await self.send_json({"type": "turn", **selectors.turn_data(turn)})
+        await self._send_turn(selectors.turn_data(turn))
 
     def _send_message(self, text: str) -> Turn:
         try:
@@ -213,7 +216,7 @@ class AgentConsumer(StreamConsumer):
         if turn.is_ended:
             raise ClientError(f"turn {turn.number} has already ended ({turn.status})")
         stopped = await database_sync_to_async(self._stop_turn)(turn)
-        await self.send_json({"type": "turn", **selectors.turn_data(stopped)})
+        await self._send_turn(selectors.turn_data(stopped))
 
     def _stop_turn(self, turn: Turn) -> Turn:
         try:
@@ -288,7 +291,17 @@ class AgentConsumer(StreamConsumer):
 
     async def agent_turn(self, message: dict[str, Any]) -> None:
         if self.ready:
-            await self.send_json({"type": "turn", **message["turn"]})
+            await self._send_turn(message["turn"])
+
+    async def _send_turn(self, turn: dict[str, Any]) -> None:
+        """A turn's status, unless one of a later stage of its life was sent already: this socket's
+        answer to a ``stop`` leaves at once, while the worker's ``running``, pushed just before it,
+        may still be on its way through the channel layer (a turn never starts again once ended)."""
+        stage = turn_stage(turn["status"])
+        if stage < self.turn_stages.get(turn["id"], stage):
+            return
+        self.turn_stages[turn["id"]] = stage
+        await self.send_json({"type": "turn", **turn})
 
     async def agent_message(self, message: dict[str, Any]) -> None:
         if self.ready:
@@ -373,6 +386,12 @@ def _check_turn_id(value: Any) -> UUID:
     if not isinstance(value, str) or re.fullmatch(UUIDConverter.regex, value) is None:
         raise ClientError("'turn' must be a turn's id")
     return UUID(value)
+
+
+def turn_stage(status: str) -> int:
+    """Where a turn's status comes in its life: queued, then running or waiting (back and forth, as
+    it waits for approvals), then ended."""
+    return 0 if status == TurnStatus.QUEUED else 1 if status in TURN_ACTIVE else 2
 
 
 def fiber_order(fiber: dict[str, Any]) -> tuple[bool, int, bool]:

@@ -475,14 +475,12 @@ def _turn_stop_once(*, turn: Turn, user: User | None) -> Turn | None:
         if turn.status not in TURN_OPEN:
             raise TurnNotStoppable(f"the turn has ended ({turn.status})", status=turn.status)
         who = getattr(user, "username", "") or "someone"
-        if turn.status in TURN_ACTIVE and run is not None and not run.is_terminal:
-            run_terminate(run_id=run.pk)  # the hook below ends the turn
-            turn.refresh_from_db()
-        if turn.status in TURN_OPEN:
-            end_stopped_locked(turn, reason=f"stopped by {who}")
-        else:
-            turn.end_reason = f"stopped by {who}"
-            turn.save(update_fields=["end_reason"])
+        active = turn.status in TURN_ACTIVE
+        # The turn first, then its run (both locked, so its worker writes nothing between them): the
+        # terminate hook below then finds the turn ended, and the one push of its end says who.
+        end_stopped_locked(turn, reason=f"stopped by {who}")
+        if active and run is not None and not run.is_terminal:
+            run_terminate(run_id=run.pk)
     return turn
 
 

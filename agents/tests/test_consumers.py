@@ -458,6 +458,49 @@ def test_a_fiber_change_older_than_one_sent_is_dropped(asgi_server: AsgiServer, 
     assert frames[-1]["end_reason"] == "cancelled by bob"
 
 
+def test_a_turn_status_of_an_earlier_stage_than_one_sent_is_dropped(asgi_server: AsgiServer, world: World) -> None:
+    # given a queued turn, and alice's tab
+    turn = make_turn(world.agent, status=TurnStatus.QUEUED)
+
+    def status(value: str, reason: str = "") -> dict[str, object]:
+        return {"type": "agent.turn", "turn": {**selectors.turn_data(turn), "status": value, "end_reason": reason}}
+
+    with open_chat(asgi_server, world.users.alice) as ws:
+        assert receive(ws)["type"] == "snapshot"
+        # when she stops it (her answer leaves at once) while the worker's 'running', pushed just
+        # before, is still on its way, and then the turn waits and runs on (a push per change)
+        ws.send(json.dumps({"type": "stop", "turn": str(turn.pk)}))
+        answer = receive(ws)
+        with transaction.atomic():
+            for value in ["running", "waiting", "running"]:
+                push_later(world.agent.pk, status(value))
+            push_later(world.agent.pk, status("cancelled", reason="stopped by alice"))
+        assert publisher.flush(TIMEOUT)
+        frames = [answer, receive(ws)]
+
+    # then the tab never reads the turn running again after it ended
+    assert [(f["type"], f["status"], f["end_reason"]) for f in frames] == [
+        ("turn", "cancelled", "stopped by alice"),
+        ("turn", "cancelled", "stopped by alice"),
+    ]
+
+
+def test_a_turn_runs_waits_and_runs_again_and_each_change_is_sent(asgi_server: AsgiServer, world: World) -> None:
+    turn = make_turn(world.agent, status=TurnStatus.QUEUED)
+    changes = ["running", "waiting", "running", "completed"]
+
+    with open_chat(asgi_server, world.users.alice) as ws:
+        assert receive(ws)["type"] == "snapshot"
+        with transaction.atomic():
+            for value in ["queued", *changes]:
+                data = {**selectors.turn_data(turn), "status": value}
+                push_later(world.agent.pk, {"type": "agent.turn", "turn": data})
+        assert publisher.flush(TIMEOUT)
+        frames = [receive(ws) for _ in range(5)]
+
+    assert [f["status"] for f in frames] == ["queued", *changes]
+
+
 # --- bad input ------------------------------------------------------------------------------------------
 def test_bad_client_messages_get_an_error_the_socket_stays_open_and_nothing_is_stored(
     asgi_server: AsgiServer, world: World

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from pytest_django import DjangoAssertNumQueries
 
+from agents import selectors
 from agents.models import Agent, Chunk, Message, Turn, TurnStatus
 from agents.selectors import agent_get, agent_snapshot, chunks_after, turn_active, turn_get
 from agents.services import InvalidMessage, agent_state_merge, agent_state_update, message_send, turn_stop
@@ -241,3 +242,26 @@ def test_a_stop_that_races_the_turns_start_terminates_the_run_it_started(
     assert stopped.status == TurnStatus.CANCELLED
     assert stopped.run_id is not None
     assert WorkflowRun.objects.get(pk=stopped.run_id).status == RunStatus.TERMINATED
+
+
+@pytest.mark.django_db
+def test_stopping_a_running_turn_pushes_its_end_once_saying_who_stopped_it(
+    users: Users, no_enqueue: NoEnqueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # given alice's running turn, and the pushes its agent's sockets get
+    from agents import streams
+
+    turn = message_send(agent=chat_agent(users.alice), user=users.alice, text="hello")
+    assert turn.status == TurnStatus.RUNNING
+    pushed: list[dict[str, Any]] = []
+    monkeypatch.setattr(streams, "push_later", lambda agent_id, message: pushed.append(message))
+
+    # when she stops it
+    stopped = turn_stop(turn=turn, user=users.alice)
+
+    # then its run is terminated, and its end is pushed once, with the reason the API gives
+    assert WorkflowRun.objects.get(pk=turn.run_id).status == RunStatus.TERMINATED
+    assert stopped.status == TurnStatus.CANCELLED and stopped.end_reason == "stopped by alice"
+    ends = [m["turn"] for m in pushed if m["type"] == "agent.turn" and m["turn"]["id"] == str(turn.pk)]
+    assert ends == [selectors.turn_data(Turn.objects.get(pk=turn.pk))]
+    assert ends[0]["end_reason"] == "stopped by alice"
