@@ -34,7 +34,15 @@ FIBER_RECOVERY_CHOICES: tuple[FiberChoice, ...] = ("continue", "cancel", "restar
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a tool's first parameter receives: the agent row, the turn, the call, who asked."""
+    """What a tool's first parameter receives: the agent row, the turn, the call, who asked (None:
+    no person did, the message came from a schedule, a webhook source or ``manage.py agents submit``)."""
+
+    # What a tool that acts for the person who asked answers when no person did: it looks up and
+    # does nothing for anyone (the model then says so, rather than "you have none").
+    NO_ONE_ASKED: ClassVar[str] = (
+        "no person asked this (it came from a schedule or another system), and this is told and done only "
+        "for the person who asks: ask in the chat yourself"
+    )
 
     agent: Agent
     turn_id: str

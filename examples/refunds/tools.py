@@ -30,7 +30,9 @@ def find_order(ctx: ToolContext, number: str) -> dict[str, Any]:
     Args:
         number: The order number, e.g. 1042.
     """
-    order = order_get(user=ctx.user, number=number) if ctx.user is not None else None
+    if ctx.user is None:
+        return {"error": ctx.NO_ONE_ASKED}
+    order = order_get(user=ctx.user, number=number)
     if order is None:
         return {"error": f"You have no order {number}."}
     return {
@@ -51,8 +53,10 @@ def request_refund(ctx: ToolContext, order: str, amount: str, reason: str) -> di
         amount: The amount to refund, e.g. 20.00.
         reason: Why, in the customer's words.
     """
-    found = order_get(user=ctx.user, number=order) if ctx.user is not None else None
-    if found is None or ctx.user is None:
+    if ctx.user is None:
+        return {"error": ctx.NO_ONE_ASKED}
+    found = order_get(user=ctx.user, number=order)
+    if found is None:
         return {"error": f"You have no order {order}."}
     try:
         request, _ = refund_request_create(
@@ -94,7 +98,7 @@ def refund_status(ctx: ToolContext, request_id: int | None = None) -> dict[str, 
         request_id: One request's id; leave out for the latest ones.
     """
     if ctx.user is None:
-        return {"requests": []}
+        return {"error": ctx.NO_ONE_ASKED}
     if request_id is not None:
         one = refund_request_get(user=ctx.user, request_id=request_id)
         requests = [one] if one is not None else []

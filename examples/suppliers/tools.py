@@ -16,7 +16,7 @@ def assessment_status(ctx: ToolContext, supplier: str) -> dict[str, Any]:
         supplier: The supplier's name, or part of it.
     """
     if ctx.user is None:
-        return {"assessments": []}
+        return {"error": ctx.NO_ONE_ASKED}
     found = assessment_list(user=ctx.user, supplier=supplier.strip()[:100])
     return {
         "assessments": [{"id": a.pk, "supplier": a.supplier_name, "status": a.get_status_display()} for a in found[:5]]

@@ -181,3 +181,23 @@ def test_seed_demo_schedules_the_weekly_supplier_reminder_to_acme_and_a_reseed_l
         "supplier-reviews",
     )
     assert "re-assess our suppliers" in submission.messages[0]["content"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_weekly_reminder_is_answered_without_telling_anyone_an_assessment(worker: Worker) -> None:
+    # given the demo, with alice's assessment of Acme Metals
+    from agents.tests.support import wait_ended
+    from schedules.models import Schedule
+    from schedules.services import schedule_fire
+
+    call_command("seed_demo", stdout=StringIO())
+
+    # when the weekly reminder fires (a schedule: no person asked) and the support agent answers it
+    firing = schedule_fire(schedule=Schedule.objects.get(name="supplier-reassessment-weekly"))
+    assert firing is not None and firing.submission is not None and firing.submission.turn is not None
+    turn = wait_ended(firing.submission.turn)
+
+    # then the answer says why it tells nothing, rather than that there is no such assessment
+    assert turn.status == "completed", turn.end_reason
+    assert "no person asked this" in turn.text and "ask in the chat yourself" in turn.text
+    assert "I found no assessment" not in turn.text

@@ -41,3 +41,19 @@ def test_refund_requests_are_their_customers_own(users: Users) -> None:
     assert list(refund_requests_for(user=users.alice)) == [second, first]  # newest first
     assert not refund_requests_for(user=users.mallory).exists()
     assert not refund_requests_for(user=AnonymousUser()).exists()
+
+
+def test_the_tools_tell_and_do_nothing_when_no_person_asked(users: Users) -> None:
+    # given alice's order, and a message to her account's agent that no person sent (a schedule's)
+    from agents import ToolContext
+    from agents.tests.support import chat_agent
+    from examples.refunds.models import RefundRequest
+    from examples.refunds.tools import find_order, refund_status, request_refund
+
+    new_order(users.alice, "1042", "150.00")
+    ctx = ToolContext(agent=chat_agent(users.alice), turn_id="t", call_id="c", user=None)
+
+    # then each tool answers why it tells nothing, and asks for nothing
+    answers = [find_order(ctx, "1042"), request_refund(ctx, "1042", "10.00", "damaged"), refund_status(ctx)]
+    assert answers == [{"error": ToolContext.NO_ONE_ASKED}] * 3
+    assert not RefundRequest.objects.exists()
