@@ -12,7 +12,7 @@ from django.contrib.auth.models import Group
 from django.core.management.base import OutputWrapper
 from django.db import transaction
 
-from examples.suppliers.models import REVIEWERS, SupplierAssessment
+from examples.suppliers.models import REVIEWERS, TERMINAL, AssessmentStatus, SupplierAssessment
 from examples.suppliers.services import assessment_create
 
 DEMO_SUPPLIER = "Acme Metals Ltd (demo)"
@@ -42,9 +42,15 @@ def seed(stdout: OutputWrapper | TextIO) -> None:
             assessment = assessment_create(supplier_name=DEMO_SUPPLIER, requested_by=requester, sources=DEMO_SOURCES)
             stdout.write(f"created supplier assessment {assessment.pk} ({DEMO_SUPPLIER}) for {requester}\n")
     url = f"/api/assessments/{assessment.pk}"
-    stdout.write(
-        f"Supplier assessment {assessment.pk} is {assessment.status}. As {requester}: POST {url}/submit\n"
-        f'  {{"input": {{"scope": "..."}}}}; revise evidence with POST {url}/sources {{"source", "content"}}.\n'
-        f"  Reviewers ({REVIEWERS}: admin, carol) decide the report version GET {url} shows, with\n"
-        f'  POST {url}/review {{"approve": true, "report_version": N}} or in the admin\'s approval queue.\n'
-    )
+    # What can be done with it now: a seed run again later finds it submitted, or decided.
+    stdout.write(f"Supplier assessment {assessment.pk} is {assessment.status} (GET {url}).\n")
+    if assessment.status == AssessmentStatus.AWAITING_INPUT:
+        stdout.write(
+            f'  As {assessment.requested_by}: POST {url}/submit {{"input": {{"scope": "..."}}}}; revise evidence\n'
+            f'  with POST {url}/sources {{"source", "content"}}.\n'
+        )
+    if assessment.status not in TERMINAL:
+        stdout.write(
+            f"  Reviewers ({REVIEWERS}: admin, carol) decide the report version GET {url} shows, with\n"
+            f'  POST {url}/review {{"approve": true, "report_version": N}} or in the admin\'s approval queue.\n'
+        )

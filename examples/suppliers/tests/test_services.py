@@ -208,6 +208,13 @@ def test_demo_seed_is_idempotent(users: Users) -> None:
     assert users.carol.groups.filter(name=REVIEWERS).exists()
     assert f"POST /api/assessments/{assessment.pk}/submit" in out.getvalue()
 
+    # and once it is decided, a seed tells no one to submit or review it
+    SupplierAssessment.objects.filter(pk=assessment.pk).update(status=AssessmentStatus.APPROVED)
+    out = io.StringIO()
+    demo.seed(out)
+    assert f"Supplier assessment {assessment.pk} is approved" in out.getvalue()
+    assert "/submit" not in out.getvalue() and "/review" not in out.getvalue()
+
 
 def test_once_the_review_is_decided_the_evidence_is_final(users: Users) -> None:
     # given an assessment whose report v1 was just approved; the workflow has yet to apply it
