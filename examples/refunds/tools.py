@@ -106,7 +106,13 @@ def refund_status(ctx: ToolContext, request_id: int | None = None) -> dict[str, 
         requests = list(refund_requests_for(user=ctx.user)[:5])
     return {
         "requests": [
-            {"request_id": r.pk, "order": r.order.number, "amount": str(r.amount), "status": in_words(r)}
+            {
+                "request_id": r.pk,
+                "order": r.order.number,
+                "amount": str(r.amount),
+                "currency": r.order.currency,
+                "status": in_words(r),
+            }
             for r in requests
         ]
     }

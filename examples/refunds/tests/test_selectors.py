@@ -6,6 +6,8 @@ enqueued (its enqueue waits for a commit that never comes), so no worker is invo
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.contrib.auth.models import AnonymousUser
 
@@ -57,3 +59,31 @@ def test_the_tools_tell_and_do_nothing_when_no_person_asked(users: Users) -> Non
     answers = [find_order(ctx, "1042"), request_refund(ctx, "1042", "10.00", "damaged"), refund_status(ctx)]
     assert answers == [{"error": ToolContext.NO_ONE_ASKED}] * 3
     assert not RefundRequest.objects.exists()
+
+
+def test_the_refund_status_tool_gives_each_requests_currency_and_the_answer_says_it(users: Users) -> None:
+    # given alice's refund request on an order in pounds
+    from agents import ToolContext
+    from agents.providers.base import ChatMessage, ModelRequest, ToolCall
+    from agents.providers.rules import RulesProvider
+    from agents.tests.support import chat_agent
+    from examples.refunds.tools import refund_status
+
+    order = new_order(users.alice, "1041", "25.00")
+    request, _ = refund_request_create(order=order, customer=users.alice, amount="1.00", reason="chipped")
+    ctx = ToolContext(agent=chat_agent(users.alice), turn_id="t", call_id="c", user=users.alice)
+
+    # when she asks where it is, and the embedded model reads the tool's answer
+    result = refund_status(ctx)
+    call = ToolCall(id="rules-1-0-refund_status", name="refund_status", arguments={})
+    messages = (
+        ChatMessage("user", "what's happening with my refund?"),
+        ChatMessage("assistant", tool_calls=(call,)),
+        ChatMessage("tool", json.dumps(result), tool_call_id=call.id, name=call.name),
+    )
+    events = RulesProvider().stream(ModelRequest("", messages, ()))
+    text = "".join(getattr(e, "text", "") for e in events)
+
+    # then the amount is in her order's currency, as the answer to asking for it was
+    assert result["requests"][0]["currency"] == "GBP"
+    assert text.startswith(f"Your refund of £1.00 on order 1041 (request {request.pk}) is"), text
