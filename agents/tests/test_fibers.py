@@ -321,6 +321,11 @@ def test_manage_py_agents_fibers_lists_the_newest_fibers(users: Users, tmp_path:
     call_command("agents", "fibers", "--status", "pending", stdout=out)
     assert [line.split("\t")[2] for line in out.getvalue().splitlines()] == ["second"]
 
+    # and a listing with nothing in it says so
+    out = StringIO()
+    call_command("agents", "fibers", "--status", "running", stdout=out)
+    assert out.getvalue() == "No running fibers.\n"
+
 
 def test_a_fiber_whose_run_the_engine_failed_is_failed_when_the_agent_next_starts_one(
     users: Users, tmp_path: Path

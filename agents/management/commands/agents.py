@@ -79,7 +79,10 @@ class Command(BaseCommand):
         rows = Fiber.objects.select_related("agent__account").order_by("-created_at")
         if status:
             rows = rows.filter(status=status)
-        for f in rows[: max(limit, 0)]:
+        shown = list(rows[: max(limit, 0)])
+        if not shown:
+            self.stdout.write(f"No {status} fibers." if status else "No fibers.")
+        for f in shown:
             self.stdout.write(
                 f"{f.pk}\t{f.agent.account.slug}/{f.agent.kind}/{f.agent.name}\t{f.name}\t{f.status}"
                 f"\tattempts {f.attempts}\tstash v{f.stash_version}\t{f.end_reason or '-'}"
