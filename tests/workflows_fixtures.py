@@ -160,6 +160,20 @@ class Poison(Workflow):
         return "unreachable"
 
 
+@workflow("test.progress_rests")
+class ProgressRests(Workflow):
+    """Reports its progress and broadcasts between steps, resting (suspended) after each: each
+    resume replays the reports before it."""
+
+    def run(self, event: Event, step: Any) -> Any:
+        for i in range(3):
+            step.do(f"work {i}", slow, 0.01)
+            self.report_progress({"done": i + 1})
+            self.broadcast({"done": i + 1})
+            step.sleep(f"rest {i}", 0.2)
+        return "rested"
+
+
 @workflow("test.progress")
 class Progress(Workflow):
     def run(self, event: Event, step: Any) -> Any:

@@ -89,12 +89,22 @@ class Step:
             {} if first_claim else {s.position: s for s in StepResult.objects.filter(run=run, attempt=run.attempt)}
         )
         self._position = 0
+        # The last position an earlier execution of this attempt stored: until the body passes it,
+        # it runs again what ran before (``replaying``).
+        self._replay_to = max(self._stored, default=0)
         self._names: Counter[str] = Counter()
         self._pending: step_store.StepWrite | None = None
 
     @property
     def run_id(self) -> UUID:
         return self._run.id
+
+    @property
+    def replaying(self) -> bool:
+        """Whether the body is re-running code between steps that an earlier execution of this
+        attempt already ran (it went on to a later step): its progress reports and broadcasts
+        were sent then, and are not sent again."""
+        return self._position < self._replay_to
 
     @property
     def attempt(self) -> int:
@@ -590,6 +600,7 @@ def _execute(run: WorkflowRun, owner: str, *, first_claim: bool = False, hand_ba
         version=run.workflow_version,
     )
     step = Step(run, owner, first_claim=first_claim, hand_back_at=hand_back_at)
+    instance._engine_step = step
     try:
         value = instance.run(event, step)
         value, _ = step_store.encode(value, what="the run's result")

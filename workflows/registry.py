@@ -53,6 +53,7 @@ class Workflow:
     # has its own operation there, POST /api/workflows/<name>/runs with this payload.
     payload_schema: ClassVar[dict[str, Any] | None] = None
     run_id: UUID
+    _engine_step: Step | None = None  # the engine's, while it advances the run
 
     def run(self, event: Event, step: Step) -> Any:
         raise NotImplementedError
@@ -75,17 +76,25 @@ class Workflow:
         return payload
 
     def report_progress(self, data: Any) -> None:
-        """Best effort, not durable: may repeat on replay."""
+        """Best effort, not durable. Not sent again while ``run()`` replays what an earlier
+        execution ran (``Step.replaying``): a page's progress does not go back at each resume. One
+        made just before a crash or a suspension may be sent again, one lost with its process is lost."""
         from workflows.streams import publish_progress
 
-        publish_progress(self.run_id, data)
+        if not self._replaying():
+            publish_progress(self.run_id, data)
 
     def broadcast(self, message: Any) -> None:
-        """Best effort, not durable: may repeat on replay. Sent by the process's publisher thread,
-        in order with the run's other events (its one event loop keeps one channel-layer connection)."""
+        """Best effort, not durable, not sent again on replay (as ``report_progress``). Sent by the
+        process's publisher thread, in order with the run's other events (its one event loop keeps
+        one channel-layer connection)."""
         from workflows.streams import publish_later
 
-        publish_later(self.run_id, "broadcast", message)
+        if not self._replaying():
+            publish_later(self.run_id, "broadcast", message)
+
+    def _replaying(self) -> bool:
+        return self._engine_step is not None and self._engine_step.replaying
 
 
 def workflow(name: str, *, public: bool = False) -> Callable[[W], W]:

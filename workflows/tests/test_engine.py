@@ -13,10 +13,10 @@ import pytest
 from django.utils import timezone
 
 from tests.fixtures import NoEnqueue
-from tests.support import Worker, wait_for_status, wait_for_terminal
+from tests.support import Worker, wait_for, wait_for_status, wait_for_terminal
 from tests.workflows_fixtures import lines
 from workflows import public as wf
-from workflows.models import RunStatus, StepResult, StepStatus
+from workflows.models import RunStatus, StepResult, StepStatus, WorkflowRun
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -454,3 +454,22 @@ def test_a_connection_lost_inside_a_step_is_the_workers_problem_not_the_runs(wor
         (StepStatus.COMPLETED, 1),
     ]
     assert run.recovery_count == 0
+
+
+def test_progress_and_broadcasts_are_not_sent_again_when_a_resume_replays_them(worker: Worker) -> None:
+    # given a run that reports its progress and broadcasts between steps, and rests after each
+    from workflows.streams import events_after
+
+    run = wf.start("test.progress_rests", {})
+
+    # when it has rested three times (each resume replays run() from the top)
+    assert wait_for_terminal(run.id).status == RunStatus.COMPLETED
+
+    # then each report and broadcast reached its stream once, in order: a page's progress never goes back
+    def sent() -> list[tuple[str, Any]] | None:
+        events = [(e["type"], e["data"]) for e in events_after(run.id, 0) if e["type"] in ("progress", "broadcast")]
+        return events if ("broadcast", {"done": 3}) in events else None
+
+    events = wait_for(sent, what="the last broadcast")
+    assert events == [(kind, {"done": i}) for i in (1, 2, 3) for kind in ("progress", "broadcast")]
+    assert WorkflowRun.objects.get(pk=run.id).progress == {"done": 3}
