@@ -60,6 +60,21 @@ def queue_types(*names: str) -> dict[str, str]:
     return {row[0]: f"{row[1]} durable={row[2]}" for row in rows if len(row) == 3 and row[0] in names}
 
 
+def queue_counts(name: str) -> str:
+    """What RabbitMQ holds of queue ``name``: messages ready, unacknowledged, and its consumers."""
+    rabbitmqctl = shutil.which("rabbitmqctl")
+    assert rabbitmqctl, "rabbitmqctl is not installed"
+    out = subprocess.run(
+        [rabbitmqctl, "-q", "list_queues", "name", "messages_ready", "messages_unacknowledged", "consumers"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout
+    rows = [line.split() for line in out.splitlines()]
+    return next((f"ready {r[1]}, unacked {r[2]}, consumers {r[3]}" for r in rows if r and r[0] == name), "not listed")
+
+
 def test_on_rabbitmq_a_killed_worker_mid_step_loses_nothing_and_repeats_nothing(
     queue: str, rabbitmq: str, workers: list[Worker], tmp_path: Path
 ) -> None:
@@ -97,11 +112,17 @@ def test_on_rabbitmq_a_lost_enqueue_is_recovered_by_the_sweeper(
     workers.append(Worker(queue=queue, beat=False, CELERY_BROKER_URL=rabbitmq))
 
     # when the sweeper (here, in this process: it sends to RabbitMQ) runs after the grace period
+    requeued: list[float] = []
+
     def swept() -> bool:
-        sweep()
+        requeued.append(sweep().requeued)
         return bool(WorkflowRun.objects.get(pk=run.pk).status != RunStatus.QUEUED)
 
-    wait_for(swept, timeout=15, interval=0.2, what="the sweeper to requeue the run")
+    try:
+        wait_for(swept, timeout=30, interval=0.2, what="the sweeper to requeue the run")
+    except AssertionError as exc:  # (once, in a loaded CI run: say where the messages went)
+        counts = queue_counts(queue)
+        raise AssertionError(f"{exc}: sent {sum(requeued)} time(s); {queue}: {counts}") from None
 
     # then the run is enqueued again, on RabbitMQ, and completes
     run = wait_for_terminal(run.id)
