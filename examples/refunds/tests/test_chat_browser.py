@@ -185,10 +185,10 @@ def test_browser_alice_asks_for_a_refund_loses_her_connection_mid_answer_and_see
     assert shown[-1] == turn.text
     assert answer == turn.text
     assert turn.text.startswith("I've asked for a refund of £300.00 on order 1042.")
-    assert waiting == f"Your refund of 300.00 on order 1042 (request {request.pk}) is awaiting approval."
+    assert waiting == f"Your refund of £300.00 on order 1042 (request {request.pk}) is awaiting approval."
     assert "approv" in decided.lower()
     approval.refresh_from_db()
     assert approval.status == ApprovalStatus.APPROVED and approval.decided_by_id == carol.pk
-    assert confirmed == f"Your refund of 300.00 on order 1042 (request {request.pk}) is confirmed."
+    assert confirmed == f"Your refund of £300.00 on order 1042 (request {request.pk}) is confirmed."
     assert same_document
     assert "1042" in state and "confirmed" in state, state
