@@ -4,8 +4,9 @@ It reads the last user message and the results of the tools it called since (the
 messages after it), and either calls the next tool or answers in words, word by word:
 
 - "I'd like a refund for order 1042 because it arrived damaged": ``find_order``, then
-  ``request_refund`` for the refundable amount (an amount in the message, e.g. "£20", wins), then a
-  sentence with the result;
+  ``request_refund`` for the refundable amount (an amount in the message with its currency, e.g.
+  "£20" or "5 CHF", wins), then a sentence with the result; any other number in it is asked about
+  first, never guessed at;
 - "what's happening with my refund": ``refund_status``, then the requests in words;
 - "how is the assessment of Acme going": ``assessment_status``, then the assessments in words;
 - anything else: what it can do here.
@@ -44,18 +45,23 @@ ORDER_NUMBER = re.compile(r"(?:\border\b\s*(?:number|no\.?)?\s*#?\s*|#)(?P<numbe
 REQUEST_ID = re.compile(r"\brequest\s*(?:number|no\.?)?\s*#?\s*(?P<id>\d+)\b", re.IGNORECASE)
 # An amount: ASCII digits, commas only between groups of three ("1,250.00"), at most two decimals.
 NUMBER = r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]{1,2})?"
+# Currencies written as their ISO codes besides the three with symbols and words.
+ISO_CODES = "chf|jpy|cad|aud|nzd|sek|nok|dkk|pln|czk|huf|sgd|hkd|inr|cny|zar|mxn|brl"
 AMOUNT = re.compile(
     rf"(?P<symbol>[£$€])\s*(?P<value>{NUMBER})(?![0-9]|[.,][0-9])"
-    rf"|\b(?P<bare>{NUMBER})\s*(?P<word>gbp|eur|usd|pounds?|euros?|dollars?)\b",
+    rf"|\b(?P<bare>{NUMBER})\s*(?P<word>gbp|eur|usd|pounds?|euros?|dollars?|{ISO_CODES})\b",
     re.IGNORECASE,
 )
+# Any number written: one that is not the order's, a request's or an amount read above is asked
+# about, never guessed at ("a refund of 1.00 for order 1041" is not a refund of all of it).
+ANY_NUMBER = re.compile(r"\d[\d.,]*\d|\d")
 # Anything written as money, well formed or not ("-5 pounds", "£1e1", "£5.005", "£12,50", "−5",
 # "£５"): an amount the customer wrote that AMOUNT does not read exactly is asked about, never read
 # as another amount.
 SIGN = "+\u2212\u2012\u2013\u2014-"  # plus, minus and dashes; the hyphen last, literal in a class
 MONEY_ATTEMPT = re.compile(
     rf"(?P<symbolled>[{SIGN}]?\s*[£$€]\s*[{SIGN}]?[\d.,eE{SIGN}]*\d[\d.,eE{SIGN}]*)"
-    rf"|(?P<worded>[{SIGN}]?\d[\d.,eE{SIGN}]*)\s*(?:gbp|eur|usd|pounds?|euros?|dollars?)\b",
+    rf"|(?P<worded>[{SIGN}]?\d[\d.,eE{SIGN}]*)\s*(?:gbp|eur|usd|pounds?|euros?|dollars?|{ISO_CODES})\b",
     re.IGNORECASE,
 )
 CLEAN_AMOUNT = re.compile(rf"(?:[£$€]\s*)?{NUMBER}")
@@ -73,6 +79,7 @@ CURRENCY_OF = {
     "eur": "EUR",
     "euro": "EUR",
     "euros": "EUR",
+    **{code: code.upper() for code in ISO_CODES.split("|")},
 }
 REASON = re.compile(
     r"\b(?:because|since|due\s+to|reason(?:\s+is)?:?)\s+(?:it(?:'s|\s+was|\s+is)?\s+|they\s+)?(?P<reason>[^.!?]+)",
@@ -215,6 +222,12 @@ def refund(situation: Situation) -> Decision:
             f"I couldn't read the amount {unreadable!r}. Please write it as a positive amount with at most "
             "two decimal places, e.g. £20.00, or leave it out to ask for all that is left to refund."
         )
+    stray = stray_number(situation.text)
+    if stray is not None:
+        return (
+            f"I'm not sure what {stray!r} is. If it is the amount to refund, please write it with its currency,"
+            " e.g. £20.00 or 20 GBP; to ask for all that is left to refund, leave out every number but the order's."
+        )
     number = match_group(ORDER_NUMBER, situation.text, "number")
     order = situation.results.get("find_order")
     if order is None:
@@ -343,6 +356,16 @@ def unreadable_amount(text: str) -> str | None:
         written = (found.group("symbolled") or found.group("worded")).strip().rstrip(".,")
         if CLEAN_AMOUNT.fullmatch(written) is None:
             return written
+    return None
+
+
+def stray_number(text: str) -> str | None:
+    """The first number written that is not the order's number, a request's number or an amount read
+    exactly (with its currency); None when there is none."""
+    known = [found.span() for pattern in (ORDER_NUMBER, REQUEST_ID, AMOUNT) for found in pattern.finditer(text)]
+    for found in ANY_NUMBER.finditer(text):
+        if not any(start <= found.start() and found.end() <= end for start, end in known):
+            return found.group()
     return None
 
 

@@ -144,6 +144,41 @@ def test_an_amount_in_another_currency_than_the_orders_is_asked_about() -> None:
     assert text_of(events).startswith("Order 1042 was paid in GBP, and you wrote an amount in USD.")
 
 
+@pytest.mark.parametrize(
+    "text, stray",
+    [
+        ("I'd like a refund of 1.00 for order 1041 because it arrived damaged", "1.00"),
+        ("Refund 5 on order 1042 please", "5"),
+        ("Refund order 1042 because 2 of the cups broke", "2"),
+        ("Refund order 1042 20", "20"),
+    ],
+)
+def test_a_number_that_is_neither_the_order_nor_an_amount_with_its_currency_is_asked_about(
+    text: str, stray: str
+) -> None:
+    # when the customer writes a number that might be the amount, without its currency
+    events = ask(user(text))
+
+    # then nothing is looked up or asked for (never a refund of all that is left instead), and the
+    # answer names the number
+    assert not [e for e in events if isinstance(e, ToolCall)]
+    assert text_of(events).startswith(f"I'm not sure what {stray!r} is.")
+
+
+def test_an_amount_written_with_an_iso_code_is_read_in_that_currency() -> None:
+    # given an order paid in Swiss francs, and another paid in pounds
+    message = user("I'd like a refund of 5 CHF for order 3001 because it arrived damaged")
+    find = only_call(ask(message))
+    assert find.arguments == {"number": "3001"}
+
+    # then 5 CHF is asked for on the first, and asked about on the second
+    francs = {**ORDER_1042, "number": "3001", "currency": "CHF"}
+    request = only_call(ask(message, *answered(find, francs)))
+    assert request.arguments is not None and request.arguments["amount"] == "5.00"
+    events = ask(message, *answered(find, {**ORDER_1042, "number": "3001"}))
+    assert text_of(events).startswith("Order 3001 was paid in GBP, and you wrote an amount in CHF.")
+
+
 def test_an_amount_followed_by_a_comma_is_read_as_written() -> None:
     message = user("Refund order 1042, £20, thanks")
     find = only_call(ask(message))
