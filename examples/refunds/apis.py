@@ -24,11 +24,11 @@ from workflows.apis.runs import idempotency_key_parameter
 TAGS = ["refunds"]
 ORDER_NUMBER = name_parameter("number", "The order's number.")
 REFUND_ID = id_parameter("refund_id", "The refund request's id.")
-# A positive amount in pounds with at most two decimal places, at most 10 digits before the point
+# A positive amount in the order's currency with at most two decimal places, at most 10 digits before the point
 # (the columns hold 12 digits, two of them decimals): "120", "120.5", "0.05"; not "0.00" or "1e2".
 AMOUNT = "[1-9][0-9]{0,9}(?:\\.[0-9]{1,2})?|0\\.(?:[1-9][0-9]?|0[1-9])"
 AMOUNT_FORM = (
-    "An amount in pounds, as a string of digits: more than 0, at most two decimals"
+    "An amount in the order's currency, as a string of digits: more than 0, at most two decimals"
     ' and ten digits before the point ("120.00").'
 )
 
@@ -50,8 +50,8 @@ class RefundCreateApi(ApiBase):
     class InputSerializer(StrictSerializer):
         amount = StrictCharField(
             pattern=AMOUNT,
-            error_messages={"pattern": AMOUNT_FORM},
-            help_text='The amount to refund in pounds, e.g. "120.00".',
+            error_messages={"pattern": AMOUNT_FORM, "invalid": AMOUNT_FORM, "blank": AMOUNT_FORM, "null": AMOUNT_FORM},
+            help_text='The amount to refund in the order\'s currency, e.g. "120.00".',
         )
         reason = StrictCharField(required=False, allow_blank=True, default="", max_length=500)
 
