@@ -50,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
@@ -293,7 +294,7 @@ class AgentConsumer(StreamConsumer):
         if self.ready:
             await self._send_turn(message["turn"])
 
-    async def _send_turn(self, turn: dict[str, Any]) -> None:
+    async def _send_turn(self, turn: Mapping[str, Any]) -> None:
         """A turn's status, unless one of a later stage of its life was sent already: this socket's
         answer to a ``stop`` leaves at once, while the worker's ``running``, pushed just before it,
         may still be on its way through the channel layer (a turn never starts again once ended)."""

@@ -260,6 +260,7 @@ def test_stopping_a_running_turn_pushes_its_end_once_saying_who_stopped_it(
     stopped = turn_stop(turn=turn, user=users.alice)
 
     # then its run is terminated, and its end is pushed once, with the reason the API gives
+    assert turn.run_id is not None
     assert WorkflowRun.objects.get(pk=turn.run_id).status == RunStatus.TERMINATED
     assert stopped.status == TurnStatus.CANCELLED and stopped.end_reason == "stopped by alice"
     ends = [m["turn"] for m in pushed if m["type"] == "agent.turn" and m["turn"]["id"] == str(turn.pk)]
