@@ -25,7 +25,8 @@ Protocol:
   "parts", "created_at"}``, ``{"type": "state", "version", "state"}``, ``{"type": "fiber", "id",
   "name", "status", "stash_version", "attempts", "end_reason"}`` (a fiber of the agent changed status).
   A turn's status is never sent going back (``turn_stage``): a stop's answer leaves at once, and the
-  worker's ``running`` pushed just before it may arrive after.
+  worker's ``running`` pushed just before it may arrive after; nor the same frame twice (a tab's
+  answer, then the push of it every tab gets).
 - bad client messages get ``{"type": "error", "message", "about"?}`` (``about``: ``message``,
   ``resume`` or ``stop``, the type of the message refused, when it was one of these, so that the
   page gives back the text of a refused message only), the socket stays open and nothing is
@@ -121,7 +122,8 @@ class AgentConsumer(StreamConsumer):
         self.agent = agent
         self.cursors: dict[str, Cursor] = {}
         self.fibers: dict[str, tuple[bool, int, bool]] = {}  # fiber id -> the order of its last change sent
-        self.turn_stages: dict[str, int] = {}  # turn id -> the stage of its last status sent (turn_stage)
+        # turn id -> the stage (turn_stage) and the frame of its last status sent
+        self.turns_sent: dict[str, tuple[int, dict[str, Any]]] = {}
         # Turns that had ended at the snapshot: their answers are in its messages, so their late
         # pushes are dropped (a resume still replays them on request).
         self.ended: set[str] = set()
@@ -295,14 +297,17 @@ class AgentConsumer(StreamConsumer):
             await self._send_turn(message["turn"])
 
     async def _send_turn(self, turn: Mapping[str, Any]) -> None:
-        """A turn's status, unless one of a later stage of its life was sent already: this socket's
+        """A turn's status, unless one of a later stage of its life was sent already (this socket's
         answer to a ``stop`` leaves at once, while the worker's ``running``, pushed just before it,
-        may still be on its way through the channel layer (a turn never starts again once ended)."""
+        may still be on its way through the channel layer; a turn never starts again once ended),
+        or the same frame was (the push every tab gets of this socket's own answer)."""
+        frame = {"type": "turn", **turn}
         stage = turn_stage(turn["status"])
-        if stage < self.turn_stages.get(turn["id"], stage):
+        sent_stage, sent = self.turns_sent.get(turn["id"], (stage, None))
+        if stage < sent_stage or frame == sent:
             return
-        self.turn_stages[turn["id"]] = stage
-        await self.send_json({"type": "turn", **turn})
+        self.turns_sent[turn["id"]] = (stage, frame)
+        await self.send_json(frame)
 
     async def agent_message(self, message: dict[str, Any]) -> None:
         if self.ready:
