@@ -122,8 +122,7 @@ class AgentConsumer(StreamConsumer):
         self.agent = agent
         self.cursors: dict[str, Cursor] = {}
         self.fibers: dict[str, tuple[bool, int, bool]] = {}  # fiber id -> the order of its last change sent
-        # turn id -> the stage (turn_stage) and the frame of its last status sent
-        self.turns_sent: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.turns_sent: dict[str, dict[str, Any]] = {}  # turn id -> the last frame of its status sent
         # Turns that had ended at the snapshot: their answers are in its messages, so their late
         # pushes are dropped (a resume still replays them on request).
         self.ended: set[str] = set()
@@ -302,11 +301,10 @@ class AgentConsumer(StreamConsumer):
         may still be on its way through the channel layer; a turn never starts again once ended),
         or the same frame was (the push every tab gets of this socket's own answer)."""
         frame = {"type": "turn", **turn}
-        stage = turn_stage(turn["status"])
-        sent_stage, sent = self.turns_sent.get(turn["id"], (stage, None))
-        if stage < sent_stage or frame == sent:
+        sent = self.turns_sent.get(turn["id"])
+        if sent is not None and (frame == sent or turn_stage(turn["status"]) < turn_stage(sent["status"])):
             return
-        self.turns_sent[turn["id"]] = (stage, frame)
+        self.turns_sent[turn["id"]] = frame
         await self.send_json(frame)
 
     async def agent_message(self, message: dict[str, Any]) -> None:

@@ -47,9 +47,11 @@ REQUEST_ID = re.compile(r"\brequest\s*(?:number|no\.?)?\s*#?\s*(?P<id>\d+)\b", r
 NUMBER = r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]{1,2})?"
 # Currencies written as their ISO codes besides the three with symbols and words.
 ISO_CODES = "chf|jpy|cad|aud|nzd|sek|nok|dkk|pln|czk|huf|sgd|hkd|inr|cny|zar|mxn|brl"
+# What may follow an amount's digits to name its currency ("20 pounds", "5 CHF").
+CURRENCY_WORDS = rf"gbp|eur|usd|pounds?|euros?|dollars?|{ISO_CODES}"
 AMOUNT = re.compile(
     rf"(?P<symbol>[£$€])\s*(?P<value>{NUMBER})(?![0-9]|[.,][0-9])"
-    rf"|\b(?P<bare>{NUMBER})\s*(?P<word>gbp|eur|usd|pounds?|euros?|dollars?|{ISO_CODES})\b",
+    rf"|\b(?P<bare>{NUMBER})\s*(?P<word>{CURRENCY_WORDS})\b",
     re.IGNORECASE,
 )
 # Any number written: one that is not the order's, a request's or an amount read above is asked
@@ -61,7 +63,7 @@ ANY_NUMBER = re.compile(r"\d[\d.,]*\d|\d")
 SIGN = "+\u2212\u2012\u2013\u2014-"  # plus, minus and dashes; the hyphen last, literal in a class
 MONEY_ATTEMPT = re.compile(
     rf"(?P<symbolled>[{SIGN}]?\s*[£$€]\s*[{SIGN}]?[\d.,eE{SIGN}]*\d[\d.,eE{SIGN}]*)"
-    rf"|(?P<worded>[{SIGN}]?\d[\d.,eE{SIGN}]*)\s*(?:gbp|eur|usd|pounds?|euros?|dollars?|{ISO_CODES})\b",
+    rf"|(?P<worded>[{SIGN}]?\d[\d.,eE{SIGN}]*)\s*(?:{CURRENCY_WORDS})\b",
     re.IGNORECASE,
 )
 CLEAN_AMOUNT = re.compile(rf"(?:[£$€]\s*)?{NUMBER}")

@@ -50,7 +50,7 @@ class RefundCreateApi(ApiBase):
     class InputSerializer(StrictSerializer):
         amount = StrictCharField(
             pattern=AMOUNT,
-            error_messages={"pattern": AMOUNT_FORM, "invalid": AMOUNT_FORM, "blank": AMOUNT_FORM, "null": AMOUNT_FORM},
+            error_messages=dict.fromkeys(("pattern", "invalid", "blank", "null"), AMOUNT_FORM),
             help_text='The amount to refund in the order\'s currency, e.g. "120.00".',
         )
         reason = StrictCharField(required=False, allow_blank=True, default="", max_length=500)

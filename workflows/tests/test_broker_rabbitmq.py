@@ -45,34 +45,32 @@ def rabbitmq(queue: str) -> Iterator[str]:
         yield RABBITMQ_URL
 
 
-def queue_types(*names: str) -> dict[str, str]:
-    """The type of each of ``names`` as RabbitMQ lists it (rabbitmqctl, on this machine's broker)."""
+def list_queues(*columns: str, check: bool = True) -> dict[str, list[str]]:
+    """Each queue as RabbitMQ lists it (rabbitmqctl, on this machine's broker): name -> ``columns``."""
     rabbitmqctl = shutil.which("rabbitmqctl")
     assert rabbitmqctl, "rabbitmqctl is not installed"
     out = subprocess.run(
-        [rabbitmqctl, "-q", "list_queues", "name", "type", "durable"],
+        [rabbitmqctl, "-q", "list_queues", "name", *columns],
         capture_output=True,
         text=True,
         timeout=60,
-        check=True,
+        check=check,
     ).stdout
     rows = (line.split() for line in out.splitlines())
-    return {row[0]: f"{row[1]} durable={row[2]}" for row in rows if len(row) == 3 and row[0] in names}
+    return {row[0]: row[1:] for row in rows if len(row) == 1 + len(columns)}
+
+
+def queue_types(*names: str) -> dict[str, str]:
+    """The type of each of ``names``, and whether it is durable."""
+    queues = list_queues("type", "durable")
+    return {name: f"{kind} durable={durable}" for name, (kind, durable) in queues.items() if name in names}
 
 
 def queue_counts(name: str) -> str:
-    """What RabbitMQ holds of queue ``name``: messages ready, unacknowledged, and its consumers."""
-    rabbitmqctl = shutil.which("rabbitmqctl")
-    assert rabbitmqctl, "rabbitmqctl is not installed"
-    out = subprocess.run(
-        [rabbitmqctl, "-q", "list_queues", "name", "messages_ready", "messages_unacknowledged", "consumers"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    ).stdout
-    rows = [line.split() for line in out.splitlines()]
-    return next((f"ready {r[1]}, unacked {r[2]}, consumers {r[3]}" for r in rows if r and r[0] == name), "not listed")
+    """What RabbitMQ holds of queue ``name``: messages ready, unacknowledged, and its consumers (for a
+    failure's message: a listing that fails says so rather than hide the failure it explains)."""
+    row = list_queues("messages_ready", "messages_unacknowledged", "consumers", check=False).get(name)
+    return f"ready {row[0]}, unacked {row[1]}, consumers {row[2]}" if row else "not listed"
 
 
 def test_on_rabbitmq_a_killed_worker_mid_step_loses_nothing_and_repeats_nothing(
