@@ -30,12 +30,14 @@ def test_a_process_that_exits_is_restarted_and_stopping_the_supervisor_stops_it(
     try:
         # when it runs under the supervisor, then it is started again after each exit, each
         # restart logged with the exit status
-        wait_for(lambda: (tmp_path / "pid").exists(), timeout=10, what="the third start")
+        # (the file exists, empty, a moment before the shell writes the pid into it)
+        pid_file = tmp_path / "pid"
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=10, what="the third start")
         assert starts.read_text().splitlines() == ["started"] * 3
         restarts = [line for line in log.read_text().splitlines() if "supervise:" in line]
         assert len(restarts) == 2
         assert all("worker exited with status 3; restarting in" in line for line in restarts)
-        child = int((tmp_path / "pid").read_text())
+        child = int(pid_file.read_text())
         os.kill(child, 0)  # running
 
         # and when the supervisor gets SIGTERM, it stops the process and exits
