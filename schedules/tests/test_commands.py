@@ -83,6 +83,8 @@ def test_add_a_submission_every_hour() -> None:
         (["add", "x", "--cron", "@daily", "--workflow", "test.echo", "--payload", "[1"], "--payload is not JSON"),
         (["add", "x", "--cron", "@daily", "--workflow", "test.echo", "--payload", "[1]"], "payload"),
         (["add", "x", "--cron", "@daily"], "give --workflow NAME, or all of"),
+        (["add", "x", "--cron", "@daily", "--account", "acme", "--kind", "test.chat", "--agent", "a",
+          "--message", "m", "--payload", "{}"], "--payload is a workflow's"),
         (["add", "x", "--cron", "@daily", "--workflow", "w", "--account", "a"], "not both"),
         (["add", "x", "--cron", "@daily", "--account", "nobody", "--kind", "test.chat", "--agent", "a",
           "--message", "m"], "account: no account 'nobody'"),

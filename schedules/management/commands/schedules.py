@@ -47,7 +47,7 @@ class Command(BaseCommand):
         when.add_argument("--every", type=duration_argument, metavar="DURATION", help="An interval, e.g. 30s, 10m, 1h.")
         add.add_argument("--timezone", default=settings.TIME_ZONE, help="The cron's time zone (default TIME_ZONE).")
         add.add_argument("--workflow", help="Start this workflow at each firing.")
-        add.add_argument("--payload", default="{}", help="The run's payload, a JSON object.")
+        add.add_argument("--payload", help="The run's payload, a JSON object (a --workflow schedule's only).")
         add.add_argument("--account", help="Or submit a message to an agent of this account (slug) ...")
         add.add_argument("--kind", help="... of this agent kind ...")
         add.add_argument("--agent", help="... and this name (the conversation) ...")
@@ -139,8 +139,11 @@ class Command(BaseCommand):
             raise CommandError("give either --workflow or --account/--kind/--agent/--message, not both")
         if not options["workflow"] and not all(submission):
             raise CommandError("give --workflow NAME, or all of --account, --kind, --agent and --message")
+        if options["payload"] is not None and not options["workflow"]:
+            # Even "{}": the option is the workflow's, and a submission sends its message.
+            raise CommandError("--payload is a workflow's: a submission sends its --message")
         try:
-            payload = json_loads_strict(options["payload"])
+            payload = json_loads_strict(options["payload"] or "{}")
         except ValueError as exc:
             raise CommandError(f"--payload is not JSON: {exc}") from None
         every = options["every"]
