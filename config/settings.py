@@ -73,7 +73,7 @@ DEV_SERVER_APPS = ["daphne"] if sys.argv[1:2] == ["runserver"] else []
 
 INSTALLED_APPS = [
     *DEV_SERVER_APPS,
-    "django.contrib.admin",
+    "config.apps.AdminConfig",  # django.contrib.admin, with the project's site (config/admin.py)
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -1,0 +1,50 @@
+"""The project's admin site: Django's, with a list filter the database cannot run a 400 that says so.
+
+The admin lets a list be filtered by any lookup on the model's own fields from the URL
+(``?username__regex=[``, ``?body__contains=x``). Django checks the lookup's name, not whether the
+database can run it: an invalid regular expression (PostgreSQL), a JSON ``contains`` (SQLite) or a
+number past a column's range failed the list's query, a 500 and a traceback in the log for a typo
+in an address bar. Here the list answers 400 with the database's reason and a link to the list
+unfiltered. Only a GET with a query string is answered so: any other such error is a bug, and
+stays a 500.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar, cast
+
+from django.contrib import admin
+from django.db import DataError, NotSupportedError
+from django.http import HttpRequest, HttpResponseBase
+from django.template.response import TemplateResponse
+
+# What a filter in the URL can make the database refuse: a value it cannot read (an invalid regular
+# expression, a number out of range) or a lookup this database does not have.
+FILTER_ERRORS = (DataError, NotSupportedError)
+
+View = TypeVar("View", bound=Callable[..., HttpResponseBase])
+
+
+class AdminSite(admin.AdminSite):
+    def admin_view(self, view: View, cacheable: bool = False) -> View:
+        checked = super().admin_view(view, cacheable)
+
+        @wraps(checked)
+        def answered(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            try:
+                return checked(request, *args, **kwargs)
+            except FILTER_ERRORS as exc:
+                if request.method != "GET" or not request.GET:
+                    raise
+                return self.bad_filter(request, exc)
+
+        return cast(View, answered)
+
+    def bad_filter(self, request: HttpRequest, exc: Exception) -> TemplateResponse:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        context = {**self.each_context(request), "title": "This filter cannot be run", "reason": reason}
+        response = TemplateResponse(request, "admin/bad_filter.html", context, status=400)
+        response.render()  # here, so that a problem in the template is this view's, not the handler's
+        return response
