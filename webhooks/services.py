@@ -57,19 +57,23 @@ ACT_TASK = "webhooks.act"
 SWEEP_TASK = "webhooks.sweep"
 
 # Header names whose values are credentials or signatures: never stored. Matched as substrings of
-# the lower-cased name, so x-hub-signature-256, stripe-signature and x-api-key are all caught.
+# the lower-cased name, so x-hub-signature-256, stripe-signature, x-sig, x-api-key, x-pass,
+# x-session-id and x-jwt are all caught (a harmless header with such a name is redacted too).
 SECRET_HEADER_PARTS = (
-    "signature",
+    "sig",
     "secret",
     "token",
-    "authorization",
+    "auth",
     "cookie",
     "key",
-    "password",
-    "passwd",
+    "pass",
     "credential",
     "hmac",
-    "auth",
+    "session",
+    "jwt",
+    "bearer",
+    "csrf",
+    "private",
 )
 
 

@@ -362,6 +362,19 @@ def test_a_bad_or_missing_signature_is_a_401(tamper: Any, code: str) -> None:
     assert all(v == "[redacted]" for k, v in delivery.headers.items() if "signature" in k.lower())
 
 
+def test_credential_like_headers_are_never_stored() -> None:
+    body = encode(EVENT)
+    credentials = {
+        name: f"value-of-{name}"
+        for name in ("X-Session-Id", "X-Jwt", "Bearer", "Sig", "X-Pass", "Proxy-Authorization", "X-Api-Key",
+                     "X-Csrftoken", "X-Private-Token", "X-Webhook-Secret", "Cookie")
+    }  # fmt: skip
+    delivery = refused(post("runs", body, {"Webhook-Id": "msg_1", **credentials}), 401, "missing_header")
+    kept = {name.lower(): value for name, value in delivery.headers.items()}
+    assert {name: kept[name.lower()] for name in credentials} == dict.fromkeys(credentials, "[redacted]")
+    assert kept["webhook-id"] == "msg_1"  # what is not a credential is kept
+
+
 def test_a_tampered_body_is_a_401() -> None:
     body = encode(EVENT)
     refused(post("runs", body.replace(b"1042", b"9999"), standard_headers(body, "msg_1")), 401, "bad_signature")
