@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from workflows.engine import Step
 
 Load = Callable[[], Proposal | tuple[Any, ...] | Mapping[str, Any]]
+Check = Callable[[Proposal], object]
 DEFAULT_TIMEOUT = timedelta(hours=48)
 
 
@@ -77,6 +78,7 @@ def approve_current(
     approvers: str,
     timeout: timedelta | float = DEFAULT_TIMEOUT,
     requested_by: AbstractBaseUser | int | None = None,
+    check: Check | None = None,
 ) -> ApprovalDecision:
     """Get an approval of the subject's version that is still current after the approval.
 
@@ -88,6 +90,12 @@ def approve_current(
     ``supersede_pending``) is replaced the same way, without waiting for a decision on it.
     Returns the approval of the current version; raises ApprovalRejected or ApprovalExpired as
     ``wait_for_approval`` does.
+
+    ``check(proposal)``, if given, is called in the step that raises each request, before it is
+    stored: it raises a NonRetryableError where nobody should be asked (the subject changed so that
+    the action is no longer possible, say), and that step's StepError ends the approval with no
+    request left pending. Without it, a subject changed while its request was pending is asked
+    about again whatever it has become.
     """
     replaces: int | None = None
     while True:
@@ -100,6 +108,7 @@ def approve_current(
             timeout=timeout,
             requested_by=requested_by,
             replaces=replaces,
+            check=check,
         )
         try:
             decision = _decision(step, name=name, created=created)
@@ -123,6 +132,7 @@ def _request(
     timeout: timedelta | float,
     requested_by: AbstractBaseUser | int | None,
     replaces: int | None = None,
+    check: Check | None = None,
 ) -> CreatedRequest:
     # Checked outside the step, on every replay: bad arguments fail the run at once with a clear
     # error instead of being retried as if the database had hiccupped.
@@ -144,6 +154,7 @@ def _request(
         seconds,
         requested_by_id,
         replaces,
+        check,
         atomic=True,
     )
     return created
@@ -159,10 +170,13 @@ def _create(
     seconds: float,
     requested_by_id: int | None,
     replaces: int | None,
+    check: Check | None = None,
 ) -> CreatedRequest:
     loaded = load()
     try:
         proposal = Proposal.of(loaded)
+        if check is not None:
+            check(proposal)  # its refusal is the step's error, before anything is stored
         request = services.approval_request_create(
             run_id=run_id,
             attempt=attempt,

@@ -157,7 +157,14 @@ class Refund(Workflow):
                     approvers=APPROVERS,
                     timeout=timeout,
                     requested_by=snapshot["customer_id"],  # four eyes: never approved by who asked
+                    # An order changed while its approval was pending is asked about again, unless
+                    # it can no longer refund the amount: nobody is asked to approve what cannot be paid.
+                    check=check_proposal,
                 )
+            except StepError as exc:
+                if exc.error_type != RefundRefused.__name__:
+                    raise
+                return {"outcome": "failed", "request_id": request_id, "reason": exc.message}
             except ApprovalRejected:
                 return {"outcome": "rejected", "request_id": request_id}
             except ApprovalExpired:
@@ -292,6 +299,11 @@ def check_policy(snapshot: dict[str, Any]) -> bool:
             f"can still refund ({snapshot['refundable']} of {snapshot['order_amount']})"
         )
     return True
+
+
+def check_proposal(proposal: Proposal) -> None:
+    """Before each approval request is raised: the policy, on the order as the reviewer would see it."""
+    check_policy(proposal.content)
 
 
 def order_proposal(request_id: int) -> Proposal:

@@ -188,3 +188,46 @@ def test_an_approved_refund_of_an_unchanged_order_is_paid_as_approved(
 
     assert provider.sent == [{"order": "7004", "amount": "120.00", "currency": "GBP"}]
     assert result_of(refund)["outcome"] == "refunded"
+
+
+def test_an_order_cut_below_the_pending_refund_is_not_asked_about_again_and_pays_nothing(
+    no_enqueue: NoEnqueue, users: Users, provider: Recorder
+) -> None:
+    # given a refund of £150 of a £200 order, its approval pending
+    Group.objects.get_or_create(name="refund-approvers")[0].user_set.add(users.carol)
+    order = order_create(number="7005", customer=users.alice, amount="200.00", currency="GBP")
+    refund, _ = refund_request_create(order=order, customer=users.alice, amount="150.00")
+    assert advance(run_of(refund)) == "suspended"
+    first = ApprovalRequest.objects.get(run_id=refund.run_id, status=ApprovalStatus.PENDING)
+
+    # when the order is cut to £120, which supersedes the pending request and wakes the run
+    order_change(order_id=order.pk, amount="120.00")
+    advance(run_of(refund))
+
+    # then nobody is asked to approve £150 of it: the run ends, saying why, and nothing was sent
+    requests = list(ApprovalRequest.objects.filter(run_id=refund.run_id))
+    assert [(r.pk, r.status) for r in requests] == [(first.pk, ApprovalStatus.SUPERSEDED)]
+    result = result_of(refund)
+    assert result["outcome"] == "failed"
+    assert "the refund (150.00) exceeds what order 7005 can still refund (120.00 of 120.00)" in result["reason"]
+    assert provider.sent == []
+
+
+def test_an_order_changed_but_still_able_to_refund_is_asked_about_again(
+    no_enqueue: NoEnqueue, users: Users, provider: Recorder
+) -> None:
+    # given the same, cut to £160 instead: the £150 still fits
+    Group.objects.get_or_create(name="refund-approvers")[0].user_set.add(users.carol)
+    order = order_create(number="7006", customer=users.alice, amount="200.00", currency="GBP")
+    refund, _ = refund_request_create(order=order, customer=users.alice, amount="150.00")
+    assert advance(run_of(refund)) == "suspended"
+
+    order_change(order_id=order.pk, amount="160.00")
+    assert advance(run_of(refund)) == "suspended"
+
+    # then carol is asked again, for version 2, and her approval pays it
+    second = ApprovalRequest.objects.get(run_id=refund.run_id, status=ApprovalStatus.PENDING)
+    assert second.version == "2"
+    decide(second, by=users.carol, approve=True, version="2")
+    advance(run_of(refund))
+    assert provider.sent == [{"order": "7006", "amount": "150.00", "currency": "GBP"}]
