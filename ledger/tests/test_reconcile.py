@@ -31,10 +31,20 @@ def reconcile(*args: str) -> str:
 
 
 @pytest.mark.django_db
-def test_a_system_without_an_adapter_is_named_as_such() -> None:
-    err = StringIO()
-    call_command("reconcile", "--system", "paymnets", stdout=StringIO(), stderr=err)
-    assert "no adapter is registered for system 'paymnets'" in err.getvalue()
+def test_a_system_nothing_knows_is_an_error() -> None:
+    # a typo in a scheduled job is not "nothing to reconcile"
+    with pytest.raises(CommandError, match="no adapter is registered for system 'paymnets'.*no operation of it"):
+        call_command("reconcile", "--system", "paymnets", stdout=StringIO(), stderr=StringIO())
+
+
+@pytest.mark.django_db
+def test_a_system_without_an_adapter_but_with_operations_lists_them_flagged() -> None:
+    # an app removed with operations of its system left: they are shown, for a person
+    op = make_operation("orphan", system="gone")
+    out, err = StringIO(), StringIO()
+    call_command("reconcile", "--system", "gone", stdout=out, stderr=err)
+    assert "no adapter is registered for system 'gone'" in err.getvalue()
+    assert "!" in row_of(out.getvalue(), op.key)
 
 
 def row_of(output: str, key: str) -> str:

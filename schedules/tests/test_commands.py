@@ -106,6 +106,7 @@ def test_bad_input_is_an_error_that_changes_nothing(args: list[str], message: st
     [
         (["--workflow", "ledger.reconcile", "--payload", '{"bogus": 1}'], "payload: unknown keys: bogus"),
         (["--account", "acme", "--kind", "test.chat", "--agent", "a", "--message", " "], "message: the message is em"),
+        (["--account", "acme", "--kind", "test.chat", "--agent", "a", "--message", ""], "message: required"),
         (
             ["--account", "acme", "--kind", "test.chat", "--agent", "a", "--message", "x" * 5000],
             "message: the message is 5,000 characters; the limit is",

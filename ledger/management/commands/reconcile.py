@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ledger.adapters import has_adapter, unknown_system_message
 from ledger.durations import describe, duration_argument
 from ledger.management.tables import table
+from ledger.models import ExternalOperation
 from ledger.services import ReconcileResult, operations_reconcile
 
 
@@ -33,7 +34,13 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         dry_run: bool = options["dry_run"]
-        if (system := options["system"]) and not has_adapter(system):  # a typo, or an app not installed
+        # A system without an adapter is a typo, or one whose app is no longer installed: its
+        # recorded operations are listed (flagged: they cannot be looked up); none is an error, so
+        # that a typo in a scheduled job does not pass for "nothing to reconcile".
+        unknown = (system := options["system"]) and not has_adapter(system)
+        if unknown and not ExternalOperation.objects.filter(system=system).exists():
+            raise CommandError(f"{unknown_system_message(system)}, and no operation of it is recorded")
+        if unknown:
             warning = f"{unknown_system_message(system)}: its operations cannot be looked up"
             self.stderr.write(self.style.WARNING(warning))
         results = operations_reconcile(system=options["system"], older_than=options["older_than"], dry_run=dry_run)

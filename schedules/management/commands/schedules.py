@@ -134,7 +134,8 @@ class Command(BaseCommand):
         self.stdout.write(f"{schedule.name} fired: {firing.outcome}, {what} (key {firing.idempotency_key}).")
 
     def add(self, options: dict[str, Any]) -> None:
-        submission = [options[k] for k in ("account", "kind", "agent", "message")]
+        # Given at all, not true: an empty --message is refused below for being empty, not unnamed.
+        submission = [options[k] is not None for k in ("account", "kind", "agent", "message")]
         if options["workflow"] and any(submission):
             raise CommandError("give either --workflow or --account/--kind/--agent/--message, not both")
         if not options["workflow"] and not all(submission):
