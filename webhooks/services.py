@@ -45,7 +45,7 @@ from webhooks.metrics import ACTION_TRIES, DELIVERIES
 from webhooks.models import OPEN_ACTIONS, ActionState, Outcome, WebhookDelivery
 from webhooks.selectors import accepted_like, deliveries_received_before, open_actions_received_before
 from webhooks.statements import insert_accepted, insert_delivery, record_result
-from webhooks.verify import ID_UNSIGNED, SCHEMES, MalformedEvent, SignatureRejected
+from webhooks.verify import ID_UNSIGNED, SCHEMES, MalformedEvent, SignatureRejected, claimed_event_id
 from workflows import outbox
 from workflows.conf import conf as workflows_conf
 from workflows.storable import MAX_JSON_DEPTH, json_loads_strict, json_problem
@@ -188,7 +188,10 @@ def delivery_receive(
     try:
         checked = check_delivery(source=source, headers=headers, body=body, now=now)
     except Rejection as refused:
-        return delivery_reject(source=source, headers=headers, size=len(body), rejection=refused), refused
+        # Under the id its headers claim, unverified: "did we receive msg_1?" finds it, rejected.
+        claimed = claimed_event_id(source.scheme, headers)
+        delivery = delivery_reject(source=source, headers=headers, size=len(body), rejection=refused, event_id=claimed)
+        return delivery, refused
     try:
         if source.act == "later":
             return delivery_accept_later(source=source, headers=headers, size=len(body), checked=checked), None

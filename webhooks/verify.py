@@ -23,6 +23,7 @@ import binascii
 import hashlib
 import hmac
 import json
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
@@ -80,11 +81,11 @@ def _timestamp(value: str, *, where: str, tolerance: int, now: float) -> int:
     stamp = int(value)
     if stamp < now - tolerance:
         raise SignatureRejected(
-            "stale_timestamp", f"{where} is {int(now - stamp)} s old; at most {tolerance} s is accepted"
+            "stale_timestamp", f"{where} is {math.ceil(now - stamp)} s old; at most {tolerance} s is accepted"
         )
     if stamp > now + tolerance:
         raise SignatureRejected(
-            "future_timestamp", f"{where} is {int(stamp - now)} s ahead; at most {tolerance} s is accepted"
+            "future_timestamp", f"{where} is {math.ceil(stamp - now)} s ahead; at most {tolerance} s is accepted"
         )
     return stamp
 
@@ -190,6 +191,23 @@ def verify_github(
 
 Verifier = Callable[..., str]
 SCHEMES: dict[str, Verifier] = {"standard": verify_standard, "stripe": verify_stripe, "github": verify_github}
+# The header that names a delivery's event, for the schemes that have one (stripe's id is in the body).
+ID_HEADERS = {"standard": "webhook-id", "github": "x-github-delivery"}
+
+
+def claimed_event_id(scheme: str, headers: Mapping[str, str]) -> str:
+    """The event id a delivery's headers name, unverified ("" if none, or not a well-formed id): what
+    a rejected delivery is recorded under, so that a search for the id finds it. Never the body's:
+    nothing an unverified sender wrote in it is read."""
+    name = ID_HEADERS.get(scheme)
+    if name is None:
+        return ""
+    try:
+        return _event_id(_header(headers, name), where=name)
+    except SignatureRejected:
+        return ""
+
+
 # Schemes whose signature does not cover the event id (nor a timestamp): only the body is vouched
 # for, so a delivery's identity is its body as well as its id.
 ID_UNSIGNED = frozenset({"github"})

@@ -68,6 +68,14 @@ def test_standard_timestamp_six_minutes_off(offset: int, reason: str) -> None:
     assert rejected(verify_standard, standard(at=NOW + offset)) == reason
 
 
+@pytest.mark.parametrize(("offset", "words"), [(-300.3, "is 301 s old"), (300.3, "is 301 s ahead")])
+def test_a_refused_timestamp_is_said_to_be_past_the_tolerance(offset: float, words: str) -> None:
+    # a clock's fraction of a second is never rounded into "300 s ahead; at most 300 s is accepted"
+    headers = standard(at=NOW)
+    with pytest.raises(SignatureRejected, match=words):
+        verify_standard(headers=headers, body=BODY, secrets=[OLD], tolerance=300, now=NOW - offset)
+
+
 def test_standard_timestamp_within_tolerance_both_ways() -> None:
     for offset in (-299, 299):
         headers = standard(at=NOW + offset)

@@ -359,6 +359,8 @@ def test_a_bad_or_missing_signature_is_a_401(tamper: Any, code: str) -> None:
     body = encode(EVENT)
     delivery = refused(post("runs", body, tamper(standard_headers(body, "msg_1"))), 401, code)
     assert delivery.headers.get("Webhook-Id") == "msg_1"
+    # recorded under the id it claims, unverified: the admin's search for msg_1 finds it, rejected
+    assert delivery.event_id == "msg_1"
     assert all(v == "[redacted]" for k, v in delivery.headers.items() if "signature" in k.lower())
 
 
@@ -392,7 +394,20 @@ def test_a_stripe_signature_out_of_tolerance_is_a_401() -> None:
     import time
 
     body = encode({"id": "evt_1", "data": {}})
-    refused(post("payments", body, stripe_headers(body, at=time.time() - 360)), 401, "stale_timestamp")
+    delivery = refused(post("payments", body, stripe_headers(body, at=time.time() - 360)), 401, "stale_timestamp")
+    assert delivery.event_id == ""  # stripe's id is in the body, which an unverified sender wrote: not read
+
+
+@pytest.mark.parametrize(
+    ("claimed", "code", "recorded"),
+    [("guid-9", "bad_signature", "guid-9"), ("g" * 201, "malformed_header", "")],  # not an id: not recorded as one
+)
+def test_a_rejected_github_delivery_is_recorded_under_the_delivery_id_it_claims(
+    claimed: str, code: str, recorded: str
+) -> None:
+    body = encode(EVENT)
+    delivery = refused(post("hub", body, github_headers(body, claimed, secret="wrong")), 401, code)
+    assert delivery.event_id == recorded
 
 
 def test_malformed_json_is_a_400() -> None:
