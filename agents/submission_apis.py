@@ -321,7 +321,7 @@ def agent_submissions(request: HttpRequest, kind: str, name: str) -> HttpRespons
     Why: a daphne answers each request in a thread, and each wait on PostgreSQL or Redis costs the
     thread the interpreter's lock, taken back among fifteen others. Through DRF a submission made
     four such waits (the token, the agent, the insert, the task), and its CPU a request was more
-    than a signed webhook's; here it makes two (README, "Inbound work")."""
+    than a signed webhook's; here it makes two (docs/inbound-performance.md)."""
     if request.method == "POST" and not request.GET:
         accepted = _accept_by_token(request, kind, name)
         if accepted is not None:
