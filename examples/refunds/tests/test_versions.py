@@ -122,14 +122,20 @@ def provider() -> Iterator[Recorder]:
         register_adapter("payments", previous)
 
 
+def awaiting_approval(users: Users, number: str, order_amount: str, amount: str) -> tuple[Order, RefundRequest]:
+    """A GBP order of alice's and her refund of ``amount``, its run suspended on carol's approval."""
+    Group.objects.get_or_create(name="refund-approvers")[0].user_set.add(users.carol)
+    order = order_create(number=number, customer=users.alice, amount=order_amount, currency="GBP")
+    refund, _ = refund_request_create(order=order, customer=users.alice, amount=amount)
+    assert advance(run_of(refund)) == "suspended"
+    return order, refund
+
+
 def test_an_order_changed_after_the_approvals_re_check_is_never_paid_on_its_new_data(
     no_enqueue: NoEnqueue, users: Users, provider: Recorder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # given a refund of £120 approved on version 1 of a GBP order
-    Group.objects.get_or_create(name="refund-approvers")[0].user_set.add(users.carol)
-    order = order_create(number="7002", customer=users.alice, amount="150.00", currency="GBP")
-    refund, _ = refund_request_create(order=order, customer=users.alice, amount="120.00")
-    assert advance(run_of(refund)) == "suspended"
+    order, refund = awaiting_approval(users, "7002", "150.00", "120.00")
     approval = ApprovalRequest.objects.get(run_id=refund.run_id, status=ApprovalStatus.PENDING)
     decide(approval, by=users.carol, approve=True, version="1")
 
@@ -178,10 +184,7 @@ def test_without_an_approval_an_order_changed_after_its_check_is_not_paid_either
 def test_an_approved_refund_of_an_unchanged_order_is_paid_as_approved(
     no_enqueue: NoEnqueue, users: Users, provider: Recorder
 ) -> None:
-    Group.objects.get_or_create(name="refund-approvers")[0].user_set.add(users.carol)
-    order = order_create(number="7004", customer=users.alice, amount="150.00", currency="GBP")
-    refund, _ = refund_request_create(order=order, customer=users.alice, amount="120.00")
-    assert advance(run_of(refund)) == "suspended"
+    order, refund = awaiting_approval(users, "7004", "150.00", "120.00")
     decide(ApprovalRequest.objects.get(run_id=refund.run_id), by=users.carol, approve=True, version="1")
 
     advance(run_of(refund))
@@ -194,10 +197,7 @@ def test_an_order_cut_below_the_pending_refund_is_not_asked_about_again_and_pays
     no_enqueue: NoEnqueue, users: Users, provider: Recorder
 ) -> None:
     # given a refund of £150 of a £200 order, its approval pending
-    Group.objects.get_or_create(name="refund-approvers")[0].user_set.add(users.carol)
-    order = order_create(number="7005", customer=users.alice, amount="200.00", currency="GBP")
-    refund, _ = refund_request_create(order=order, customer=users.alice, amount="150.00")
-    assert advance(run_of(refund)) == "suspended"
+    order, refund = awaiting_approval(users, "7005", "200.00", "150.00")
     first = ApprovalRequest.objects.get(run_id=refund.run_id, status=ApprovalStatus.PENDING)
 
     # when the order is cut to £120, which supersedes the pending request and wakes the run
@@ -217,10 +217,7 @@ def test_an_order_changed_but_still_able_to_refund_is_asked_about_again(
     no_enqueue: NoEnqueue, users: Users, provider: Recorder
 ) -> None:
     # given the same, cut to £160 instead: the £150 still fits
-    Group.objects.get_or_create(name="refund-approvers")[0].user_set.add(users.carol)
-    order = order_create(number="7006", customer=users.alice, amount="200.00", currency="GBP")
-    refund, _ = refund_request_create(order=order, customer=users.alice, amount="150.00")
-    assert advance(run_of(refund)) == "suspended"
+    order, refund = awaiting_approval(users, "7006", "200.00", "150.00")
 
     order_change(order_id=order.pk, amount="160.00")
     assert advance(run_of(refund)) == "suspended"
