@@ -2,11 +2,10 @@
 
 The admin lets a list be filtered by any lookup on the model's own fields from the URL
 (``?username__regex=[``, ``?body__contains=x``). Django checks the lookup's name, not whether the
-database can run it: an invalid regular expression (PostgreSQL), a JSON ``contains`` (SQLite) or a
-number past a column's range failed the list's query, a 500 and a traceback in the log for a typo
-in an address bar. Here the list answers 400 with the database's reason and a link to the list
-unfiltered. Only a GET with a query string is answered so: any other such error is a bug, and
-stays a 500.
+database can run it: an invalid regular expression (PostgreSQL) or a JSON ``contains`` (SQLite)
+failed the list's query, a 500 and a traceback in the log for a typo in an address bar. Here the
+list answers 400 with the database's reason and a link to the list unfiltered. Only a GET with a
+query string is answered so: any other such error is a bug, and stays a 500.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from django.http import HttpRequest, HttpResponseBase
 from django.template.response import TemplateResponse
 
 # What a filter in the URL can make the database refuse: a value it cannot read (an invalid regular
-# expression, a number out of range) or a lookup this database does not have.
+# expression) or a lookup this database does not have.
 FILTER_ERRORS = (DataError, NotSupportedError)
 
 View = TypeVar("View", bound=Callable[..., HttpResponseBase])

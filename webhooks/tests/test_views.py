@@ -344,7 +344,7 @@ def test_a_declared_length_over_the_limit_is_a_413_before_reading() -> None:
     body = encode(EVENT)
     response = post("runs", body, standard_headers(body, "msg_1"), CONTENT_LENGTH="999999")
     delivery = refused(response, 413, "payload_too_large")
-    assert delivery.size == 999999
+    assert (delivery.size, delivery.event_id) == (999999, "msg_1")
 
 
 @pytest.mark.parametrize(
