@@ -72,7 +72,9 @@ FAILED_MESSAGE = "Sorry: something went wrong and this answer could not be finis
 ROUNDS_MESSAGE = "Sorry: this question needed more steps than I may take in one answer."
 
 
-@workflow("agents.turn")
+# Its steps hold the conversation it answered: its runs are for who may read the agents' turns,
+# not for the member who sent the message once they leave the account, nor for staff who read runs.
+@workflow("agents.turn", view_permission="agents.view_turn")
 class TurnWorkflow(Workflow):
     """Private: ``agents.services`` starts it when a turn's time comes (payload ``{"turn": uuid}``)."""
 

@@ -25,7 +25,13 @@ from django.utils.safestring import SafeString
 from workflows import hooks, services
 from workflows.exceptions import TransitionNotAllowed
 from workflows.models import RunAttempt, RunEvent, RunStatus, StepResult, WorkflowRun
-from workflows.selectors import can_control_all_runs, can_see_all_runs, describe_wait, waiting_event_types
+from workflows.selectors import (
+    can_control_all_runs,
+    can_see_all_runs,
+    describe_wait,
+    hidden_workflows,
+    waiting_event_types,
+)
 
 # An inline's rows, and the object whose page shows them.
 _Row = TypeVar("_Row", bound=Model)
@@ -254,6 +260,14 @@ class WorkflowRunAdmin(admin.ModelAdmin[WorkflowRun]):
 
     def has_control_permission(self, request: HttpRequest) -> bool:
         return can_control_all_runs(request.user)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[WorkflowRun]:
+        # Not a workflow's runs that need a permission the user lacks (a chat turn's hold the
+        # conversation): not listed, and their pages are not found.
+        runs = super().get_queryset(request)
+        if hidden := hidden_workflows(request.user):
+            runs = runs.exclude(workflow__in=hidden)
+        return runs
 
     # --- list ---
     def get_search_results(

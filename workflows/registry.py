@@ -48,6 +48,11 @@ class Workflow:
     # and API (a refund, an assessment) stays private and starts only through that service, which
     # checks who may start it and builds its payload.
     public: bool = False
+    # A permission ("app_label.codename") needed to see this workflow's runs at all, by their owner
+    # and by staff who see every run alike: set by ``@workflow(name, view_permission=...)`` for a
+    # process whose steps hold what only that permission may read (a chat turn's steps hold the
+    # conversation it answered). Without it, who sees a run is its owner and such staff.
+    view_permission: str | None = None
     # The payload's JSON Schema (draft 2020-12), or None for any JSON object. The default
     # ``validate_payload`` checks it, and the API's schema states it: a public workflow with one
     # has its own operation there, POST /api/workflows/<name>/runs with this payload.
@@ -97,9 +102,10 @@ class Workflow:
         return self._engine_step is not None and self._engine_step.replaying
 
 
-def workflow(name: str, *, public: bool = False) -> Callable[[W], W]:
+def workflow(name: str, *, public: bool = False, view_permission: str | None = None) -> Callable[[W], W]:
     """Register the decorated Workflow subclass as ``name``; ``public`` makes it startable over the
-    API and the command line (see ``Workflow.public``)."""
+    API and the command line (see ``Workflow.public``); ``view_permission`` is needed to see its
+    runs (see ``Workflow.view_permission``)."""
 
     def register(cls: W) -> W:
         if not (isinstance(cls, type) and issubclass(cls, Workflow)):
@@ -110,6 +116,7 @@ def workflow(name: str, *, public: bool = False) -> Callable[[W], W]:
             raise ValueError(f"workflow {name!r} is already registered by {where}")
         cls.name = name
         cls.public = public
+        cls.view_permission = view_permission
         _registry[name] = cls
         return cls
 
@@ -125,6 +132,11 @@ def get_workflow(name: str) -> type[Workflow]:
 
 def workflow_names() -> list[str]:
     return sorted(_registry)
+
+
+def view_permissions() -> dict[str, str]:
+    """The registered workflows whose runs need a permission to be seen, and that permission."""
+    return {name: cls.view_permission for name, cls in _registry.items() if cls.view_permission}
 
 
 def import_workflow_modules(modules: list[str]) -> None:

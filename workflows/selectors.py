@@ -14,7 +14,7 @@ from django.utils.timesince import timeuntil
 
 from workflows.exceptions import UnknownWorkflow
 from workflows.models import TERMINAL, TIMED, RunAttempt, RunEvent, RunStatus, WorkflowRun
-from workflows.registry import get_workflow
+from workflows.registry import get_workflow, view_permissions
 
 
 def can_see_all_runs(user: AbstractUser | AnonymousUser) -> bool:
@@ -58,11 +58,24 @@ def run_list_all(*, status: str | None = None, workflow: str | None = None) -> Q
 def run_list(
     *, user: AbstractUser | AnonymousUser, status: str | None = None, workflow: str | None = None
 ) -> QuerySet[WorkflowRun]:
-    """Runs the user may see: their own, or all for staff with the view permission."""
+    """Runs the user may see: their own, or all for staff with the view permission; of a workflow
+    with a ``view_permission``, only if the user has it too (see ``hidden_workflows``)."""
     runs = run_list_all(status=status, workflow=workflow)
+    if not user.is_authenticated:
+        return runs.none()
     if not can_see_all_runs(user):
-        runs = runs.filter(owner_id=user.pk) if user.is_authenticated else runs.none()
+        runs = runs.filter(owner_id=user.pk)
+    if hidden := hidden_workflows(user):
+        runs = runs.exclude(workflow__in=hidden)
     return runs
+
+
+def hidden_workflows(user: AbstractUser | AnonymousUser) -> list[str]:
+    """The workflows whose runs ``user`` may not see, whoever owns them: those registered with a
+    ``view_permission`` the user lacks. A chat turn's run holds the conversation in its steps, so
+    it is not for its owner once they leave the account, nor for staff who may read runs but not
+    the agents' conversations."""
+    return sorted(name for name, permission in view_permissions().items() if not user.has_perm(permission))
 
 
 def run_get(*, user: AbstractUser | AnonymousUser, run_id: UUID | str) -> WorkflowRun | None:

@@ -1,8 +1,9 @@
 """HTTP API of workflow runs: start, list, inspect, send events, control.
 
 One class per operation; each parses its input, calls one service or selector and renders.
-Visibility: a caller sees its own runs (staff with ``view_workflowrun`` see all); another owner's
-run is a 404. Control and events need ownership or ``control_workflowrun`` (else 403).
+Visibility: a caller sees its own runs (staff with ``view_workflowrun`` see all), but none of a
+workflow whose ``view_permission`` it lacks (``selectors.run_list``); another owner's run is a 404.
+Control and events need ownership or ``control_workflowrun`` (else 403).
 """
 
 from __future__ import annotations
