@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import unicodedata
 from typing import Any, cast
 
 from django import forms
@@ -11,10 +10,6 @@ from django.contrib.auth.models import User
 from accounts.selectors import accounts_of
 from agents import selectors
 from agents.registry import agent_kinds
-
-# Unicode categories of characters a name must not have: controls, format characters (bidirectional
-# overrides, zero-width ones, the byte-order mark), line and paragraph separators.
-UNSEEN = frozenset({"Cc", "Cf", "Zl", "Zp"})
 
 
 class StartForm(forms.Form):
@@ -38,10 +33,7 @@ class StartForm(forms.Form):
 
     def clean_name(self) -> str:
         name: str = self.cleaned_data["name"].strip()
-        # Characters that are not written (controls, and format characters such as a right-to-left
-        # override, which would make a name shown to the account's other members read otherwise).
-        unseen = any(unicodedata.category(character) in UNSEEN for character in name)
-        if unseen or not selectors.reachable_name(name):
+        if not selectors.reachable_name(name):  # the rule of every path to an agent (selectors.addressable)
             raise forms.ValidationError(
                 f"A name is 1 to {selectors.NAME_MAX} characters, without a slash or an invisible or control "
                 "character, and not '.' or '..'."

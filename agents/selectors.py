@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from typing import Any, TypedDict
 from uuid import UUID
 
@@ -146,13 +147,26 @@ def _agent_create(found: Account, kind: str, name: str) -> Agent:
     return agent
 
 
+# Unicode categories of characters a name must not have: controls, format characters (bidirectional
+# overrides, zero-width ones, the byte-order mark), line and paragraph separators.
+UNSEEN = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
 def _storable_name(value: str, limit: int) -> bool:
     """1 to ``limit`` characters PostgreSQL can store, none of them U+FFFD: a path's bytes that
     are not UTF-8 decode to it, and different such paths must not all name one agent. Not ``.``
     or ``..`` either: a browser, and most HTTP clients, resolve them out of a path, so an agent so
-    named could be created (by a client that sends the path as it is) and never opened again."""
+    named could be created (by a client that sends the path as it is) and never opened again.
+    Nothing that is not written either (a right-to-left override, a zero-width space, a control),
+    nor space at either end: a name the account's other members read must be what it says (a
+    name shown as "exe.jpg" that is "gpj.exe", two names that look the same)."""
     return (
-        0 < len(value) <= limit and value not in (".", "..") and text_problem(value) is None and "\ufffd" not in value
+        0 < len(value) <= limit
+        and value not in (".", "..")
+        and value == value.strip()
+        and text_problem(value) is None
+        and "\ufffd" not in value
+        and not any(unicodedata.category(character) in UNSEEN for character in value)
     )
 
 

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -62,6 +63,26 @@ def test_a_dot_segment_names_no_agent_since_no_browser_could_open_it_again(users
     assert not Agent.objects.exists()
     assert agent_get(user=users.alice, kind="test.chat", name="...") is not None  # only those two
     assert not Agent.objects.filter(name__contains="\ufffd").exists()
+
+
+@pytest.mark.parametrize("name", ["\u202egpj.exe", "\u200binvisible", " lead", "lead ", "a\u2028b", "tab\there"])
+def test_a_name_that_would_read_otherwise_names_no_agent_on_any_path(users: Users, name: str) -> None:
+    # given names the chat form refuses: written otherwise than they read ("exe.jpg"), or not at all
+    account_ensure(slug="acme", members=[users.alice])
+    path = quote(name, safe="")
+
+    # then no path creates or opens such an agent: the selector, the chat page, the API's messages,
+    # its submissions and its reads answer as for a name no agent can have
+    assert agent_get(user=users.alice, kind="test.chat", name=name) is None
+    assert not selectors.reachable_name(name)
+    assert login(users.alice).post(f"/chat/test.chat/{path}/").status_code == 404
+    client = api_login(users.alice)
+    assert client.post(f"/api/agents/test.chat/{path}/messages", {"text": "hi"}, format="json").status_code == 404
+    answer = client.post(f"/api/agents/test.chat/{path}/submissions", {"messages": [{"content": "hi"}]}, format="json")
+    assert answer.status_code == 404
+    assert client.get(f"/api/agents/test.chat/{path}").status_code == 404
+    assert not Agent.objects.exists()
+    assert agent_get(user=users.alice, kind="test.chat", name="my agent") is not None  # a space inside is a name
 
 
 def test_members_read_that_a_turn_failed_not_the_error_behind_it(users: Users) -> None:
