@@ -12,7 +12,8 @@ Sent for: a sign-out (the message names the session, by an HMAC of its key: Djan
 session only after the signal, and that session's sockets close without asking the database), any
 save of the user but a sign-in's ``last_login`` (deactivated, password changed), the user deleted,
 and, from the agents app, a membership removed or moved to another user or account. Best effort,
-as every push: it goes through the process's publisher.
+as every push: it goes through the process's publisher, which a short-lived process (a shell, a
+command) waits for at exit (``streams.EXIT_FLUSH_SECONDS``).
 """
 
 from __future__ import annotations

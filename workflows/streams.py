@@ -8,6 +8,7 @@ run's Channels group. The database stays the authority: a client's snapshot come
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import logging
 import os
@@ -99,6 +100,10 @@ def _store(run_id: UUID | str, kind: str, data: Any) -> StreamEvent | None:
     return event
 
 
+# How long a process's exit waits for what it handed the publisher to be sent.
+EXIT_FLUSH_SECONDS = 5.0
+
+
 class _Publisher:
     """One daemon thread per process that publishes events in the order they were handed over.
 
@@ -150,6 +155,11 @@ class _Publisher:
                 self._pid = os.getpid()
                 self._queue = queue.SimpleQueue()
                 threading.Thread(target=self._loop, name="workflows-publisher", daemon=True).start()
+                # A short-lived process (a management command, a shell, a script) exits right after
+                # handing over its last pushes: the daemon thread would die with them unsent (a
+                # membership removed from a shell closed its member's sockets only at their next
+                # re-check). At exit it has EXIT_FLUSH_SECONDS to send them.
+                atexit.register(self.flush, EXIT_FLUSH_SECONDS)
             self._idle.clear()
             self._queue.put(logged)
 

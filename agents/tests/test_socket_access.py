@@ -5,6 +5,8 @@ daphne whose interval is half a second."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +28,7 @@ from agents.tests.test_consumers import KIND, World
 from agents.tests.test_consumers import world as world  # noqa: F401  # the fixture, used by name
 from config.routing import websocket_urlpatterns
 from tests.factories import login, session_of
-from tests.support import AsgiServer, serving
+from tests.support import ROOT, AsgiServer, service_env, serving
 from workflows.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from workflows.models import WorkflowRun
 from workflows.streams import publisher
@@ -213,6 +215,25 @@ def test_a_membership_moved_to_another_user_closes_the_former_members_chat_at_on
         membership.save()
 
         # then bob's chat closes as not found, at once
+        assert closed_with(bob) == (CLOSE_NOT_FOUND, [])
+
+
+def test_a_member_removed_by_a_short_lived_process_has_his_chat_closed_at_once(
+    patient_server: AsgiServer, world: World
+) -> None:
+    # given bob's chat open
+    _, cookie = signed_in(world.users.bob)
+    with open_socket(patient_server, CHAT, cookie) as bob:
+        assert receive(bob)["type"] == "snapshot"
+
+        # when an operator removes him from acme in a management shell, which exits at once
+        remove = "from accounts.models import Membership; Membership.objects.filter(user__username='bob').delete()"
+        subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", remove], cwd=ROOT, env=service_env(), check=True, timeout=60
+        )
+
+        # then his chat closes as not found, without waiting for a re-check (the server's is an hour):
+        # the shell sent its push before it exited
         assert closed_with(bob) == (CLOSE_NOT_FOUND, [])
 
 
