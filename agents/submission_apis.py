@@ -137,7 +137,13 @@ class AcceptedSerializer(serializers.Serializer[dict[str, Any]]):
 @extend_schema_serializer(component_name="SubmissionMessageInput")
 class MessageInputSerializer(StrictSerializer):
     role = serializers.ChoiceField(choices=["user"], required=False, help_text="Only 'user' (the default).")
-    content = StrictCharField(pattern=NOT_BLANK, max_length=MAX_CONTENT_CHARS, help_text="What the system says.")
+    content = StrictCharField(
+        pattern=NOT_BLANK,
+        max_length=MAX_CONTENT_CHARS,
+        help_text="What the system says.",
+        # One answer for "" and for spaces, in the chat's words.
+        error_messages=dict.fromkeys(("pattern", "blank"), "A message must be a non-empty string, not only spaces."),
+    )
 
 
 def plainly_valid(data: Any) -> dict[str, Any] | None:

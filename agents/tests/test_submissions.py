@@ -157,6 +157,15 @@ def test_a_bad_submission_is_a_400_and_nothing_is_stored(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("content", ["", "   "])
+def test_a_blank_message_is_refused_saying_so(users: Users, no_enqueue: NoEnqueue, content: str) -> None:
+    chat_agent(users.alice)
+    answer = post(api_login(users.alice), said(content), key="k")
+    assert answer.status_code == 400
+    assert "must be a non-empty string" in json.dumps(answer.json()["error"])
+
+
+@pytest.mark.django_db
 def test_another_accounts_agent_and_submission_are_not_found(users: Users, no_enqueue: NoEnqueue) -> None:
     from accounts.services import account_ensure
 
