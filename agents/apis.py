@@ -104,6 +104,11 @@ class SnapshotSerializer(serializers.Serializer[Any]):
     state_version = serializers.IntegerField()
     turn = ActiveTurnSerializer(allow_null=True, help_text="The running (or waiting) turn, if any.")
     queued = TurnSummarySerializer(many=True, help_text="The turns queued behind it, in order.")
+    stopped = TurnSummarySerializer(
+        many=True,
+        help_text="Turns of these messages stopped before they answered (cancelled while queued, say): "
+        "their message was never answered, and end_reason says who stopped it.",
+    )
 
 
 @extend_schema_serializer(component_name="AgentTurn")

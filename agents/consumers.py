@@ -6,7 +6,7 @@ messages to ``agents.services``; a turn never runs here.
 Protocol:
 
 - server, first: ``{"type": "snapshot", "agent", "messages", "since", "more", "state",
-  "state_version", "turn", "queued"}`` (``agents.selectors.agent_snapshot``). ``turn.seq`` is the
+  "state_version", "turn", "queued", "stopped"}`` (``agents.selectors.agent_snapshot``). ``turn.seq`` is the
   active turn's highest stored seq, read after joining the agent's group: every chunk above it is
   sent live. With ``since``, the messages are only those after that message id: a page that
   reconnects names the newest message it has and gets what it missed, not the conversation again

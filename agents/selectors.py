@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from collections.abc import Sequence
 from typing import Any, TypedDict
 from uuid import UUID
 
@@ -20,7 +21,7 @@ from django.db.models import Max, OuterRef, QuerySet, Subquery
 from accounts.models import Account
 from accounts.selectors import User, account_for, accounts_of
 from agents import statements
-from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Chunk, Message, Submission, Turn, TurnStatus
+from agents.models import TURN_ACTIVE, TURN_OPEN, Agent, Chunk, Message, MessageRole, Submission, Turn, TurnStatus
 from agents.registry import get_agent_class
 from workflows.apis.converters import NameConverter
 from workflows.storable import text_problem
@@ -74,6 +75,7 @@ class AgentSnapshot(TypedDict):
     state_version: int
     turn: ActiveTurn | None
     queued: list[TurnData]
+    stopped: list[TurnData]
 
 
 def message_id(value: str) -> int | None:
@@ -342,8 +344,22 @@ def agent_snapshot_numbered(*, agent: Agent, since: int | None = None) -> tuple[
             else None
         ),
         "queued": [turn_data(t) for t in open_turns if t.status == TurnStatus.QUEUED],
+        "stopped": _stopped_unanswered(agent, kept, open_turns),
     }
     return snapshot, int(newest_number or 0)
+
+
+def _stopped_unanswered(agent: Agent, kept: list[MessageData], open_turns: Sequence[Turn]) -> list[TurnData]:
+    """The turns of the snapshot's messages that were stopped before they answered (cancelled while
+    queued, or running before any word): a message sent and never answered says so, and why. A
+    query only when some message of the snapshot has no answer in it and no open turn."""
+    asked = {m["turn"] for m in kept if m["role"] == MessageRole.USER and m["turn"]}
+    answered = {m["turn"] for m in kept if m["role"] == MessageRole.ASSISTANT and m["turn"]}
+    unanswered = asked - answered - {str(t.pk) for t in open_turns}
+    if not unanswered:
+        return []
+    stopped = Turn.objects.filter(agent=agent, pk__in=unanswered, status=TurnStatus.CANCELLED).order_by("number")
+    return [turn_data(t) for t in stopped]
 
 
 def newest_that_fit(newest_first: list[MessageData]) -> list[MessageData]:

@@ -269,6 +269,36 @@ def test_a_sealed_answer_says_so_in_words_not_in_the_operators_reason() -> None:
     assert "interrupted and could not be finished" in shown and "stale" not in shown
 
 
+QUEUED_TURN = "7f0e2a64-4a8e-4d3c-9a36-5b1c3c1d2e02"
+
+
+def test_a_message_stopped_while_queued_says_it_was_never_answered() -> None:
+    # given a page whose snapshot has a message stopped while queued, and one queued now that is
+    # stopped right after, live (the turn frame every tab gets)
+    other = "7f0e2a64-4a8e-4d3c-9a36-5b1c3c1d2e03"
+    stopped = {"id": QUEUED_TURN, "number": 2, "status": "cancelled", "end_reason": "stopped by bob"}
+    queued = {"id": other, "number": 3, "status": "queued", "end_reason": ""}
+
+    def server(ws: Any) -> None:
+        ws.on_message(lambda message: None)
+        messages = [
+            {"id": 2, "role": "user", "text": "never mind", "turn": QUEUED_TURN, "parts": {}},
+            {"id": 3, "role": "user", "text": "and this", "turn": other, "parts": {}},
+        ]
+        ws.send(json.dumps({**SNAPSHOT, "turn": None, "messages": messages, "queued": [queued], "stopped": [stopped]}))
+        ws.send(json.dumps({"type": "turn", **queued, "status": "cancelled", "end_reason": "stopped by alice"}))
+
+    with chromium() as browser:
+        page = open_page(browser, server)
+        page.wait_for_selector("#messages li[data-message='3'] .muted:has-text('not answered')")
+        said = page.evaluate(
+            "() => Array.from(document.querySelectorAll('#messages li[data-message]')).map((li) => li.textContent)"
+        )
+
+    # then each says it was never answered, and who stopped it
+    assert said == ["never mindnot answered: stopped by bob", "and thisnot answered: stopped by alice"]
+
+
 def test_resumes_refused_over_and_over_are_asked_again_by_one_backing_off_timer() -> None:
     # two turns to draw (one running, one that ended without an answer) and a server that refuses
     # every resume unread: the page asks again, never more than once per turn a round, less and

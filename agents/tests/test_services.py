@@ -67,6 +67,31 @@ def test_messages_queue_behind_the_open_turn_and_the_snapshot_says_so(users: Use
 
 
 @pytest.mark.django_db
+def test_a_message_stopped_while_queued_is_in_the_snapshot_as_never_answered(
+    users: Users, no_enqueue: NoEnqueue, django_assert_num_queries: DjangoAssertNumQueries
+) -> None:
+    # given a running turn and one queued behind it
+    agent = chat_agent(users.alice)
+    first = message_send(agent=agent, user=users.alice, text="one")
+    second = message_send(agent=agent, user=users.alice, text="two")
+    with django_assert_num_queries(3):  # the state, the open turns, the messages: none for what is answered
+        assert agent_snapshot(agent=agent)["stopped"] == []
+
+    # when the queued one is stopped
+    turn_stop(turn=second, user=users.alice)
+
+    # then the snapshot says that its message was never answered, and who stopped it; not the
+    # running turn's, nor the stopped one's once something answered it
+    snapshot = agent_snapshot(agent=agent)
+    assert snapshot["stopped"] == [
+        {"id": str(second.pk), "number": 2, "status": "cancelled", "end_reason": "stopped by alice"}
+    ]
+    assert [t["id"] for t in snapshot["queued"]] == [] and snapshot["turn"]["id"] == str(first.pk)  # type: ignore[index]
+    Message.objects.create(agent=agent, turn=second, role="assistant", text="late words")
+    assert agent_snapshot(agent=agent)["stopped"] == []
+
+
+@pytest.mark.django_db
 def test_a_message_costs_few_statements(
     users: Users, no_enqueue: NoEnqueue, django_assert_max_num_queries: DjangoAssertNumQueries
 ) -> None:

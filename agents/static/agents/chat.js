@@ -152,7 +152,11 @@
       const queued = turn && turn.status === "queued";
       const attrs = {class: "role-" + m.role + (queued ? " queued" : ""), "data-message": m.id};
       if (m.turn) attrs["data-turn"] = m.turn;
-      const note = queued ? "queued" : (m.parts && m.parts.stopped ? "stopped" : null);
+      // A message whose turn was stopped before it answered (while queued) was never answered: said so.
+      const unanswered = m.role === "user" && turn && turn.status === "cancelled" && !answered(m.turn);
+      const note = queued ? "queued"
+        : m.parts && m.parts.stopped ? "stopped"
+        : unanswered ? "not answered: " + (turn.end_reason || "stopped") : null;
       list.append(el("li", attrs, m.text, note ? el("div", {class: "muted"}, note) : null));
       if (m.role === "user" && m.turn) drawStream(m.turn);
     }
@@ -200,6 +204,7 @@
         const open = new Set(msg.queued.map((q) => q.id).concat(msg.turn ? [msg.turn.id] : []));
         for (const t of turns.values()) if (!ENDED.includes(t.status) && !open.has(t.id)) t.status = "ended";
         for (const q of msg.queued) turns.set(q.id, q);
+        for (const t of msg.stopped || []) turns.set(t.id, t);  // stopped before answering: said so below
         if (msg.turn) turns.set(msg.turn.id, Object.assign({end_reason: ""}, msg.turn));
         if (msg.state_version > stateVersion) { stateVersion = msg.state_version; renderState(msg.state); }
         // Resume the active turn, and any turn this page was drawing when the connection dropped.
