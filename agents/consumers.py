@@ -31,10 +31,11 @@ Protocol:
   ``resume`` or ``stop``, the type of the message refused, when it was one of these, so that the
   page gives back the text of a refused message only), the socket stays open and nothing is
   stored: a binary frame, text that is not JSON or over MAX_MESSAGE_CHARS, a value that is not an
-  object, an unknown type, a bad ``after``, a turn that is not this agent's, an empty or too long
-  text, a message past AGENTS_MAX_QUEUED_TURNS queued turns, a stop of an ended turn, a message
-  past WEBSOCKET_MAX_FRAMES_PER_SECOND (``workflows.consumers.StreamConsumer``: not acted on, and
-  answered with ``retry_after`` too, in seconds).
+  object, an unknown type, a field the type does not have (``FIELDS``), a bad ``after``, a turn
+  that is not this agent's, an empty or too long text, a message past AGENTS_MAX_QUEUED_TURNS
+  queued turns, a stop of an ended turn, a message past WEBSOCKET_MAX_FRAMES_PER_SECOND
+  (``workflows.consumers.StreamConsumer``: not acted on, and answered with ``retry_after`` too, in
+  seconds).
 - close codes: 4401 not signed in; 4404 not a member of the account, an unknown account or kind
   (indistinguishable).
 - a client that goes away (closes the tab, loses its network) stops nothing: its turns run on and a
@@ -83,6 +84,12 @@ DEFAULT_MAX_TEXT_CHARS = 4000
 # read (REPLAY_FIRST_PAGE), then the rest in pages, each sent on its way before the next is read.
 REPLAY_FIRST_PAGE = 20
 REPLAY_PAGE = 200
+# The fields of each message a client sends; any other is refused.
+FIELDS = {
+    "message": frozenset({"type", "text"}),
+    "resume": frozenset({"type", "turn", "after"}),
+    "stop": frozenset({"type", "turn"}),
+}
 
 
 def max_text_chars() -> int:
@@ -193,6 +200,12 @@ class AgentConsumer(StreamConsumer):
         if not isinstance(content, dict):
             raise ClientError("a message is a JSON object with a 'type'")
         kind = content.get("type")
+        if kind in FIELDS and (unknown := sorted(set(content) - FIELDS[kind])):
+            # Refused, as the API refuses them: a misspelt field is a mistake, not a default (a stop
+            # with "turn_id" would otherwise stop whichever turn runs).
+            named = ", ".join(QUOTE.repr(str(name)) for name in unknown[:5])
+            expected = ", ".join(sorted(FIELDS[kind]))
+            raise ClientError(f"unknown field(s) {named} in a {kind!r}; its fields are {expected}")
         if kind == "message":
             await self._message(_check_text(content.get("text")))
         elif kind == "resume":

@@ -548,6 +548,10 @@ def test_bad_client_messages_get_an_error_the_socket_stays_open_and_nothing_is_s
         json.dumps({"type": "stop", "turn": str(ended.pk)}),
         json.dumps({"type": "stop", "turn": str(foreign.pk)}),
         json.dumps({"type": "stop", "turn": ["x"]}),
+        # a field its type does not have: a mistake, never a default (this stop would stop the running turn)
+        json.dumps({"type": "stop", "turn_id": str(ended.pk)}),
+        json.dumps({"type": "message", "text": "hi", "extra": 1}),
+        json.dumps({"type": "resume", "turn": str(ended.pk), "after": 0, "from": 0}),
     ]
     before = stored_counts()
 
