@@ -34,8 +34,5 @@ class StartForm(forms.Form):
     def clean_name(self) -> str:
         name: str = self.cleaned_data["name"].strip()
         if not selectors.reachable_name(name):  # the rule of every path to an agent (selectors.addressable)
-            raise forms.ValidationError(
-                f"A name is 1 to {selectors.NAME_MAX} characters, without a slash or an invisible or control "
-                "character, and not '.' or '..'."
-            )
+            raise forms.ValidationError(f"A name is {selectors.NAME_RULE}.")
         return name

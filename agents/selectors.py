@@ -152,6 +152,33 @@ def _agent_create(found: Account, kind: str, name: str) -> Agent:
 # Unicode categories of characters a name must not have: controls, format characters (bidirectional
 # overrides, zero-width ones, the byte-order mark), line and paragraph separators.
 UNSEEN = frozenset({"Cc", "Cf", "Zl", "Zp"})
+# Characters of other categories that are drawn as nothing: Hangul fillers, the blank Braille
+# pattern, the combining grapheme joiner, Khmer's inherent vowels.
+BLANK = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f\u17b4\u17b5")
+# The joiners that writing needs between two characters (emoji sequences, Persian and Indic text):
+# allowed there, never beside a space, an ASCII character or another unseen one.
+JOINERS = frozenset("\u200c\u200d")
+# What a name is, in words, for every refusal that says so.
+NAME_RULE = (
+    f"1 to {NAME_MAX} characters, without '/', not '.' or '..', no space at either end and nothing "
+    "that is not written (controls, zero-width or right-to-left marks)"
+)
+
+
+def _unseen(value: str) -> bool:
+    """Whether ``value`` has a character that is not written: in UNSEEN or BLANK, or a joiner that
+    does not join two written non-ASCII characters."""
+    for i, character in enumerate(value):
+        if character in BLANK:
+            return True
+        if unicodedata.category(character) not in UNSEEN:
+            continue
+        if character not in JOINERS or i == 0 or i == len(value) - 1:
+            return True
+        for neighbour in (value[i - 1], value[i + 1]):
+            if neighbour.isascii() or neighbour.isspace() or unicodedata.category(neighbour) in UNSEEN:
+                return True
+    return False
 
 
 def _storable_name(value: str, limit: int) -> bool:
@@ -168,7 +195,7 @@ def _storable_name(value: str, limit: int) -> bool:
         and value == value.strip()
         and text_problem(value) is None
         and "\ufffd" not in value
-        and not any(unicodedata.category(character) in UNSEEN for character in value)
+        and not _unseen(value)
     )
 
 

@@ -43,7 +43,7 @@ from agents.models import (
 )
 from agents.registry import get_agent_class
 from agents.selectors import (
-    NAME_MAX,
+    NAME_RULE,
     message_data,
     reachable_name,
     turn_data,
@@ -92,7 +92,7 @@ def agent_open(*, account: str, kind: str, name: str) -> Agent:
     if get_agent_class(kind) is None:
         raise AgentUnavailable(f"no agent kind {kind!r} is registered (see `manage.py agents list`)")
     if not reachable_name(name):
-        raise AgentUnavailable(f"an agent's name is 1 to {NAME_MAX} characters, without '/' or control characters")
+        raise AgentUnavailable(f"an agent's name is {NAME_RULE}")
     found = Account.objects.filter(slug=account).first()
     if found is None:
         raise AgentUnavailable(f"no account {account!r}")

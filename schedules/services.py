@@ -35,7 +35,7 @@ from django.utils import timezone
 from accounts.models import Account
 from agents.models import Agent
 from agents.registry import get_agent_class
-from agents.selectors import NAME_MAX, reachable_name
+from agents.selectors import NAME_RULE, reachable_name
 from agents.services import AgentUnavailable, agent_open
 from agents.submissions import check_submission, submission_create
 from ledger.services import PurgeResult, purge_in_batches, retention_cutoff
@@ -101,7 +101,7 @@ def action_problems(schedule: Schedule) -> list[tuple[str, str]]:
     if schedule.agent_kind and get_agent_class(schedule.agent_kind) is None:
         problems.append(("agent_kind", f"no agent kind {schedule.agent_kind!r} is registered{NOT_LOADED}"))
     if schedule.agent_name and not reachable_name(schedule.agent_name):
-        problems.append(("agent_name", f"1 to {NAME_MAX} characters, without '/' or control characters"))
+        problems.append(("agent_name", NAME_RULE))
     if schedule.account and not Account.objects.filter(slug=schedule.account).exists():
         problems.append(("account", f"no account {schedule.account!r}"))
     if schedule.message:

@@ -33,7 +33,7 @@ from uuid import UUID
 
 from agents.models import Submission
 from agents.registry import get_agent_class
-from agents.selectors import NAME_MAX, reachable_name
+from agents.selectors import NAME_RULE, reachable_name
 from agents.services import AgentUnavailable, TooManyQueuedTurns, agent_open
 from agents.submissions import check_submission, submission_create
 from ledger.adapters import Failed, Succeeded
@@ -218,7 +218,7 @@ def _submission_problems(action: dict[str, Any]) -> list[str]:
     if get_agent_class(action["kind"]) is None:
         problems.append(f"no agent kind {action['kind']!r} is registered in this process")
     if not reachable_name(action["name"]):
-        problems.append(f"the agent's name must be 1 to {NAME_MAX} characters, without '/' or control characters")
+        problems.append(f"the agent's name must be {NAME_RULE}")
     return problems
 
 

@@ -65,7 +65,14 @@ def test_a_dot_segment_names_no_agent_since_no_browser_could_open_it_again(users
     assert not Agent.objects.filter(name__contains="\ufffd").exists()
 
 
-@pytest.mark.parametrize("name", ["\u202egpj.exe", "\u200binvisible", " lead", "lead ", "a\u2028b", "tab\there"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "\u202egpj.exe", "\u200binvisible", " lead", "lead ", "a\u2028b", "tab\there",
+        "help\u3164", "\u3164", "\u2800", "he\u034flp",  # drawn as nothing, though not format characters
+        "he\u200dlp", "\u200d\U0001f469", "\U0001f469\u200d", "\U0001f469\u200d \U0001f4bb",  # a joiner joining nothing
+    ],
+)  # fmt: skip
 def test_a_name_that_would_read_otherwise_names_no_agent_on_any_path(users: Users, name: str) -> None:
     # given names the chat form refuses: written otherwise than they read ("exe.jpg"), or not at all
     account_ensure(slug="acme", members=[users.alice])
@@ -83,6 +90,22 @@ def test_a_name_that_would_read_otherwise_names_no_agent_on_any_path(users: User
     assert client.get(f"/api/agents/test.chat/{path}").status_code == 404
     assert not Agent.objects.exists()
     assert agent_get(user=users.alice, kind="test.chat", name="my agent") is not None  # a space inside is a name
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "\U0001f468\u200d\U0001f469\u200d\U0001f467",  # a family: three emoji joined
+        "\U0001f469\u200d\U0001f4bb dev",
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # Persian, with its zero-width non-joiner
+        "caf\u00e9",
+        "\U0001f389 party",
+    ],
+)  # fmt: skip
+def test_joined_emoji_and_scripts_that_need_a_joiner_name_an_agent(users: Users, name: str) -> None:
+    account_ensure(slug="acme", members=[users.alice])
+    assert selectors.reachable_name(name)
+    assert agent_get(user=users.alice, kind="test.chat", name=name) is not None
 
 
 def test_members_read_that_a_turn_failed_not_the_error_behind_it(users: Users) -> None:
