@@ -4,8 +4,8 @@ The admin lets a list be filtered by any lookup on the model's own fields from t
 (``?username__regex=[``, ``?body__contains=x``). Django checks the lookup's name, not whether the
 database can run it: an invalid regular expression (PostgreSQL) or a JSON ``contains`` (SQLite)
 failed the list's query, a 500 and a traceback in the log for a typo in an address bar. Here the
-list answers 400 with the database's reason and a link to the list unfiltered. Only a GET with a
-query string is answered so: any other such error is a bug, and stays a 500.
+list answers 400 with the reason and a link to the list unfiltered. Only a list's GET with a query
+string is answered so: any other such error is a bug, and stays a 500.
 """
 
 from __future__ import annotations
@@ -15,13 +15,16 @@ from functools import wraps
 from typing import Any, TypeVar, cast
 
 from django.contrib import admin
-from django.db import DataError, NotSupportedError
+from django.db import DataError, NotSupportedError, OperationalError, connection
 from django.http import HttpRequest, HttpResponseBase
 from django.template.response import TemplateResponse
 
-# What a filter in the URL can make the database refuse: a value it cannot read (an invalid regular
-# expression) or a lookup this database does not have.
-FILTER_ERRORS = (DataError, NotSupportedError)
+# What a filter in the URL can make a list's query raise: a value the database cannot read (an invalid
+# regular expression), a lookup it does not have, a number or a year Python or SQLite cannot hold
+# (``?id__in=99999999999999999999``, ``?date_joined__year__gt=99999``), and, on SQLite, whose
+# regular expressions are Python functions, a pattern that fails in one ("user-defined function
+# raised exception").
+FILTER_ERRORS = (DataError, NotSupportedError, OverflowError, ValueError, OperationalError)
 
 View = TypeVar("View", bound=Callable[..., HttpResponseBase])
 
@@ -35,7 +38,7 @@ class AdminSite(admin.AdminSite):
             try:
                 return checked(request, *args, **kwargs)
             except FILTER_ERRORS as exc:
-                if request.method != "GET" or not request.GET:
+                if not _a_refused_filter(view, request, exc):
                     raise
                 return self.bad_filter(request, exc)
 
@@ -47,3 +50,12 @@ class AdminSite(admin.AdminSite):
         response = TemplateResponse(request, "admin/bad_filter.html", context, status=400)
         response.render()  # here, so that a problem in the template is this view's, not the handler's
         return response
+
+
+def _a_refused_filter(view: Callable[..., Any], request: HttpRequest, exc: Exception) -> bool:
+    """Whether ``exc`` is a list's filter refused: raised by a changelist asked for with a query
+    string. Anything else (another view, a POST, an OperationalError of PostgreSQL: the database
+    itself failing) is not a filter's fault, and stays a 500."""
+    if request.method != "GET" or not request.GET or getattr(view, "__name__", "") != "changelist_view":
+        return False
+    return not isinstance(exc, OperationalError) or connection.vendor == "sqlite"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from django.contrib import admin
-from django.db import NotSupportedError, models
+from django.db import NotSupportedError, OperationalError, connection, models
 from django.http import HttpResponse
 from django.test import RequestFactory
 from django.urls import reverse
@@ -58,26 +58,64 @@ def test_the_400_says_what_the_database_refused_and_links_to_the_list(client: An
     assert client.get(url).status_code == 200
 
 
-def test_a_lookup_this_database_lacks_is_a_400_and_other_errors_stay_errors(admin_user: Any) -> None:
-    # SQLite has no JSON contains: the same answer (unit: a view that raises what the query would)
+def site_view(raised: Exception, *, name: str = "changelist_view") -> Any:
+    """An admin view of a probe site, named ``name``, that raises what a list's query would."""
     site = AdminSite(name="probe")
     site.each_context = lambda request: {}  # type: ignore[method-assign]
 
-    def refusing(request: Any) -> HttpResponse:
-        raise NotSupportedError("contains lookup is not supported on this database backend.")
+    def view(request: Any) -> HttpResponse:
+        raise raised
 
-    view = site.admin_view(refusing)
-    factory = RequestFactory()
+    view.__name__ = name
+    return site.admin_view(view)
 
-    filtered = factory.get("/admin/webhooks/webhookdelivery/", {"body__contains": "x"})
-    filtered.user = admin_user
-    response = view(filtered)
+
+def asked(admin_user: Any, request: Any) -> Any:
+    request.user = admin_user
+    request._dont_enforce_csrf_checks = True
+    return request
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        NotSupportedError("contains lookup is not supported on this database backend."),  # SQLite, JSON
+        OverflowError("Python int too large to convert to SQLite INTEGER"),  # ?id__in=99999999999999999999
+        ValueError("year 99999 is out of range"),  # ?date_joined__year__gt=99999
+    ],
+)
+def test_what_other_databases_refuse_of_a_filter_is_a_400_too(admin_user: Any, raised: Exception) -> None:
+    filtered = asked(admin_user, RequestFactory().get("/admin/webhooks/webhookdelivery/", {"body__contains": "x"}))
+    response = site_view(raised)(filtered)
     assert response.status_code == 400
-    assert "contains lookup is not supported" in response.content.decode()
+    assert str(raised) in response.content.decode()
 
-    # without a filter, or on a POST, it is a bug in the view: raised as it was
-    for request in (factory.get("/admin/webhooks/webhookdelivery/"), factory.post("/admin/x/", {"a": "1"})):
-        request.user = admin_user
-        request._dont_enforce_csrf_checks = True  # type: ignore[attr-defined]
-        with pytest.raises(NotSupportedError):
-            view(request)
+
+def test_a_bad_sqlite_pattern_is_a_400_there_and_postgresqls_operational_error_stays_an_error(
+    admin_user: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SQLite's regular expressions are Python functions: a bad pattern fails as an OperationalError,
+    # which on PostgreSQL means the database itself failed
+    failed = OperationalError("user-defined function raised exception")
+    request = asked(admin_user, RequestFactory().get("/admin/auth/user/", {"username__regex": "["}))
+    with pytest.raises(OperationalError):
+        site_view(failed)(request)
+    monkeypatch.setattr(connection, "vendor", "sqlite")
+    assert site_view(failed)(request).status_code == 400
+
+
+def test_other_errors_stay_errors(admin_user: Any) -> None:
+    # without a filter, on a POST, or in another view than a list, it is a bug: raised as it was
+    factory = RequestFactory()
+    refused = NotSupportedError("contains lookup is not supported on this database backend.")
+    for view, request in (
+        (site_view(refused), factory.get("/admin/webhooks/webhookdelivery/")),
+        (site_view(refused), factory.post("/admin/x/", {"a": "1"})),
+        (site_view(ValueError("a bug")), factory.post("/admin/x/?q=1", {"a": "1"})),
+        (
+            site_view(ValueError("a bug"), name="change_view"),
+            factory.get("/admin/x/1/change/", {"_changelist_filters": "a"}),
+        ),
+    ):
+        with pytest.raises((NotSupportedError, ValueError)):
+            view(asked(admin_user, request))

@@ -55,7 +55,21 @@ refund = RefundRequest.objects.get()
 run = WorkflowRun.objects.get(pk=refund.run_id)
 engine.advance(run.id)
 run.refresh_from_db()
-print(json.dumps({"answers": answers, "refund": [str(refund.amount), run.status, run.wait_step]}))
+
+# The admin's lists, filtered by what SQLite cannot run (config/admin.py): a 400 that says so.
+from django.test import Client
+
+admin = Client(SERVER_NAME="localhost")
+admin.force_login(User.objects.create_superuser("root", "root@example.com", "pw"))
+filters = {
+    url: admin.get(url).status_code
+    for url in (
+        "/admin/auth/user/?username__regex=[",
+        "/admin/webhooks/webhookdelivery/?body__contains=x",
+        "/admin/auth/user/?id__in=99999999999999999999",
+    )
+}
+print(json.dumps({"answers": answers, "refund": [str(refund.amount), run.status, run.wait_step], "filters": filters}))
 """
 
 
@@ -85,3 +99,5 @@ def test_the_sqlite_demo_answers_its_chat_and_starts_a_refund(tmp_path: Path) ->
     )
     # and the refund's own run went as far as it goes without a person: waiting for an approver
     assert out["refund"] == ["150.00", "waiting", "refund approval: decision"]
+    # and the admin's lists answer a filter SQLite cannot run with a 400, not a 500
+    assert set(out["filters"].values()) == {400}, out["filters"]

@@ -74,6 +74,10 @@ SECRET_HEADER_PARTS = (
     "bearer",
     "csrf",
     "private",
+    "principal",  # x-ms-client-principal: a proxy's account of who called
+    "oidc",  # x-amzn-oidc-data: a load balancer's signed token
+    "cert",  # x-ssl-client-cert
+    "saml",
 )
 
 

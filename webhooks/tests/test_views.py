@@ -369,7 +369,8 @@ def test_credential_like_headers_are_never_stored() -> None:
     credentials = {
         name: f"value-of-{name}"
         for name in ("X-Session-Id", "X-Jwt", "Bearer", "Sig", "X-Pass", "Proxy-Authorization", "X-Api-Key",
-                     "X-Csrftoken", "X-Private-Token", "X-Webhook-Secret", "Cookie")
+                     "X-Csrftoken", "X-Private-Token", "X-Webhook-Secret", "Cookie", "X-Ms-Client-Principal",
+                     "X-Amzn-Oidc-Data", "X-Ssl-Client-Cert")
     }  # fmt: skip
     delivery = refused(post("runs", body, {"Webhook-Id": "msg_1", **credentials}), 401, "missing_header")
     kept = {name.lower(): value for name, value in delivery.headers.items()}
