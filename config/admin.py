@@ -32,13 +32,15 @@ View = TypeVar("View", bound=Callable[..., HttpResponseBase])
 class AdminSite(admin.AdminSite):
     def admin_view(self, view: View, cacheable: bool = False) -> View:
         checked = super().admin_view(view, cacheable)
+        if getattr(view, "__name__", "") != "changelist_view":
+            return checked  # only a list reads filters from its URL
 
         @wraps(checked)
         def answered(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             try:
                 return checked(request, *args, **kwargs)
             except FILTER_ERRORS as exc:
-                if not _a_refused_filter(view, request, exc):
+                if not _a_refused_filter(request, exc):
                     raise
                 return self.bad_filter(request, exc)
 
@@ -52,10 +54,10 @@ class AdminSite(admin.AdminSite):
         return response
 
 
-def _a_refused_filter(view: Callable[..., Any], request: HttpRequest, exc: Exception) -> bool:
-    """Whether ``exc`` is a list's filter refused: raised by a changelist asked for with a query
-    string. Anything else (another view, a POST, an OperationalError of PostgreSQL: the database
-    itself failing) is not a filter's fault, and stays a 500."""
-    if request.method != "GET" or not request.GET or getattr(view, "__name__", "") != "changelist_view":
+def _a_refused_filter(request: HttpRequest, exc: Exception) -> bool:
+    """Whether ``exc``, raised by a list, is its filter refused: asked for with a query string.
+    Anything else (a POST, an OperationalError of PostgreSQL: the database itself failing) is not a
+    filter's fault, and stays a 500."""
+    if request.method != "GET" or not request.GET:
         return False
     return not isinstance(exc, OperationalError) or connection.vendor == "sqlite"

@@ -192,10 +192,7 @@ def delivery_receive(
     try:
         checked = check_delivery(source=source, headers=headers, body=body, now=now)
     except Rejection as refused:
-        # Under the id its headers claim, unverified: "did we receive msg_1?" finds it, rejected.
-        claimed = claimed_event_id(source.scheme, headers)
-        delivery = delivery_reject(source=source, headers=headers, size=len(body), rejection=refused, event_id=claimed)
-        return delivery, refused
+        return delivery_reject(source=source, headers=headers, size=len(body), rejection=refused), refused
     try:
         if source.act == "later":
             return delivery_accept_later(source=source, headers=headers, size=len(body), checked=checked), None
@@ -220,12 +217,15 @@ def delivery_receive(
 
 
 def delivery_reject(
-    *, source: Source, headers: Mapping[str, str], size: int, rejection: Rejection, event_id: str = ""
+    *, source: Source, headers: Mapping[str, str], size: int, rejection: Rejection, event_id: str | None = None
 ) -> WebhookDelivery:
-    """Record a refused delivery, and nothing else. Its body is not kept (see the model)."""
+    """Record a refused delivery, and nothing else. Its body is not kept (see the model).
+
+    ``event_id``: the event's, verified (an accepted event whose action failed); by default the id
+    its headers claim, unverified, so that "did we receive msg_1?" finds it, rejected."""
     delivery = WebhookDelivery.objects.create(
         source=source.name,
-        event_id=event_id,
+        event_id=claimed_event_id(source.scheme, headers) if event_id is None else event_id,
         outcome=Outcome.REJECTED,
         reason=rejection.reason,
         message=rejection.message,

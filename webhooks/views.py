@@ -11,7 +11,6 @@ from django.views.decorators.csrf import csrf_exempt
 from webhooks.conf import source_get
 from webhooks.models import Outcome
 from webhooks.services import Rejection, check_size, delivery_receive, delivery_reject
-from webhooks.verify import claimed_event_id
 from workflows.apis.errors import error_body
 
 
@@ -33,8 +32,7 @@ def receive(request: HttpRequest, source: str) -> JsonResponse:
         check_size(source=found, content_length=request.headers.get("Content-Length"))
     except Rejection as rejection:
         declared = min(int(request.headers["Content-Length"]), 2**31 - 1)
-        claimed = claimed_event_id(found.scheme, headers)  # unverified, as for every rejection
-        delivery = delivery_reject(source=found, headers=headers, size=declared, rejection=rejection, event_id=claimed)
+        delivery = delivery_reject(source=found, headers=headers, size=declared, rejection=rejection)
         return error(rejection.reason, rejection.message, rejection.status, {"delivery": delivery.pk})
     # At most one byte over the limit: enough to know it is too large, without reading the rest.
     body = request.read(found.max_body_bytes + 1)
