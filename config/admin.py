@@ -1,4 +1,5 @@
-"""The project's admin site: Django's, with a list filter the database cannot run a 400 that says so.
+"""The project's admin site: Django's, with a list filter the database cannot run a 400 that says so,
+and its sign-in's failed attempts limited as the portal's (``accounts.signin``).
 
 The admin lets a list be filtered by any lookup on the model's own fields from the URL
 (``?username__regex=[``, ``?body__contains=x``). Django checks the lookup's name, not whether the
@@ -16,8 +17,10 @@ from typing import Any, TypeVar, cast
 
 from django.contrib import admin
 from django.db import DataError, NotSupportedError, OperationalError, connection
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import TemplateResponse
+
+from accounts.signin import AdminSignInForm, answered_refused
 
 # What a filter in the URL can make a list's query raise: a value the database cannot read (an invalid
 # regular expression), a lookup it does not have, a number or a year Python or SQLite cannot hold
@@ -30,6 +33,13 @@ View = TypeVar("View", bound=Callable[..., HttpResponseBase])
 
 
 class AdminSite(admin.AdminSite):
+    login_form = AdminSignInForm  # Django's, with failed attempts counted and limited (accounts.signin)
+
+    def login(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        response = super().login(request, extra_context)
+        answered_refused(response, (getattr(response, "context_data", None) or {}).get("form"))
+        return response
+
     def admin_view(self, view: View, cacheable: bool = False) -> View:
         checked = super().admin_view(view, cacheable)
         if getattr(view, "__name__", "") != "changelist_view":

@@ -184,6 +184,17 @@ HTTP_MAX_BODY_BYTES = envint("HTTP_MAX_BODY_BYTES", 10 * 1024 * 1024)
 # Customers and staff sign in at /accounts/login/ (portal); the admin keeps its own login for staff.
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
+# Failed sign-ins (both forms) are counted in Redis, each count for a window from its first failure;
+# a count at its limit refuses the attempts it covers (429) until its window ends, the right password
+# too (accounts/signin.py). 0 turns a count off.
+SIGNIN_WINDOW_SECONDS = envint("SIGNIN_WINDOW_SECONDS", 900)
+SIGNIN_MAX_FAILURES_PER_NAME_AND_ADDRESS = envint("SIGNIN_MAX_FAILURES_PER_NAME_AND_ADDRESS", 10)
+SIGNIN_MAX_FAILURES_PER_ADDRESS = envint("SIGNIN_MAX_FAILURES_PER_ADDRESS", 100)
+SIGNIN_MAX_FAILURES_PER_NAME = envint("SIGNIN_MAX_FAILURES_PER_NAME", 50)
+SIGNIN_KEY_PREFIX = envstr("SIGNIN_KEY_PREFIX", "signin")
+# Behind a proxy, the header it writes the client's address in (X-Forwarded-For: the last address
+# in it is used, the one the proxy added). Empty: the connection's address.
+CLIENT_ADDRESS_HEADER = envstr("CLIENT_ADDRESS_HEADER", "")
 
 REDIS_URL = envstr("REDIS_URL", "redis://127.0.0.1:6379/0")
 

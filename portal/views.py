@@ -1,12 +1,16 @@
 """The signed-in person's pages. Thin: read through a selector, render. Sign in and out are
-Django's own views (``portal.urls``)."""
+Django's own views (``portal.urls``), sign-in with its attempts limited (``accounts.signin``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from accounts.signin import SignInForm, answered_refused
 from agents.selectors import agents_of
 from portal.selectors import home_page
 
@@ -16,3 +20,14 @@ def home(request: HttpRequest) -> HttpResponse:
     """Their refund requests and supplier assessments (where the examples are installed) and runs,
     in words, with links to each run."""
     return render(request, "home.html", {"home": home_page(user=request.user), "agents": agents_of(user=request.user)})
+
+
+class SignInView(LoginView):
+    """Django's sign-in page; too many failed attempts are refused for a while (429)."""
+
+    authentication_form = SignInForm
+
+    def form_invalid(self, form: Any) -> HttpResponse:
+        response = super().form_invalid(form)
+        answered_refused(response, form)
+        return response

@@ -1,0 +1,188 @@
+"""Sign-in attempts, counted in (real) Redis and limited, on the portal's form and the admin's."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth import SESSION_KEY
+from django.test import Client
+from django.test.client import RequestFactory
+from django.test.utils import override_settings
+
+from accounts import signin
+from tests.factories import Users
+
+pytestmark = pytest.mark.django_db
+
+LOGIN = "/accounts/login/"
+ADMIN_LOGIN = "/admin/login/"
+HOME = "127.0.0.1"
+
+
+@pytest.fixture(autouse=True)
+def _own_counts(settings: Any) -> Iterator[str]:
+    """Counts of this test's own (the suite's processes share Redis and one address), small limits."""
+    prefix, url = f"signin-test-{uuid.uuid4().hex[:8]}", settings.REDIS_URL
+    settings.SIGNIN_KEY_PREFIX = prefix
+    settings.SIGNIN_MAX_FAILURES_PER_NAME_AND_ADDRESS = 3
+    settings.SIGNIN_MAX_FAILURES_PER_ADDRESS = 6
+    settings.SIGNIN_MAX_FAILURES_PER_NAME = 8
+    settings.SIGNIN_WINDOW_SECONDS = 900
+    yield prefix
+    client = redis.Redis.from_url(url)  # as set up: a test may have pointed REDIS_URL elsewhere
+    keys = list(client.scan_iter(f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)
+
+
+def attempt(name: str, password: str, *, address: str = HOME, path: str = LOGIN, **headers: str) -> tuple[int, Client]:
+    client = Client(REMOTE_ADDR=address, headers=headers)
+    response = client.post(path, {"username": name, "password": password})
+    return response.status_code, client
+
+
+def signed_in(client: Client) -> bool:
+    return SESSION_KEY in client.session
+
+
+def fail(times: int, name: str = "alice", **kwargs: Any) -> None:
+    for _ in range(times):
+        status, client = attempt(name, "wrong", **kwargs)
+        assert status == 200 and not signed_in(client)  # the form again, with Django's "incorrect"
+
+
+def test_failures_up_to_the_limit_leave_the_form_as_it_was(users: Users) -> None:
+    fail(2)
+
+    status, client = attempt("alice", "pw-alice")
+
+    assert status == 302 and signed_in(client)
+
+
+def test_past_the_limit_even_the_right_password_is_refused_with_when_to_try_again(users: Users) -> None:
+    # given three failures for alice from one address (the limit for a name and an address)
+    fail(3)
+
+    # when she then types her password right
+    client = Client(REMOTE_ADDR=HOME)
+    response = client.post(LOGIN, {"username": "alice", "password": "pw-alice"})
+
+    # then she is not signed in, and told why and for how long
+    assert response.status_code == 429 and not signed_in(client)
+    assert 890 <= int(response["Retry-After"]) <= 900
+    assert "Too many failed sign-ins. Try again in 15 minutes." in response.content.decode()
+    # and from another address she still may (only this name from that address is held)
+    status, elsewhere = attempt("alice", "pw-alice", address="203.0.113.9")
+    assert status == 302 and signed_in(elsewhere)
+
+
+def test_a_success_clears_its_own_count_but_not_the_addresss(users: Users) -> None:
+    # given two failures for alice, then her sign-in
+    fail(2)
+    assert attempt("alice", "pw-alice")[0] == 302
+
+    # then she has three tries again: the success cleared her count from this address
+    fail(2)
+    assert attempt("alice", "pw-alice")[0] == 302
+    # but the address's count kept all four failures: two more (for bob) reach its limit of six,
+    # and nobody may sign in from it now, whoever it is
+    fail(2, name="bob")
+    assert attempt("carol", "pw-carol")[0] == 429
+    assert attempt("carol", "pw-carol", address="198.51.100.7")[0] == 302
+
+
+def test_one_name_guessed_from_many_addresses_is_held_everywhere(users: Users) -> None:
+    for number in range(8):  # two a machine, under the limit of each of them
+        fail(1, address=f"192.0.2.{number}")
+
+    assert attempt("alice", "pw-alice", address="198.51.100.200")[0] == 429
+    assert attempt("bob", "pw-bob", address="198.51.100.200")[0] == 302
+
+
+def test_a_name_is_counted_whatever_its_case_or_width(users: Users) -> None:
+    fail(1, name="alice")
+    fail(1, name="ALICE")
+    fail(1, name="ａｌｉｃｅ")  # fullwidth
+
+    assert attempt("alice", "pw-alice")[0] == 429
+
+
+def test_the_window_ends(users: Users, settings: Any) -> None:
+    settings.SIGNIN_WINDOW_SECONDS = 1
+    fail(3)
+    assert attempt("alice", "pw-alice")[0] == 429
+
+    time.sleep(1.2)
+
+    assert attempt("alice", "pw-alice")[0] == 302
+
+
+def test_a_limit_of_0_counts_nothing(users: Users, settings: Any) -> None:
+    settings.SIGNIN_MAX_FAILURES_PER_NAME_AND_ADDRESS = 0
+    fail(5)
+
+    assert attempt("alice", "pw-alice")[0] == 302  # five failures: under the address's six and the name's eight
+
+
+def test_the_admins_sign_in_is_limited_the_same_way(users: Users) -> None:
+    # carol is staff; a customer's tries at the admin count as failures too
+    for _ in range(3):
+        assert attempt("carol", "wrong", path=ADMIN_LOGIN)[0] == 200
+
+    client = Client(REMOTE_ADDR=HOME)
+    response = client.post(ADMIN_LOGIN, {"username": "carol", "password": "pw-carol", "next": "/admin/"})
+
+    assert response.status_code == 429 and not signed_in(client)
+    assert "Too many failed sign-ins." in response.content.decode()
+    # the counts are one: the portal refuses her from here as well
+    assert attempt("carol", "pw-carol")[0] == 429
+
+
+def test_behind_a_proxy_the_address_is_the_one_the_proxy_added(users: Users) -> None:
+    with override_settings(CLIENT_ADDRESS_HEADER="X-Forwarded-For"):
+        # a client writing addresses of its own before the proxy's cannot pass for another machine
+        for forged in ("10.0.0.1", "10.0.0.2", "10.0.0.3"):
+            assert attempt("alice", "wrong", x_forwarded_for=f"{forged}, 192.0.2.50")[0] == 200
+
+        assert attempt("alice", "pw-alice", x_forwarded_for="10.0.0.4, 192.0.2.50")[0] == 429
+        # the proxy's own address (REMOTE_ADDR) is not what is counted: another client gets in
+        assert attempt("alice", "pw-alice", x_forwarded_for="192.0.2.51")[0] == 302
+
+
+def test_an_ipv6_address_is_counted_by_its_64() -> None:
+    factory = RequestFactory()
+
+    def address(remote: str, real_ip: str | None = None) -> str:
+        headers = {"X-Real-IP": real_ip} if real_ip else {}
+        return signin.client_address(factory.get("/", REMOTE_ADDR=remote, headers=headers))
+
+    assert address("2001:db8:1:2:aaaa::1") == address("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert address("2001:db8:1:3::1") == "2001:db8:1:3::/64"
+    assert address("::ffff:192.0.2.1") == "192.0.2.1"
+    assert address("192.0.2.1") == "192.0.2.1"
+    with override_settings(CLIENT_ADDRESS_HEADER="X-Real-IP"):
+        assert address("127.0.0.1", real_ip="192.0.2.8") == "192.0.2.8"
+        assert address("127.0.0.1") == "127.0.0.1"  # the header missing: the connection's
+
+
+def test_without_redis_sign_in_still_works_unlimited(users: Users, settings: Any, monkeypatch: Any) -> None:
+    monkeypatch.setattr(signin, "_client", None)
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+    try:
+        fail(4)
+        assert attempt("alice", "pw-alice")[0] == 302
+    finally:
+        signin._client = None
+
+
+def test_nothing_of_the_name_is_kept_in_redis(users: Users, _own_counts: str) -> None:
+    fail(1, name="alice")
+
+    keys = [key.decode() for key in redis.Redis.from_url(settings.REDIS_URL).scan_iter(f"{_own_counts}:*")]
+    assert len(keys) == 3 and not any("alice" in key for key in keys)
