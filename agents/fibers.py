@@ -257,7 +257,9 @@ def repair_locked(agent: Agent) -> None:
 
 
 # --- the workflow ----------------------------------------------------------------------------------------
-@workflow(FIBER_WORKFLOW, view_permission="agents.view_fiber")  # as agents.turn: its steps are the agent's
+@workflow(
+    FIBER_WORKFLOW, internal=True, view_permission="agents.view_fiber"
+)  # as agents.turn: its steps are the agent's
 class FiberWorkflow(Workflow):
     """Private: ``agents.services.fiber_start`` starts it (payload ``{"fiber": "<uuid>"}``)."""
 

@@ -74,7 +74,7 @@ ROUNDS_MESSAGE = "Sorry: this question needed more steps than I may take in one 
 
 # Its steps hold the conversation it answered: its runs are for who may read the agents' turns,
 # not for the member who sent the message once they leave the account, nor for staff who read runs.
-@workflow("agents.turn", view_permission="agents.view_turn")
+@workflow("agents.turn", internal=True, view_permission="agents.view_turn")
 class TurnWorkflow(Workflow):
     """Private: ``agents.services`` starts it when a turn's time comes (payload ``{"turn": uuid}``)."""
 

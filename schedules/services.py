@@ -42,7 +42,7 @@ from ledger.services import PurgeResult, purge_in_batches, retention_cutoff
 from schedules.models import Action, Outcome, Schedule, ScheduleFiring, Trigger
 from schedules.spec import SpecError
 from workflows.exceptions import InvalidPayload, UnknownWorkflow
-from workflows.registry import get_workflow
+from workflows.registry import get_workflow, internal_refusal
 from workflows.services import run_start, validated_payload
 
 logger = logging.getLogger("schedules")
@@ -85,6 +85,9 @@ def action_problems(schedule: Schedule) -> list[tuple[str, str]]:
             cls = get_workflow(schedule.workflow)
         except UnknownWorkflow:
             return [("workflow", f"no workflow is registered as {schedule.workflow!r}{NOT_LOADED}")]
+        refused = internal_refusal(schedule.workflow, "a schedule")
+        if refused:
+            return [("workflow", refused)]
         if not isinstance(schedule.payload, dict):
             return [("payload", "the payload must be a JSON object")]
         try:  # what every firing's run_start would check: refused now rather than at each firing

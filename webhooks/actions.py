@@ -41,7 +41,7 @@ from ledger.http import FAILED_STATES, PENDING_STATES
 from ledger.services import operation_report
 from workflows.exceptions import IdempotencyConflict, InvalidPayload, UnknownWorkflow
 from workflows.models import WorkflowRun
-from workflows.registry import get_workflow
+from workflows.registry import get_workflow, internal_refusal
 from workflows.services import run_start, validated_payload
 
 
@@ -136,7 +136,8 @@ def _workflow_problems(action: dict[str, Any]) -> list[str]:
         get_workflow(action["workflow"])
     except UnknownWorkflow:
         return [f"no workflow {action['workflow']!r} is registered in this process"]
-    return []
+    refused = internal_refusal(action["workflow"], "a webhook source")
+    return [refused] if refused else []
 
 
 def _workflow_payload(action: dict[str, Any], event: Event) -> dict[str, Any]:

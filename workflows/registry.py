@@ -48,6 +48,10 @@ class Workflow:
     # and API (a refund, an assessment) stays private and starts only through that service, which
     # checks who may start it and builds its payload.
     public: bool = False
+    # Started only by its own app's code, for rows that code made (a chat turn, a fiber): a schedule
+    # or a webhook source may not name it, as they may a private workflow. Set by
+    # ``@workflow(name, internal=True)``.
+    internal: bool = False
     # A permission ("app_label.codename") needed to see this workflow's runs at all, by their owner
     # and by staff who see every run alike: set by ``@workflow(name, view_permission=...)`` for a
     # process whose steps hold what only that permission may read (a chat turn's steps hold the
@@ -102,20 +106,26 @@ class Workflow:
         return self._engine_step is not None and self._engine_step.replaying
 
 
-def workflow(name: str, *, public: bool = False, view_permission: str | None = None) -> Callable[[W], W]:
+def workflow(
+    name: str, *, public: bool = False, internal: bool = False, view_permission: str | None = None
+) -> Callable[[W], W]:
     """Register the decorated Workflow subclass as ``name``; ``public`` makes it startable over the
-    API and the command line (see ``Workflow.public``); ``view_permission`` is needed to see its
-    runs (see ``Workflow.view_permission``)."""
+    API and the command line (see ``Workflow.public``); ``internal`` keeps it to its own app's code
+    (see ``Workflow.internal``); ``view_permission`` is needed to see its runs (see
+    ``Workflow.view_permission``)."""
 
     def register(cls: W) -> W:
         if not (isinstance(cls, type) and issubclass(cls, Workflow)):
             raise TypeError(f"@workflow({name!r}) decorates a subclass of Workflow")
+        if public and internal:
+            raise ValueError(f"@workflow({name!r}): a workflow is public or internal, not both")
         existing = _registry.get(name)
         if existing is not None and existing.__qualname__ != cls.__qualname__:
             where = f"{existing.__module__}.{existing.__qualname__}"
             raise ValueError(f"workflow {name!r} is already registered by {where}")
         cls.name = name
         cls.public = public
+        cls.internal = internal
         cls.view_permission = view_permission
         _registry[name] = cls
         return cls
@@ -132,6 +142,14 @@ def get_workflow(name: str) -> type[Workflow]:
 
 def workflow_names() -> list[str]:
     return sorted(_registry)
+
+
+def internal_refusal(name: str, by: str) -> str | None:
+    """Why ``by`` (a schedule, a webhook source) may not start workflow ``name``, if it is internal."""
+    cls = get_workflow(name)
+    if not cls.internal:
+        return None
+    return f"workflow {name!r} is started only by its own app ({cls.__module__}), for what it made: not by {by}"
 
 
 def view_permissions() -> dict[str, str]:

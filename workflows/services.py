@@ -71,6 +71,8 @@ def check_startable(*, workflow: str) -> None:
     start``): UnknownWorkflow, or NotStartable for a workflow that is not public (it starts only
     through its own service, which decides who may start it and with what payload)."""
     cls = get_workflow(workflow)
+    if cls.internal:
+        raise NotStartable(f"workflow {workflow!r} cannot be started directly: its own app starts it, for what it made")
     if not cls.public:
         raise NotStartable(
             f"workflow {workflow!r} cannot be started directly: it is not public; its own service "

@@ -105,6 +105,10 @@ def test_bad_input_is_an_error_that_changes_nothing(args: list[str], message: st
     ("change", "message"),
     [
         (["--workflow", "ledger.reconcile", "--payload", '{"bogus": 1}'], "payload: unknown keys: bogus"),
+        (
+            ["--workflow", "agents.turn", "--payload", '{"turn": "00000000-0000-0000-0000-000000000000"}'],
+            "workflow: workflow 'agents.turn' is started only by its own app",
+        ),
         (["--account", "acme", "--kind", "test.chat", "--agent", "a", "--message", " "], "message: the message is em"),
         (["--account", "acme", "--kind", "test.chat", "--agent", "a", "--message", ""], "message: required"),
         (

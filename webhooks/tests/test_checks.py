@@ -40,6 +40,10 @@ def test_a_good_source_passes_and_is_served(settings: Any) -> None:
         ({"colour": "red"}, "unknown key 'colour'"),
         ({"action": {"type": "email"}}, "action must be an object whose type is one of"),
         ({"action": {"type": "workflow", "workflow": "no.such"}}, "no workflow 'no.such' is registered"),
+        (
+            {"action": {"type": "workflow", "workflow": "agents.fiber"}},
+            "workflow 'agents.fiber' is started only by its own app (agents.fibers), for what it made: not by a",
+        ),
         ({"action": {"type": "operation_outcome"}}, "names the ledger system"),
         (
             {"action": {"type": "submission", "kind": "test.chat", "name": "n", "text_from": "text"}},

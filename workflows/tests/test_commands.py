@@ -178,6 +178,10 @@ class TestWrites:
                 ["start", "test.lines", "--payload", '{"path": "/tmp/x", "steps": 1}'],
                 "workflow 'test.lines' cannot be started directly",
             ),
+            (
+                ["start", "agents.turn", "--payload", '{"turn": "00000000-0000-0000-0000-000000000000"}'],
+                "workflow 'agents.turn' cannot be started directly: its own app starts it",
+            ),
             (["start", "test.echo", "--owner", "nobody"], "no user named 'nobody'"),
             (["list", "--status", "asleep"], "invalid choice: 'asleep'"),
             (["list", "--limit", "0"], "must be at least 1"),
