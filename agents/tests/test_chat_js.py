@@ -46,7 +46,8 @@ SNAPSHOT = {
 def load_page(browser: Any, server: Any) -> Any:
     """PAGE in a new tab, its socket (each one it opens) played by ``server``."""
     page = new_page(browser)
-    page.route(f"{ORIGIN}/", lambda route: route.fulfill(status=200, content_type="text/html", body=PAGE))
+    html = "text/html; charset=utf-8"  # as the real page declares it (<meta charset>)
+    page.route(f"{ORIGIN}/", lambda route: route.fulfill(status=200, content_type=html, body=PAGE))
     page.route_web_socket("**/ws/agents/**", server)
     page.goto(f"{ORIGIN}/")
     return page
@@ -163,6 +164,27 @@ def test_a_refused_message_is_said_and_its_text_given_back() -> None:
 
     assert sent == [{"type": "message", "text": "one more thing"}]
     assert shown == {"notice": refusal, "text": "one more thing"}
+
+
+def test_a_refused_message_is_quoted_when_something_new_is_written_already() -> None:
+    # the refusal arrives after the customer began the next message: that stays as it is, and the
+    # notice quotes what was not sent (the stop is only what makes the server answer then)
+    refusal = "5 messages are waiting for an answer already (the limit is 5)."
+
+    def write_then_more(page: Any) -> None:
+        page.fill("#text", "one more thing")
+        page.click("#send")
+        page.fill("#text", "and another")
+        page.click("#stop")
+        page.wait_for_selector("#notice:not([hidden])")
+
+    def answer(frame: dict[str, Any]) -> dict[str, Any] | None:
+        return {"type": "error", "message": refusal, "about": "message"} if frame["type"] == "stop" else None
+
+    sent, shown = frames_sent_after(write_then_more, answer=answer)
+
+    assert [frame["type"] for frame in sent] == ["message", "stop"]
+    assert shown == {"notice": refusal + " Not sent: “one more thing”", "text": "and another"}
 
 
 def test_a_round_recovered_after_its_tool_call_is_drawn_once() -> None:

@@ -27,6 +27,10 @@
   const ENDED = ["completed", "cancelled", "sealed", "failed"];
   const UNFINISHED = "This answer was interrupted and could not be finished.";
 
+  function clip(text, length) {
+    return text.length > length ? text.slice(0, length - 1) + "…" : text;
+  }
+
   function el(tag, attrs, ...children) {
     const node = document.createElement(tag);
     for (const [key, value] of Object.entries(attrs || {})) {
@@ -253,7 +257,10 @@
         $("notice").textContent = msg.message;
         $("notice").hidden = false;
         if (msg.about === "message") {
+          // The text goes back where it was written; if something new is there already, the
+          // notice quotes it instead, so it is not lost from sight either.
           if (unanswered !== null && !$("text").value) $("text").value = unanswered;
+          else if (unanswered !== null) $("notice").textContent += ` Not sent: “${clip(unanswered, 200)}”`;
           unanswered = null;
         } else if (msg.about === "resume") {
           const refused = asked.shift();
