@@ -16,6 +16,7 @@ from django.test.client import RequestFactory
 from django.test.utils import override_settings
 
 from accounts import signin
+from accounts.checks import check_client_address
 from tests.factories import Users
 
 pytestmark = pytest.mark.django_db
@@ -186,3 +187,13 @@ def test_nothing_of_the_name_is_kept_in_redis(users: Users, _own_counts: str) ->
 
     keys = [key.decode() for key in redis.Redis.from_url(settings.REDIS_URL).scan_iter(f"{_own_counts}:*")]
     assert len(keys) == 3 and not any("alice" in key for key in keys)
+
+
+def test_behind_a_proxy_without_the_header_the_deploy_check_warns(settings: Any) -> None:
+    settings.HTTPS, settings.CLIENT_ADDRESS_HEADER = True, ""
+    assert [m.id for m in check_client_address()] == ["accounts.W001"]
+
+    settings.CLIENT_ADDRESS_HEADER = "X-Forwarded-For"
+    assert check_client_address() == []
+    settings.HTTPS, settings.CLIENT_ADDRESS_HEADER = False, ""  # no proxy said: the connection's address
+    assert check_client_address() == []
