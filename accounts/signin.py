@@ -1,7 +1,8 @@
 """Sign-in attempts, limited: a password cannot be guessed at the speed of a script.
 
-The portal's and the admin's sign-in forms (``SignInForm``, ``AdminSignInForm``) count each failed
-attempt in Redis, three ways, each for SIGNIN_WINDOW_SECONDS from its first failure:
+The portal's and the admin's sign-in forms (``SignInForm``, ``AdminSignInForm``), and the admin's
+change of one's own password (which checks the old one: ``PasswordChangeForm``), count each attempt
+in Redis, three ways, each for SIGNIN_WINDOW_SECONDS from its first failure:
 
 - by the name tried and the address it came from (SIGNIN_MAX_FAILURES_PER_NAME_AND_ADDRESS): one
   person mistyping, or one machine guessing one password;
@@ -9,15 +10,20 @@ attempt in Redis, three ways, each for SIGNIN_WINDOW_SECONDS from its first fail
   password;
 - by the name (SIGNIN_MAX_FAILURES_PER_NAME): many machines guessing one account's password.
 
-Once a count reaches its limit, every attempt it covers is refused until its window ends, without
-the password being checked (a right one included: otherwise the guessing would go on, told only when
-it hit), and the page says when to try again (HTTP 429, with Retry-After). A sign-in that succeeds
-clears only its own name-and-address count: clearing the others would let someone with an account
+An attempt is counted before its password is checked, in one step with the check of the limits (a
+script in Redis): however many arrive at once, no more than a limit allows have their password
+checked. Once a count is at its limit, every attempt it covers is refused until its window ends,
+uncounted and without the password being checked (a right one included: otherwise the guessing
+would go on, told only when it hit), and the page says when to try again (HTTP 429, with
+Retry-After). A right password takes its attempt back from the name's and the address's counts and
+clears its own name-and-address count; it clears no other: that would let someone with an account
 of their own reset them between guesses at another's.
 
-An IPv6 address is counted by its /64, the block one machine is usually given. Behind a proxy every
-request comes from the proxy's address: CLIENT_ADDRESS_HEADER names the header the proxy puts the
-client's address in.
+A name is counted as the form reads it (NFKC, as Django's username field normalises it: a
+fullwidth ``ａｌｉｃｅ`` is ``alice``), by an HMAC of it under SECRET_KEY, so Redis keeps no name. An
+IPv6 address is counted by its /64, the block one machine is usually given. Behind proxies every
+request comes from the nearest one's address: CLIENT_ADDRESS_HEADER names the header they put the
+client's address in, CLIENT_ADDRESS_PROXIES how many of them append to it.
 
 If Redis cannot be reached, sign-in is not limited (it is logged): the site stays usable while Redis
 is down, as the rest of it cannot do much then either.
@@ -25,7 +31,6 @@ is down, as the rest of it cannot do much then either.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import logging
 import math
@@ -36,36 +41,87 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.contrib.admin.forms import AdminAuthenticationForm
+from django.contrib.admin.forms import AdminAuthenticationForm, AdminPasswordChangeForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponseBase
+from django.utils.crypto import salted_hmac
 
 logger = logging.getLogger(__name__)
 
 TOO_MANY = "too_many_failures"
 
-_client: tuple[int, redis.Redis] | None = None
+# KEYS: the counts; ARGV[1]: the window in seconds, ARGV[1 + i]: the limit of KEYS[i]. Refused (the
+# milliseconds to wait, nothing counted) if a count is at its limit; else each counted, a new count
+# living for the window. Redis runs a script alone: no two attempts read the same count.
+BEGIN = """
+local wait = 0
+for i, key in ipairs(KEYS) do
+  if tonumber(redis.call('GET', key) or '0') >= tonumber(ARGV[i + 1]) then
+    local ttl = redis.call('PTTL', key)
+    if ttl < 0 then
+      redis.call('EXPIRE', key, ARGV[1])
+      ttl = tonumber(ARGV[1]) * 1000
+    end
+    if ttl > wait then wait = ttl end
+  end
+end
+if wait > 0 then return wait end
+for _, key in ipairs(KEYS) do
+  redis.call('SET', key, 0, 'EX', ARGV[1], 'NX')
+  redis.call('INCR', key)
+end
+return 0
+"""
+# KEYS: the counts to take the attempt back from, then the ones to clear (ARGV[1] of them): a count
+# that ended meanwhile is not made again (it would live for ever).
+RIGHT = """
+local cleared = tonumber(ARGV[1])
+for i, key in ipairs(KEYS) do
+  if i > #KEYS - cleared then
+    redis.call('DEL', key)
+  elseif redis.call('EXISTS', key) == 1 then
+    redis.call('DECR', key)
+  end
+end
+return 0
+"""
+
+_client: tuple[int, redis.Redis, Any, Any] | None = None
 
 
-def _redis() -> redis.Redis:
-    """One client per process, with short timeouts: a sign-in must not hang on Redis."""
+def _scripts() -> tuple[Any, Any]:
+    """BEGIN and RIGHT, for one client per process, with short timeouts: a sign-in must not hang
+    on Redis."""
     global _client
     if _client is None or _client[0] != os.getpid():
-        _client = (os.getpid(), redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2))
-    return _client[1]
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        _client = (os.getpid(), client, client.register_script(BEGIN), client.register_script(RIGHT))
+    return _client[2], _client[3]
+
+
+def _parsed(entry: str) -> str:
+    """An address as a proxy may write it: ``192.0.2.1``, ``192.0.2.1:5555``, ``[2001:db8::1]``,
+    ``[2001:db8::1]:443`` or ``2001:db8::1``; anything else as it is."""
+    entry = entry.strip()
+    if entry.startswith("[") and "]" in entry:
+        return entry[1 : entry.index("]")]
+    if entry.count(":") == 1:
+        return entry.split(":", 1)[0]
+    return entry
 
 
 def client_address(request: HttpRequest) -> str:
-    """The address a request came from: the last one in CLIENT_ADDRESS_HEADER when that is set (the
-    one the proxy in front added; earlier ones the client may have written itself), else the
-    connection's. An IPv6 address as its /64."""
+    """The address a request came from: in CLIENT_ADDRESS_HEADER when that is set, the one the
+    farthest of CLIENT_ADDRESS_PROXIES proxies added (those before it the client may have written
+    itself), else the connection's. An IPv6 address as its /64."""
     address = str(request.META.get("REMOTE_ADDR") or "")
     header = settings.CLIENT_ADDRESS_HEADER
     if header:
         forwarded = [part.strip() for part in request.headers.get(header, "").split(",") if part.strip()]
         if forwarded:
-            address = forwarded[-1]
+            address = forwarded[-min(len(forwarded), max(1, int(settings.CLIENT_ADDRESS_PROXIES)))]
+    address = _parsed(address)
     try:
         parsed = ipaddress.ip_address(address)
     except ValueError:
@@ -78,10 +134,10 @@ def client_address(request: HttpRequest) -> str:
 
 
 def _name_key(name: str) -> str:
-    """The name as counted: case and compatibility forms folded (``Alice`` and ``ａｌｉｃｅ`` are one
-    name's guesses), hashed so no name is kept in Redis."""
-    folded = unicodedata.normalize("NFKC", name).casefold().strip()
-    return hashlib.sha256(folded.encode()).hexdigest()[:32]
+    """The name as Django's username field reads it (NFKC), under an HMAC: no name is kept in Redis,
+    nor one a dictionary could find from its hash."""
+    normal = unicodedata.normalize("NFKC", name)
+    return salted_hmac("accounts.signin.name", normal, algorithm="sha256").hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -96,57 +152,41 @@ class Attempt:
         return cls(name=name, address=client_address(request) if request is not None else None)
 
     def _counts(self) -> list[tuple[str, int]]:
-        """(Redis key, limit) of each count this attempt is in; a limit of 0 is no count."""
+        """(Redis key, limit) of each count this attempt is in, the name-and-address one last; a
+        limit of 0 is no count."""
         prefix, name = settings.SIGNIN_KEY_PREFIX, _name_key(self.name)
         counts = [(f"{prefix}:name:{name}", settings.SIGNIN_MAX_FAILURES_PER_NAME)]
         if self.address is not None:
             counts += [
-                (f"{prefix}:pair:{name}:{self.address}", settings.SIGNIN_MAX_FAILURES_PER_NAME_AND_ADDRESS),
                 (f"{prefix}:address:{self.address}", settings.SIGNIN_MAX_FAILURES_PER_ADDRESS),
+                (f"{prefix}:pair:{name}:{self.address}", settings.SIGNIN_MAX_FAILURES_PER_NAME_AND_ADDRESS),
             ]
-        return [(key, limit) for key, limit in counts if limit > 0]
+        return [(key, int(limit)) for key, limit in counts if int(limit) > 0]
 
-    def refused_for(self) -> int:
-        """Seconds until this attempt may be made, or 0 if it may be now."""
+    def begin(self) -> int:
+        """Count this attempt, or refuse it: 0 if its password may be checked now, else the seconds
+        until it may be made."""
         counts = self._counts()
         if not counts:
             return 0
+        window = max(1, int(settings.SIGNIN_WINDOW_SECONDS))
         try:
-            with _redis().pipeline(transaction=False) as pipe:
-                for key, _ in counts:
-                    pipe.get(key)
-                    pipe.pttl(key)
-                replies = pipe.execute()
+            wait_ms = int(_scripts()[0](keys=[key for key, _ in counts], args=[window, *(n for _, n in counts)]))
         except redis.RedisError:
             logger.exception("sign-in attempts cannot be counted (Redis); this one is not limited")
             return 0
-        waits = [
-            max(1, math.ceil(int(ttl) / 1000))
-            for (_, limit), failures, ttl in zip(counts, replies[::2], replies[1::2], strict=True)
-            if failures is not None and int(failures) >= limit
-        ]
-        return max(waits, default=0)
+        return max(1, math.ceil(wait_ms / 1000)) if wait_ms > 0 else 0
 
-    def failed(self) -> None:
-        """Count a failure in each count, each window starting at its first failure."""
-        window = max(1, int(settings.SIGNIN_WINDOW_SECONDS))
-        try:
-            with _redis().pipeline(transaction=True) as pipe:
-                for key, _ in self._counts():
-                    pipe.incr(key)
-                    pipe.expire(key, window, nx=True)
-                pipe.execute()
-        except redis.RedisError:
-            logger.exception("a failed sign-in could not be counted (Redis)")
-
-    def succeeded(self) -> None:
-        counts = [key for key, _ in self._counts() if ":pair:" in key]
-        if not counts:
+    def right(self) -> None:
+        """The password was right: take the attempt back, and clear its name-and-address count."""
+        keys = [key for key, _ in self._counts()]
+        if not keys:
             return
+        cleared = 1 if keys[-1].startswith(f"{settings.SIGNIN_KEY_PREFIX}:pair:") else 0
         try:
-            _redis().delete(*counts)
+            _scripts()[1](keys=keys, args=[cleared])
         except redis.RedisError:
-            logger.exception("a sign-in's failures could not be cleared (Redis)")
+            logger.exception("a sign-in's attempt could not be taken back (Redis)")
 
 
 def wait_text(seconds: int) -> str:
@@ -155,38 +195,41 @@ def wait_text(seconds: int) -> str:
     return f"{math.ceil(seconds / 60)} minutes"
 
 
+def refusal(wait: int, what: str) -> ValidationError:
+    return ValidationError(
+        f"Too many failed {what}. Try again in %(wait)s.", code=TOO_MANY, params={"wait": wait_text(wait)}
+    )
+
+
 class LimitedSignIn(AuthenticationForm):
     """Django's sign-in form, with the attempts counted and limited (see the module's docstring)."""
+
+    retry_after = 0
 
     def clean(self) -> dict[str, Any]:
         name, password = self.cleaned_data.get("username"), self.cleaned_data.get("password")
         if not name or not password:
             return super().clean()  # nothing is tried: the fields' own errors
         attempt = Attempt.of(self.request, name)
-        wait = attempt.refused_for()
-        if wait:
-            self.retry_after = wait
-            raise ValidationError(
-                "Too many failed sign-ins. Try again in %(wait)s.",
-                code=TOO_MANY,
-                params={"wait": wait_text(wait)},
-            )
+        self.retry_after = attempt.begin()
+        if self.retry_after:
+            raise refusal(self.retry_after, "sign-ins")
         try:
-            cleaned = super().clean()
-        except ValidationError:
-            attempt.failed()
-            raise
-        attempt.succeeded()
-        return cleaned
+            return super().clean()
+        finally:
+            # authenticate() found the user: the password was right, whether or not this form then
+            # lets them in (the admin's refuses a customer; that is no guess)
+            if self.user_cache is not None:
+                attempt.right()
 
     def refused(self) -> int:
         """Seconds to wait if this form was refused for too many failures, else 0."""
-        return int(getattr(self, "retry_after", 0)) if self.has_error("__all__", TOO_MANY) else 0
+        return self.retry_after if self.has_error("__all__", TOO_MANY) else 0
 
 
 def answered_refused(response: HttpResponseBase, form: Any) -> None:
-    """Make a sign-in page's answer 429, with Retry-After, if its form was refused for too many failures."""
-    wait = form.refused() if isinstance(form, LimitedSignIn) else 0
+    """Make a page's answer 429, with Retry-After, if its form was refused for too many failures."""
+    wait = form.refused() if isinstance(form, LimitedSignIn | PasswordChangeForm) else 0
     if wait:
         response.status_code = 429
         response["Retry-After"] = str(wait)
@@ -198,3 +241,26 @@ class SignInForm(LimitedSignIn):
 
 class AdminSignInForm(LimitedSignIn, AdminAuthenticationForm):
     """The admin's: staff only, as Django's admin form, and limited the same way."""
+
+
+class PasswordChangeForm(AdminPasswordChangeForm):
+    """The admin's change of one's own password: its check of the old password is a sign-in's, counted
+    and limited with them (a stolen session must not make it a way to guess at full speed)."""
+
+    retry_after = 0
+
+    def __init__(self, user: Any, *args: Any, request: HttpRequest | None = None, **kwargs: Any) -> None:
+        super().__init__(user, *args, **kwargs)
+        self.request = request
+
+    def clean_old_password(self) -> str:
+        attempt = Attempt.of(self.request, self.user.get_username())
+        self.retry_after = attempt.begin()
+        if self.retry_after:
+            raise refusal(self.retry_after, "password checks")
+        old_password: str = super().clean_old_password()
+        attempt.right()
+        return old_password
+
+    def refused(self) -> int:
+        return self.retry_after if self.has_error("old_password", TOO_MANY) else 0

@@ -1,5 +1,6 @@
 """The project's admin site: Django's, with a list filter the database cannot run a 400 that says so,
-and its sign-in's failed attempts limited as the portal's (``accounts.signin``).
+and its sign-in's failed attempts (and its change of one's password's checks of the old one) limited
+as the portal's sign-in's (``accounts.signin``).
 
 The admin lets a list be filtered by any lookup on the model's own fields from the URL
 (``?username__regex=[``, ``?body__contains=x``). Django checks the lookup's name, not whether the
@@ -16,11 +17,13 @@ from functools import wraps
 from typing import Any, TypeVar, cast
 
 from django.contrib import admin
+from django.contrib.auth.views import PasswordChangeView
 from django.db import DataError, NotSupportedError, OperationalError, connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import TemplateResponse
+from django.urls import reverse
 
-from accounts.signin import AdminSignInForm, answered_refused
+from accounts.signin import AdminSignInForm, PasswordChangeForm, answered_refused
 
 # What a filter in the URL can make a list's query raise: a value the database cannot read (an invalid
 # regular expression), a lookup it does not have, a number or a year Python or SQLite cannot hold
@@ -39,6 +42,19 @@ class AdminSite(admin.AdminSite):
         response = super().login(request, extra_context)
         answered_refused(response, (getattr(response, "context_data", None) or {}).get("form"))
         return response
+
+    def password_change(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> TemplateResponse:
+        """Django's, with the old password's checks counted as sign-ins (``accounts.signin``)."""
+        defaults: dict[str, Any] = {
+            "form_class": PasswordChangeForm,
+            "success_url": reverse("admin:password_change_done", current_app=self.name),
+            "extra_context": {**self.each_context(request), **(extra_context or {})},
+        }
+        if self.password_change_template is not None:
+            defaults["template_name"] = self.password_change_template
+        request.current_app = self.name
+        # as Django's own: the form, or a redirect once changed (the stubs say a TemplateResponse)
+        return cast(TemplateResponse, LimitedPasswordChangeView.as_view(**defaults)(request))
 
     def admin_view(self, view: View, cacheable: bool = False) -> View:
         checked = super().admin_view(view, cacheable)
@@ -61,6 +77,16 @@ class AdminSite(admin.AdminSite):
         context = {**self.each_context(request), "title": "This filter cannot be run", "reason": reason}
         response = TemplateResponse(request, "admin/bad_filter.html", context, status=400)
         response.render()  # here, so that a problem in the template is this view's, not the handler's
+        return response
+
+
+class LimitedPasswordChangeView(PasswordChangeView):
+    def get_form_kwargs(self) -> dict[str, Any]:
+        return {**super().get_form_kwargs(), "request": self.request}
+
+    def form_invalid(self, form: Any) -> HttpResponse:
+        response = super().form_invalid(form)
+        answered_refused(response, form)
         return response
 
 

@@ -192,9 +192,11 @@ SIGNIN_MAX_FAILURES_PER_NAME_AND_ADDRESS = envint("SIGNIN_MAX_FAILURES_PER_NAME_
 SIGNIN_MAX_FAILURES_PER_ADDRESS = envint("SIGNIN_MAX_FAILURES_PER_ADDRESS", 100)
 SIGNIN_MAX_FAILURES_PER_NAME = envint("SIGNIN_MAX_FAILURES_PER_NAME", 50)
 SIGNIN_KEY_PREFIX = envstr("SIGNIN_KEY_PREFIX", "signin")
-# Behind a proxy, the header it writes the client's address in (X-Forwarded-For: the last address
-# in it is used, the one the proxy added). Empty: the connection's address.
+# Behind proxies, the header they write the client's address in (X-Forwarded-For), and how many of
+# them append to it: the address used is that many from its end, the one the farthest proxy added
+# (any before it the client may have written). Empty: the connection's address.
 CLIENT_ADDRESS_HEADER = envstr("CLIENT_ADDRESS_HEADER", "")
+CLIENT_ADDRESS_PROXIES = envint("CLIENT_ADDRESS_PROXIES", 1)
 
 REDIS_URL = envstr("REDIS_URL", "redis://127.0.0.1:6379/0")
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -106,12 +109,18 @@ def test_one_name_guessed_from_many_addresses_is_held_everywhere(users: Users) -
     assert attempt("bob", "pw-bob", address="198.51.100.200")[0] == 302
 
 
-def test_a_name_is_counted_whatever_its_case_or_width(users: Users) -> None:
-    fail(1, name="alice")
-    fail(1, name="ALICE")
-    fail(1, name="ａｌｉｃｅ")  # fullwidth
-
+def test_a_name_is_counted_as_the_form_reads_it(users: Users) -> None:
+    # the fullwidth form is alice's name to Django's username field (it signs in as her)
+    fail(2, name="alice")
+    fail(1, name="ａｌｉｃｅ")
     assert attempt("alice", "pw-alice")[0] == 429
+
+
+def test_another_case_is_another_name(users: Users) -> None:
+    # "ALICE" is not alice (usernames are compared exactly): guesses at it are not at her password,
+    # and whoever owned "ALICE" could not clear alice's count by signing in
+    fail(3, name="ALICE")
+    assert attempt("alice", "pw-alice")[0] == 302
 
 
 def test_the_window_ends(users: Users, settings: Any) -> None:
@@ -156,6 +165,23 @@ def test_behind_a_proxy_the_address_is_the_one_the_proxy_added(users: Users) -> 
         assert attempt("alice", "pw-alice", x_forwarded_for="192.0.2.51")[0] == 302
 
 
+def test_an_address_is_read_as_proxies_write_it() -> None:
+    factory = RequestFactory()
+
+    def address(forwarded: str) -> str:
+        return signin.client_address(factory.get("/", REMOTE_ADDR="10.0.0.1", headers={"X-Forwarded-For": forwarded}))
+
+    with override_settings(CLIENT_ADDRESS_HEADER="X-Forwarded-For"):
+        # with its port, in brackets: one machine's address, not a count per connection
+        assert address("192.0.2.1:5555") == address("192.0.2.1") == "192.0.2.1"
+        assert address("[2001:db8::1]") == address("[2001:db8::1]:8080") == "2001:db8::/64"
+        assert address("evil, 192.0.2.2") == "192.0.2.2"
+        with override_settings(CLIENT_ADDRESS_PROXIES=2):
+            # a CDN, then nginx: the client's address is the CDN's entry, the one before nginx's
+            assert address("forged, 192.0.2.3, 198.51.100.1") == "192.0.2.3"
+            assert address("192.0.2.4") == "192.0.2.4"  # fewer than the proxies: the first
+
+
 def test_an_ipv6_address_is_counted_by_its_64() -> None:
     factory = RequestFactory()
 
@@ -187,6 +213,75 @@ def test_nothing_of_the_name_is_kept_in_redis(users: Users, _own_counts: str) ->
 
     keys = [key.decode() for key in redis.Redis.from_url(settings.REDIS_URL).scan_iter(f"{_own_counts}:*")]
     assert len(keys) == 3 and not any("alice" in key for key in keys)
+    # nor its plain hash, which a dictionary would reverse: an HMAC under SECRET_KEY
+    assert not any(hashlib.sha256(b"alice").hexdigest()[:16] in key for key in keys)
+
+
+def test_attempts_at_once_have_no_more_passwords_checked_than_the_limit() -> None:
+    # forty attempts arriving together: each is counted in the same step as the limits are
+    # checked, so three (the name-and-address limit) go on and the rest are refused
+    barrier = threading.Barrier(40)
+    attempt = signin.Attempt(name="alice", address="192.0.2.77")
+
+    def begin() -> int:
+        barrier.wait()
+        return attempt.begin()
+
+    with ThreadPoolExecutor(max_workers=40) as pool:
+        waits = list(pool.map(lambda _: begin(), range(40)))
+
+    assert waits.count(0) == 3
+    assert all(890 <= wait <= 900 for wait in waits if wait)
+
+
+def test_a_right_password_takes_its_attempt_back(_own_counts: str) -> None:
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    attempt = signin.Attempt(name="alice", address="192.0.2.78")
+    assert attempt.begin() == 0 and attempt.begin() == 0  # a failure, then an attempt that is right
+    attempt.right()
+
+    counts = {key.decode().split(":")[1]: int(client.get(key) or 0) for key in client.scan_iter(f"{_own_counts}:*")}
+    assert counts == {"name": 1, "address": 1}  # the failure only; the pair's count cleared
+
+
+def test_a_customers_right_password_at_the_admin_is_no_failure(users: Users) -> None:
+    # the admin refuses alice (not staff), but her password was right: no guess, nothing counted
+    for _ in range(4):
+        assert attempt("alice", "pw-alice", path=ADMIN_LOGIN)[0] == 200
+
+    assert attempt("alice", "pw-alice")[0] == 302
+
+
+def test_the_admins_change_of_password_checks_the_old_one_as_a_sign_in(users: Users) -> None:
+    # a stolen staff session must not be a way to guess the password at full speed
+    client = Client(REMOTE_ADDR=HOME)
+    client.force_login(users.carol)
+    change = {"new_password1": "a-new-long-one", "new_password2": "a-new-long-one"}
+    for _ in range(3):
+        response = client.post("/admin/password_change/", {**change, "old_password": "wrong"})
+        assert response.status_code == 200 and "incorrect" in response.content.decode()
+
+    response = client.post("/admin/password_change/", {**change, "old_password": "pw-carol"})
+
+    assert response.status_code == 429 and int(response["Retry-After"]) > 0
+    assert "Too many failed password checks." in response.content.decode()
+    users.carol.refresh_from_db()
+    assert users.carol.check_password("pw-carol")
+    # and the counts are the sign-in's: carol cannot sign in from here either
+    assert attempt("carol", "pw-carol")[0] == 429
+
+
+def test_an_old_password_right_changes_it_and_counts_nothing(users: Users) -> None:
+    client = Client(REMOTE_ADDR=HOME)
+    client.force_login(users.carol)
+    fail(2, name="carol")
+    change = {"old_password": "pw-carol", "new_password1": "a-new-long-one", "new_password2": "a-new-long-one"}
+
+    assert client.post("/admin/password_change/", change)["Location"] == "/admin/password_change/done/"
+    users.carol.refresh_from_db()
+    assert users.carol.check_password("a-new-long-one")
+    fail(2, name="carol")  # her count began again: two more are no refusal
+    assert attempt("carol", "a-new-long-one")[0] == 302
 
 
 def test_behind_a_proxy_without_the_header_the_deploy_check_warns(settings: Any) -> None:
