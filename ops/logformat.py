@@ -14,6 +14,8 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from django.core.exceptions import PermissionDenied
+
 FIELDS = (
     "event",
     "run_id",
@@ -60,23 +62,23 @@ class JsonFormatter(logging.Formatter):
 
 
 class RequestPathFilter(logging.Filter):
-    """Django's request lines (``Not Found: /…``, ``Internal Server Error: /…``) name the route the
-    request matched, or say it matched none, instead of its path: a path and its query are what a
-    client typed, and may hold an email address or a token that must not reach the logs."""
+    """Django's request lines (``Not Found: /…``, ``Forbidden (Permission denied): /…``, ``Internal
+    Server Error: /…``) name the route the request matched, or say it matched none, instead of its
+    path: a path and its query are what a client typed, and may hold an email address or a token
+    that must not reach the logs. A refusal (PermissionDenied: a 403, an answer like a 404) is
+    written without the traceback Django adds to it: it is no error to look into."""
 
     LOGGERS = ("django.request", "django.server")
 
     def filter(self, record: logging.LogRecord) -> bool:
         request = getattr(record, "request", None)
         args = record.args
-        if (
-            record.name in self.LOGGERS
-            and request is not None
-            and isinstance(args, tuple)
-            and len(args) == 2
-            and args[1] == getattr(request, "path", None)
-        ):
+        path = getattr(request, "path", None)
+        if record.name in self.LOGGERS and path is not None and isinstance(args, tuple) and path in args:
             match = getattr(request, "resolver_match", None)
             route = getattr(match, "route", None)
-            record.args = (args[0], f"route {route}" if route else "a path no route matches")
+            named = f"route {route}" if route else "a path no route matches"
+            record.args = tuple(named if arg == path else arg for arg in args)
+            if record.exc_info and isinstance(record.exc_info[1], PermissionDenied):
+                record.exc_info = None
         return True

@@ -16,7 +16,7 @@ from django.test import Client
 from django.utils import timezone
 
 from ops.logformat import JsonFormatter, RequestPathFilter
-from tests.factories import make_run
+from tests.factories import Users, login, make_run
 from tests.support import ROOT, service_env
 from workflows import engine
 from workflows.models import RunStatus
@@ -112,3 +112,24 @@ def test_request_lines_name_the_route_not_the_path_a_client_typed() -> None:
     assert "Not Found: a path no route matches" in written
     assert "Unauthorized: route api/runs/<" in written  # (no credentials: a 401, on its route)
     assert "jane.doe" not in written and "abc" not in written and "12345678" not in written
+
+
+def test_a_refusal_names_the_route_without_a_traceback(users: Users) -> None:
+    # Django writes "Forbidden (Permission denied): <path>" with the path as its only argument, and
+    # the exception's traceback: carol (staff) may not delete a run, nor see the tokens
+    handler = logging.StreamHandler(io.StringIO())
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    handler.addFilter(RequestPathFilter())
+    logging.getLogger("django.request").addHandler(handler)
+    try:
+        client = login(users.carol)
+        run = make_run(owner=users.alice)
+        assert client.get(f"/admin/workflows/workflowrun/{run.pk}/delete/").status_code == 403
+        assert client.get("/admin/authtoken/tokenproxy/?q=secret-ish").status_code == 403
+    finally:
+        logging.getLogger("django.request").removeHandler(handler)
+
+    written = handler.stream.getvalue()
+    assert written.count("WARNING Forbidden (Permission denied): route admin/") == 2, written
+    assert str(run.pk) not in written and "secret-ish" not in written
+    assert "Traceback" not in written
