@@ -52,6 +52,16 @@ ensure_sandbox_webhook_secret() {
         'import base64, secrets; print("whsec_" + base64.b64encode(secrets.token_bytes(32)).decode())'
 }
 
+# ensure_port_free NAME PORT VARIABLE: exit 2, saying so, when something listens on 127.0.0.1:PORT
+# already (another run of this script, another program): the process started there would fail
+# to bind and be restarted for ever, and whatever answers there would be taken for it.
+ensure_port_free() {
+    if ! .venv/bin/python -c "import socket, sys; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', int(sys.argv[1])))" "$2" 2>/dev/null; then
+        echo "port $2 ($1) is taken on 127.0.0.1: stop what listens there, or choose another with $3=..." >&2
+        exit 2
+    fi
+}
+
 ensure_redis() {
     local url="${REDIS_URL:-redis://127.0.0.1:6379/0}"
     if redis-cli -u "$url" ping >/dev/null 2>&1; then

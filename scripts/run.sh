@@ -33,6 +33,10 @@ if examples_on; then
     export SANDBOX_PAYMENTS_URL="${SANDBOX_PAYMENTS_URL:-http://127.0.0.1:$SANDBOX_PORT}"
 fi
 WEBHOOK_URL="http://127.0.0.1:$PORT/webhooks/sandbox-payments/"
+ensure_port_free "the web server's" "$PORT" PORT
+if examples_on; then
+    ensure_port_free "the sandbox payment provider's" "$SANDBOX_PORT" SANDBOX_PORT
+fi
 
 # prometheus-client's multiprocess mode: every process below writes its metrics to files in this
 # folder and daphne's /metrics adds them up; emptied at each start (the values of processes that

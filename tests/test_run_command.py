@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -233,3 +234,25 @@ def test_the_run_command_serves_a_refund_from_chat_to_the_providers_webhook(serv
     served.process.send_signal(signal.SIGINT)
     served.process.wait(timeout=60)
     until("every process the script started to end", lambda: not served.processes(), timeout=30)
+
+
+@pytest.mark.parametrize("taken", ["PORT", "SANDBOX_PORT"])
+def test_a_port_taken_already_is_said_before_anything_starts(tmp_path: Path, taken: str) -> None:
+    # another program (another run of the script) listens there: the server started on it would
+    # fail to bind and be restarted for ever, and the sandbox's webhooks would go to the other
+    app = tmp_path / "app"
+    shutil.copytree(ROOT, app, ignore=COPY_IGNORE)
+    (app / ".venv").symlink_to(ROOT / ".venv")
+    listener = socket.create_server(("127.0.0.1", 0))
+    ports = {"PORT": str(free_port()), "SANDBOX_PORT": str(free_port()), taken: str(listener.getsockname()[1])}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST_", "SANDBOX_"))}
+    try:
+        done = subprocess.run(
+            ["bash", "scripts/run.sh"], cwd=app, env={**env, **ports}, capture_output=True, text=True, timeout=120
+        )
+    finally:
+        listener.close()
+
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"port {ports[taken]} (" in done.stderr and f"choose another with {taken}=..." in done.stderr
+    assert not (app / "var" / "web.log").exists() and "migrat" not in done.stdout.lower()
