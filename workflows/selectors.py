@@ -125,8 +125,9 @@ class StatusSummary(TypedDict):
 
 
 def waiting_for(run: WorkflowRun) -> dict[str, Any] | None:
-    """What a suspended run waits for and until when."""
-    if not run.wake_at and not run.wait_event_type:
+    """What a suspended run waits for and until when; None for a run that is not suspended (a run
+    terminated or failed while it waited keeps its wait's fields, for the record, but waits no more)."""
+    if run.status not in TIMED or (not run.wake_at and not run.wait_event_type):
         return None
     return {
         "step": run.wait_step,

@@ -441,6 +441,10 @@ def test_detail_shows_steps_attempts_and_what_the_run_waits_for(users: Users) ->
     assert [(a["number"], a["status"]) for a in body["attempts"]] == [(1, "waiting")]
     assert (body["result"], body["error"], body["failure_reason"]) == (None, None, "")
 
+    # and once it is terminated, it waits for nothing (its wait's fields stay, for the record)
+    WorkflowRun.objects.filter(pk=run.pk).update(status=RunStatus.TERMINATED)
+    assert api_login(users.alice).get(run_url(run.id)).json()["waiting_for"] is None
+
 
 @pytest.mark.django_db
 def test_another_owners_run_is_404_like_a_missing_one(users: Users) -> None:
