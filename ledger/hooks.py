@@ -38,3 +38,12 @@ def fire_operation_settled(op: ExternalOperation) -> None:
     wake_waiting_run(op)
     for hook in _on_settled:
         hook(op)
+
+
+def fire_operation_reopened(op: ExternalOperation) -> None:
+    """Wake the run waiting for ``op``'s outcome: a lookup found the provider never received it, so
+    it is pending again, for that run to send it again (call inside atomic(), row locked). No hooks:
+    nothing is settled."""
+    from ledger.waits import wake_waiting_run
+
+    wake_waiting_run(op, reopened=True)

@@ -6,9 +6,11 @@ timeout=)``: an engine wait for the event ``ledger:settled:<key>``, with the che
 its timeout. Whenever the operation becomes succeeded or failed by another hand (``reconcile``, a
 provider's webhook through ``operation_report``, a person in the admin), ``wake_waiting_run``
 sends that event to its run, inside the transaction that settles it: the run resumes at once and
-its check reads the outcome from storage. The event carries nothing: the ledger row is the
-authority, the event is only the knock on the door. An event sent before the run waits is kept and
-consumed by its next wait; one sent to a run that ended is dropped.
+its check reads the outcome from storage. So does a lookup that finds the provider never received
+it (pending again: the run's check sends it again now, not at the end of its wait). The event
+carries nothing: the ledger row is the authority, the event is only the knock on the door. An event
+sent before the run waits is kept and consumed by its next wait; one sent to a run that ended is
+dropped.
 
 The prefix ``ledger:`` is reserved (``LedgerConfig.ready``): nobody else can send these events.
 """
@@ -50,18 +52,22 @@ def wait_for_outcome(step: Step, name: str, *, key: str, timeout: timedelta | fl
     return True
 
 
-def wake_waiting_run(op: ExternalOperation) -> None:
+def wake_waiting_run(op: ExternalOperation, *, reopened: bool = False) -> None:
     """Send the operation's run the event that wakes its ``wait_for_outcome``. Call inside the
-    transaction that settled ``op``, its row locked (the run row is locked after it). Nothing when
-    the run itself settled it (it is in the step that reads the answer), or the run has ended."""
+    transaction that settled ``op`` (or, ``reopened``, found it never received: pending again, for
+    its run to send it again), its row locked (the run row is locked after it). Nothing when the run
+    itself did (it is in the step that reads the answer), or the run has ended."""
     if op.run_id is None:
         return
     context = current_step()
     if context is not None and context.run_id == op.run_id:
         return
     event_type = outcome_event_type(op.key)
+    # Once per operation: settled again (a contradiction found later) is the same knock. A reopening
+    # is a knock of its own for each send it follows, so that the send after it, unknown in its
+    # turn, is still knocked for when it is settled or reopened.
+    key = f"{event_type}#reopened-{op.submit_count}" if reopened else event_type
     try:
-        # Once per operation: settled again (a contradiction found later) is the same knock.
-        run_send_event(run_id=op.run_id, type=event_type, idempotency_key=event_type, system=True)
+        run_send_event(run_id=op.run_id, type=event_type, idempotency_key=key, system=True)
     except TransitionNotAllowed:
         pass  # the run has ended: nobody waits

@@ -63,6 +63,7 @@ from ledger.services.common import (
     abandon,
     ago,
     apply_lookup,
+    fire_lookup_hooks,
     lock,
     log_on_commit,
     logger,
@@ -218,6 +219,7 @@ def _record_batch(pairs: list[tuple[ExternalOperation, LookupOutcome]]) -> list[
     now = timezone.now()
     results: list[ReconcileResult] = []
     changed: list[ExternalOperation] = []
+    befores: list[str] = []
     events = []
     with transaction.atomic():
         current = {
@@ -241,13 +243,13 @@ def _record_batch(pairs: list[tuple[ExternalOperation, LookupOutcome]]) -> list[
                 continue
             note, event = prepare_lookup(op, outcome, now=now, run_ended=run_ended(seen))
             changed.append(op)
+            befores.append(seen.status)
             events.append(event)
             results.append(_result(op, op.status, _verdict(op, outcome), note, before=seen.status))
         _save_lookups(changed)
         OperationEvent.objects.bulk_create(events)
-        for op in changed:
-            if op.status in FINAL:
-                hooks.fire_operation_settled(op)
+        for op, before in zip(changed, befores, strict=True):
+            fire_lookup_hooks(op, before=before)
     return results
 
 

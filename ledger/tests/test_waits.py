@@ -3,12 +3,16 @@ can send that event. The refund example's test_webhooks.py shows a real run woke
 
 from __future__ import annotations
 
+from io import StringIO
+
 import pytest
+from django.core.management import call_command
 from django.db import transaction
 
 from ledger.adapters import Succeeded
-from ledger.models import OperationStatus
-from ledger.services import operation_report
+from ledger.models import ExternalOperation, OperationStatus
+from ledger.services import operation_reconcile, operation_report
+from ledger.tests.provider import FakeProvider
 from ledger.tests.support import make_operation
 from ledger.waits import outcome_event_type, wake_waiting_run
 from tests.fixtures import NoEnqueue
@@ -65,3 +69,37 @@ def test_a_long_key_gets_an_event_type_that_fits() -> None:
 
     assert len(long) <= 200 and long.startswith("ledger:settled:sha256:")
     assert outcome_event_type("refund:1") == "ledger:settled:refund:1"
+
+
+@pytest.mark.parametrize("batch", [True, False], ids=["reconcile", "one operation"])
+def test_an_operation_found_never_received_wakes_its_run_to_send_it_again(
+    no_enqueue: NoEnqueue, payments: FakeProvider, batch: bool
+) -> None:
+    # given a run waiting (ten minutes, say) for an operation the provider never received
+    run = a_run()
+    op = make_operation("refund:lost", run=run)
+
+    # when reconcile finds it so: pending again, safe to send
+    reconcile(op, batch)
+
+    # then the run is knocked now, not at the end of its wait: its check sends it again
+    assert ExternalOperation.objects.get(pk=op.pk).status == OperationStatus.PENDING
+    [reopened] = RunEvent.objects.filter(run=run)
+    assert (reopened.type, reopened.idempotency_key) == (
+        outcome_event_type(op.key),
+        f"{outcome_event_type(op.key)}#reopened-1",
+    )
+
+    # and when that second send is unknown in its turn and then found made, the run is knocked again
+    ExternalOperation.objects.filter(pk=op.pk).update(status=OperationStatus.UNKNOWN, submit_count=2)
+    payments.seed("refund:lost")
+    reconcile(op, batch)
+    assert ExternalOperation.objects.get(pk=op.pk).status == OperationStatus.SUCCEEDED
+    assert RunEvent.objects.filter(run=run, type=outcome_event_type(op.key)).count() == 2
+
+
+def reconcile(op: ExternalOperation, batch: bool) -> None:
+    if batch:
+        call_command("reconcile", stdout=StringIO())
+    else:
+        operation_reconcile(operation_id=op.pk)
