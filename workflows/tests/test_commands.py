@@ -183,8 +183,11 @@ class TestWrites:
                 "workflow 'agents.turn' cannot be started directly: its own app starts it",
             ),
             (["start", "test.echo", "--owner", "nobody"], "no user named 'nobody'"),
+            (["start", "test.echo", "--idempotency-key", " a "], "--idempotency-key must be 1 to 255 printable"),
+            (["start", "test.echo", "--idempotency-key", "caf\u00e9"], "--idempotency-key must be 1 to 255"),
             (["list", "--status", "asleep"], "invalid choice: 'asleep'"),
             (["list", "--limit", "0"], "must be at least 1"),
+            (["list", "--limit=-1"], "must be at least 1"),  # a whole number, too small
             (["restart", NO_RUN, "--attempt", "\u0665"], "'\u0665' is not a whole number"),  # an Arabic-Indic 5
             (["restart", NO_RUN, "--attempt", " 1"], "' 1' is not a whole number"),
         ],

@@ -8,6 +8,7 @@ instead of any write: every write is one service call that either commits or rai
 from __future__ import annotations
 
 import json
+import re
 from argparse import ArgumentTypeError
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -19,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from workflows import services, sweeper
+from workflows.apis.common import IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_MAX
 from workflows.exceptions import WorkflowError
 from workflows.models import RunEvent, RunStatus, WorkflowRun
 from workflows.selectors import describe_wait, run_attempts, run_events, run_get_any, run_list_all, run_timeline
@@ -37,6 +39,8 @@ CELL_CHARS = 60  # table cells longer than this are cut, so a row stays one line
 
 def positive_int(text: str) -> int:
     """ASCII digits only: int() would also take "٥", " 5 " and "1_0"."""
+    if text.startswith("-") and text[1:].isascii() and text[1:].isdigit():
+        raise ArgumentTypeError("must be at least 1")
     if not (text.isascii() and text.isdigit()) or len(text) > 18:
         raise ArgumentTypeError(f"{text!r} is not a whole number")
     value = int(text)
@@ -158,6 +162,12 @@ class Command(BaseCommand):
     # --- writes: one service call each ---
     def cmd_start(self, options: dict[str, Any]) -> None:
         payload = parse_json(options["payload"], "--payload")
+        key = options["idempotency_key"]  # as the API's Idempotency-Key header: one run per key, either way
+        if key is not None and re.fullmatch(IDEMPOTENCY_KEY, key) is None:
+            raise CommandError(
+                f"--idempotency-key must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters, "
+                "no space at either end"
+            )
         owner = get_owner(options["owner"]) if options["owner"] else None
         services.check_startable(workflow=options["workflow"])
         run, created = services.run_start(
