@@ -42,3 +42,8 @@ def receive(request: HttpRequest, source: str) -> JsonResponse:
     if delivery.outcome == Outcome.DUPLICATE:
         return JsonResponse({"status": "duplicate"}, status=200)
     return JsonResponse({"status": "accepted", "delivery": delivery.pk}, status=202)
+
+
+@csrf_exempt
+def not_found(request: HttpRequest) -> JsonResponse:
+    return error("not_found", "Not found.", 404)

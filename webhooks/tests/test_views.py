@@ -314,6 +314,16 @@ def test_an_unknown_source_is_a_404_and_records_nothing() -> None:
     assert WebhookDelivery.objects.count() == 0 and written() == (0, 0, 0)
 
 
+@pytest.mark.parametrize("path", ["/webhooks/crm/extra/", "/webhooks/", "/webhooks/a/b"])
+def test_any_other_path_under_webhooks_is_the_same_json_404(path: str) -> None:
+    # a sender configured with a segment too many reads the API's error, not Django's page
+    body = encode(EVENT)
+    response = Client().post(path, data=body, content_type="application/json", headers=standard_headers(body, "m"))
+    assert response.status_code == 404
+    assert response.json() == {"error": {"code": "not_found", "message": "Not found.", "detail": None}}
+    assert WebhookDelivery.objects.count() == 0
+
+
 def test_a_url_without_its_trailing_slash_is_served_too(settings: Any) -> None:
     # given DEBUG on, where Django's APPEND_SLASH answers a POST to a URL without its slash with a 500
     settings.DEBUG = True
