@@ -140,7 +140,7 @@ def _retried(earlier: Submission, print_: str, key: str) -> SubmissionResult:
     """A retry is answered as the first was, whatever the caps say now; the key with another
     payload is an IdempotencyConflict."""
     if earlier.fingerprint != print_:
-        raise IdempotencyConflict(f"the Idempotency-Key {key!r} was used for another submission to this agent")
+        raise IdempotencyConflict(f"the idempotency key {key!r} was used for another submission to this agent")
     return SubmissionResult(earlier, accepted=False)
 
 

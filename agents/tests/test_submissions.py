@@ -12,7 +12,7 @@ from io import StringIO
 from typing import Any
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from agents import services
 from agents.models import Message, Submission, SubmissionStatus, Turn, TurnStatus
@@ -489,6 +489,9 @@ def test_the_command_submits_once_per_key(users: Users, no_enqueue: NoEnqueue) -
     submission = Submission.objects.get()
     assert first == f"Submitted: {submission.pk} running\n"
     assert again.startswith(f"Already submitted (same key and text): {submission.pk}")
+    # the same key with another text: refused, in words that fit a command's --key as the API's header
+    with pytest.raises(CommandError, match="^the idempotency key '2026-11-30' was used for another submission"):
+        submit("--text", "another report", "--key", "2026-11-30")
 
 
 @pytest.mark.django_db
