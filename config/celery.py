@@ -1,4 +1,5 @@
 import gc
+import logging
 import os
 from typing import Any
 
@@ -13,6 +14,31 @@ guard_restore_after_connection_loss()  # kombu's restore on a lost Redis connect
 app = Celery("config")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+
+class RoutineBeatLines(logging.Filter):
+    """Beat's "Scheduler: Sending due task <entry>" line, left out for entries due more often than once
+    a minute (the sweeps, the schedules' tick): at INFO, as scripts/run.sh logs, the sweep alone wrote
+    one a second and buried the lines worth reading. What those tasks do is logged by the tasks."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Scheduler: Sending due task") or not isinstance(record.args, tuple):
+            return True
+        return not (record.args and record.args[0] in _frequent_entries())
+
+
+def _frequent_entries() -> set[str]:
+    from django.conf import settings
+
+    frequent = set()
+    for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
+        every = entry.get("schedule")
+        if isinstance(every, int | float) and every < 60:
+            frequent.add(name)
+    return frequent
+
+
+logging.getLogger("celery.beat").addFilter(RoutineBeatLines())
 
 
 @signals.task_prerun.connect  # type: ignore[untyped-decorator]  # celery has no types
