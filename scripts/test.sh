@@ -31,7 +31,8 @@ pytest_started=$SECONDS
 # machine the suite took 550 s with three, 620 to 650 with two). Whole files go to one process
 # (--dist loadfile): a module's workers and servers start once, in the order conftest.py gives them
 # (--no-loadscope-reorder: the longest file first). PYTEST_WORKERS=0 runs everything in this process.
-.venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@" || status=$?
+# --durations: the slowest tests are named at the end, so a run that took longer says where.
+.venv/bin/pytest -n "${PYTEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder --durations=15 "$@" || status=$?
 pytest_seconds=$((SECONDS - pytest_started))
 echo "==> mypy"
 if wait "$mypy_pid"; then

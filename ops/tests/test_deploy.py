@@ -21,6 +21,7 @@ PRODUCTION = {
     "SECURE_HSTS_PRELOAD": "1",
     "METRICS_TOKEN": secrets.token_urlsafe(32),
     "LOG_FORMAT": "json",
+    "CLIENT_ADDRESS_HEADER": "X-Forwarded-For",  # behind the proxy HTTPS says is there
 }
 
 
@@ -41,6 +42,12 @@ def test_check_deploy_is_clean_with_production_settings() -> None:
     done = check_deploy(**PRODUCTION)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "System check identified no issues (0 silenced).", done.stdout + done.stderr
+
+
+def test_check_deploy_warns_behind_a_proxy_without_the_client_address_header() -> None:
+    done = check_deploy(**{**PRODUCTION, "CLIENT_ADDRESS_HEADER": ""})
+    assert done.returncode == 0, done.stderr
+    assert "(accounts.W001) CLIENT_ADDRESS_HEADER is not set behind a proxy" in done.stderr + done.stdout
 
 
 def test_check_deploy_warns_without_a_metrics_token(settings: Any) -> None:
