@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from ops.logformat import JsonFormatter, RequestPathFilter
 from tests.factories import Users, login, make_run
-from tests.support import ROOT, Worker, service_env, wait_for
+from tests.support import ROOT, service_env
 from workflows import engine
 from workflows.models import RunStatus
 from workflows.services import run_start
@@ -133,18 +133,3 @@ def test_a_refusal_names_the_route_without_a_traceback(users: Users) -> None:
     assert written.count("WARNING Forbidden (Permission denied): route admin/") == 2, written
     assert str(run.pk) not in written and "secret-ish" not in written
     assert "Traceback" not in written
-
-
-@pytest.mark.slow
-def test_beat_leaves_out_its_line_for_the_sweeps_it_sends_every_second(queue: str, workers: list[Worker]) -> None:
-    # a worker with its beat, at INFO (as scripts/run.sh runs it), the sweep due five times a second
-    worker = Worker(queue=queue, concurrency=1, beat=True, WORKFLOWS_SWEEP_INTERVAL="0.2")
-    workers.append(worker)
-
-    # when the sweep has been sent and run several times
-    wait_for(lambda: worker.output().count("Task workflows.sweep[") >= 6, timeout=30, what="the sweep to run")
-
-    # then beat's own "sending" line for it is not there, though beat's other INFO lines are
-    log = worker.output()
-    assert "beat: Starting..." in log
-    assert "Sending due task workflows-sweep" not in log, log[-2000:]
