@@ -62,13 +62,14 @@ class JsonFormatter(logging.Formatter):
 
 
 class RequestPathFilter(logging.Filter):
-    """Django's request lines (``Not Found: /…``, ``Forbidden (Permission denied): /…``, ``Internal
-    Server Error: /…``) name the route the request matched, or say it matched none, instead of its
-    path: a path and its query are what a client typed, and may hold an email address or a token
-    that must not reach the logs. A refusal (PermissionDenied: a 403, an answer like a 404) is
-    written without the traceback Django adds to it: it is no error to look into."""
+    """Django's request lines (``Not Found: /…``, ``Forbidden (Permission denied): /…``, ``Forbidden
+    (CSRF token missing.): /…``, ``Internal Server Error: /…``) name the route the request matched,
+    or say it matched none, instead of its path: a path and its query are what a client typed, and
+    may hold an email address or a token that must not reach the logs. A refusal (PermissionDenied:
+    a 403, an answer like a 404) is written without the traceback Django adds to it: it is no error
+    to look into."""
 
-    LOGGERS = ("django.request", "django.server")
+    LOGGERS = ("django.request", "django.server", "django.security.csrf")
 
     def filter(self, record: logging.LogRecord) -> bool:
         request = getattr(record, "request", None)
@@ -80,5 +81,6 @@ class RequestPathFilter(logging.Filter):
             named = f"route {route}" if route else "a path no route matches"
             record.args = tuple(named if arg == path else arg for arg in args)
             if record.exc_info and isinstance(record.exc_info[1], PermissionDenied):
-                record.exc_info = None
+                # and the text of it another handler formatted first (Django's console, with DEBUG)
+                record.exc_info, record.exc_text = None, None
         return True

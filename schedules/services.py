@@ -217,6 +217,11 @@ def fire_locked(schedule: Schedule, *, due_at: datetime, trigger: str, now: date
 def _perform(schedule: Schedule, firing: ScheduleFiring, due_at: datetime) -> bool:
     """Start the schedule's work under the firing's key; whether it was created (not found)."""
     if schedule.action == Action.WORKFLOW:
+        # Checked again here, not only when saved: a schedule written before the workflow became
+        # internal, or by code rather than the admin or the command, must not start it either.
+        refused = internal_refusal(schedule.workflow, "a schedule")
+        if refused:
+            raise ActionFailed(refused)
         run, created = run_start(
             workflow=schedule.workflow, payload=schedule.payload, idempotency_key=firing.idempotency_key
         )

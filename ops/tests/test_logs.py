@@ -133,3 +133,39 @@ def test_a_refusal_names_the_route_without_a_traceback(users: Users) -> None:
     assert written.count("WARNING Forbidden (Permission denied): route admin/") == 2, written
     assert str(run.pk) not in written and "secret-ish" not in written
     assert "Traceback" not in written
+
+
+def test_a_refusal_formatted_by_another_handler_first_comes_without_its_traceback(users: Users) -> None:
+    # with DEBUG on, Django's console handler formats the record before ours, and logging keeps the
+    # traceback's text on the record (exc_text): ours must not print it from there
+    first = logging.StreamHandler(io.StringIO())
+    ours = logging.StreamHandler(io.StringIO())
+    ours.addFilter(RequestPathFilter())
+    request_logger = logging.getLogger("django.request")
+    request_logger.addHandler(first)
+    request_logger.addHandler(ours)
+    try:
+        assert login(users.carol).get("/admin/authtoken/tokenproxy/").status_code == 403
+    finally:
+        request_logger.removeHandler(first)
+        request_logger.removeHandler(ours)
+
+    assert "Traceback" in first.stream.getvalue()  # the other handler wrote it
+    written = ours.stream.getvalue()
+    assert "Forbidden (Permission denied): route admin/" in written and "Traceback" not in written
+
+
+def test_a_csrf_refusal_names_the_route_not_the_path(users: Users) -> None:
+    handler = logging.StreamHandler(io.StringIO())
+    handler.addFilter(RequestPathFilter())
+    csrf_logger = logging.getLogger("django.security.csrf")
+    csrf_logger.addHandler(handler)
+    try:
+        client = login(users.alice, enforce_csrf_checks=True)
+        assert client.post("/chat/support/SEKRET5/", {"text": "hi"}).status_code == 403
+    finally:
+        csrf_logger.removeHandler(handler)
+
+    written = handler.stream.getvalue()
+    assert "): route chat/<name:kind>/<name:name>/" in written and "Forbidden (CSRF" in written, written
+    assert "SEKRET5" not in written

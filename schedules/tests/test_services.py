@@ -125,6 +125,19 @@ def test_a_refused_firing_is_recorded_and_the_schedule_and_the_others_go_on() ->
     assert firings(fine)[0].outcome == Outcome.STARTED
 
 
+def test_a_schedule_of_an_internal_workflow_saved_past_the_checks_fails_each_firing() -> None:
+    # written before agents.turn was internal, or by code: the firing refuses it all the same
+    turn = {"turn": "00000000-0000-0000-0000-000000000000"}
+    legacy = workflow_schedule("legacy-turn", due=NOW, workflow="agents.turn", payload=turn)
+
+    schedules_tick(now=NOW)
+
+    [failed] = firings(legacy)
+    assert failed.outcome == Outcome.FAILED and failed.run_id is None
+    assert failed.error.startswith("ActionFailed: workflow 'agents.turn' is started only by its own app")
+    assert not WorkflowRun.objects.filter(workflow="agents.turn").exists()
+
+
 def test_a_submission_schedule_submits_once_per_due_time_to_the_agent_it_names() -> None:
     account = account_ensure(slug="acme")
     due = datetime(2025, 1, 6, 10, tzinfo=UTC)
