@@ -1,5 +1,6 @@
 """The payment provider's outcome webhook settles a refund whose outcome was unknown, as reconcile
-would, and the waiting run goes on; a webhook and a reconcile racing settle it once.
+would, and the waiting run goes on; a webhook and a reconcile racing settle it once; reconcile
+finding the refund never received wakes the run to send it again.
 
 Real sandbox provider, real workers (the refund tests' world); the webhook is posted through
 Django's test client to a source configured for the test."""
@@ -8,21 +9,26 @@ from __future__ import annotations
 
 import threading
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from examples.refunds.models import RefundRequest
 from examples.refunds.tests.conftest import World
 from examples.refunds.tests.support import (
+    ask,
     assert_confirmed,
     drain_lookup_faults,
+    new_order,
     reconcile,
     run_of,
     status_of,
     unknown_refund,
 )
 from examples.sandbox.process import SandboxProcess
+from ledger.conf import in_flight_window
 from ledger.models import ExternalOperation, OperationalRecord, OperationEvent, OperationStatus
 from tests.factories import Users
 from tests.support import thread_of, wait_for
@@ -106,6 +112,38 @@ def test_the_providers_webhook_settles_an_unknown_refund_and_wakes_the_run(world
     assert result is not None and result["changed"] is False and "already succeeded" in result["note"]
     assert settled_events(ExternalOperation.objects.get(pk=op.pk)) == 1
     drain_lookup_faults(world.sandbox, request.operation_key)
+
+
+def test_reconcile_finding_a_refund_never_received_wakes_the_run_to_send_it_again(world: World, users: Users) -> None:
+    # given a refund whose send failed (500, nothing done) and whose lookups fail meanwhile, so that
+    # its run, past its refund step's retries, waits ten minutes before checking again
+    request = ask(
+        new_order(users.alice, "2102", "50.00"),
+        "30.00",
+        sandbox=world.sandbox,
+        faults=(("error", "create", 1, ""), ("error", "lookup", 100, "")),
+        retry_delay_seconds=0.1,
+        check_interval_seconds=600,
+    )
+    wait_for(lambda: waiting_for_outcome(request), timeout=30, what="the run to wait for the refund's outcome")
+    op = ExternalOperation.objects.get(key=request.operation_key)
+    assert op.status == OperationStatus.UNKNOWN and world.sandbox.stats()["refunds"] == 0
+    # the provider answers lookups again, and the send can no longer be on its way
+    for _ in range(200):
+        if world.sandbox.request("GET", f"/v1/refunds?key={quote(op.key, safe='')}")[0] == 404:
+            break
+    assert op.submitted_at is not None
+    believed = op.submitted_at + in_flight_window()
+    wait_for(lambda: timezone.now() > believed, timeout=30, what="the in-flight window to pass")
+
+    # when reconcile finds the provider never received it
+    output = reconcile()
+
+    # then it says so, and the waiting run sends it again now, not ten minutes later: one refund
+    assert "safe to send again" in output
+    assert_confirmed(request, world.sandbox, timeout=30)
+    woken = StepResult.objects.filter(run_id=request.run_id, name="wait for the outcome").first()
+    assert woken is not None and woken.status == "completed"  # the knock came; a timeout would have failed it
 
 
 def test_a_webhook_for_a_key_nobody_knows_is_accepted_and_changes_nothing(world: World) -> None:
