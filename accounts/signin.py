@@ -17,7 +17,9 @@ uncounted and without the password being checked (a right one included: otherwis
 would go on, told only when it hit), and the page says when to try again (HTTP 429, with
 Retry-After). A right password takes its attempt back from the name's and the address's counts and
 clears its own name-and-address count; it clears no other: that would let someone with an account
-of their own reset them between guesses at another's.
+of their own reset them between guesses at another's. It also marks the browser (a signed cookie,
+``DEVICE_COOKIE``): from there, that name is not in the name's count, so failures from elsewhere do
+not lock its owner out where they usually sign in.
 
 A name is counted as the form reads it (NFKC, as Django's username field normalises it: a
 fullwidth ``ａｌｉｃｅ`` is ``alice``), by an HMAC of it under SECRET_KEY, so Redis keeps no name. An
@@ -37,12 +39,14 @@ import math
 import os
 import unicodedata
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import redis
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm, AdminPasswordChangeForm
 from django.contrib.auth.forms import AuthenticationForm
+from django.core import signing
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponseBase
 from django.utils.crypto import salted_hmac
@@ -146,16 +150,22 @@ class Attempt:
 
     name: str
     address: str | None
+    known_device: bool = False  # the browser signed in as this name before (``DEVICE_COOKIE``)
 
     @classmethod
     def of(cls, request: HttpRequest | None, name: str) -> Attempt:
-        return cls(name=name, address=client_address(request) if request is not None else None)
+        if request is None:
+            return cls(name=name, address=None)
+        known = _name_key(name) in devices_of(request)
+        return cls(name=name, address=client_address(request), known_device=known)
 
     def _counts(self) -> list[tuple[str, int]]:
         """(Redis key, limit) of each count this attempt is in, the name-and-address one last; a
         limit of 0 is no count."""
         prefix, name = settings.SIGNIN_KEY_PREFIX, _name_key(self.name)
-        counts = [(f"{prefix}:name:{name}", settings.SIGNIN_MAX_FAILURES_PER_NAME)]
+        counts = []
+        if not self.known_device:  # the name's own browser: no stranger's failures lock it out
+            counts.append((f"{prefix}:name:{name}", settings.SIGNIN_MAX_FAILURES_PER_NAME))
         if self.address is not None:
             counts += [
                 (f"{prefix}:address:{self.address}", settings.SIGNIN_MAX_FAILURES_PER_ADDRESS),
@@ -189,6 +199,54 @@ class Attempt:
             logger.exception("a sign-in's attempt could not be taken back (Redis)")
 
 
+# --- the browsers a name signed in from ----------------------------------------------------------
+# A successful sign-in marks its browser with a signed cookie naming (by _name_key) the names signed
+# in there. An attempt from such a browser is not in its name's count: failures from elsewhere, by
+# however many addresses, do not lock the name's owner out where they usually sign in. The
+# name-and-address and address counts still apply to it, and the cookie proves only that this
+# browser once knew the password, so it is no way around them.
+DEVICE_COOKIE = "signin_device"
+DEVICE_SALT = "accounts.signin.device"
+DEVICE_NAMES = 5  # a shared computer's last few names
+DEVICE_DAYS = 90
+
+
+def devices_of(request: HttpRequest) -> list[str]:
+    """The names (as _name_key) this browser signed in as within DEVICE_DAYS; [] for none, or for a
+    cookie that is not ours (forged, another key's, expired)."""
+    value = request.COOKIES.get(DEVICE_COOKIE)
+    if not value:
+        return []
+    try:
+        names = signing.loads(value, salt=DEVICE_SALT, max_age=timedelta(days=DEVICE_DAYS))
+    except signing.BadSignature:
+        return []
+    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
+
+
+def remember_device(request: HttpRequest | None, name: str) -> None:
+    """After a right password: the cookie the page's answer sets (``device_cookie``), this name first."""
+    if request is None:
+        return
+    key = _name_key(name)
+    names = [key, *(other for other in devices_of(request) if other != key)][:DEVICE_NAMES]
+    request.signin_device = signing.dumps(names, salt=DEVICE_SALT)  # type: ignore[attr-defined]
+
+
+def device_cookie(request: HttpRequest, response: HttpResponseBase) -> None:
+    """Set the cookie ``remember_device`` prepared, if a sign-in succeeded in this request."""
+    value = getattr(request, "signin_device", None)
+    if value:
+        response.set_cookie(
+            DEVICE_COOKIE,
+            value,
+            max_age=DEVICE_DAYS * 86400,
+            secure=settings.SESSION_COOKIE_SECURE,
+            httponly=True,
+            samesite="Lax",
+        )
+
+
 def wait_text(seconds: int) -> str:
     if seconds < 90:
         return f"{seconds} seconds"
@@ -215,12 +273,14 @@ class LimitedSignIn(AuthenticationForm):
         if self.retry_after:
             raise refusal(self.retry_after, "sign-ins")
         try:
-            return super().clean()
+            cleaned = super().clean()
         finally:
             # authenticate() found the user: the password was right, whether or not this form then
             # lets them in (the admin's refuses a customer; that is no guess)
             if self.user_cache is not None:
                 attempt.right()
+        remember_device(self.request, name)
+        return cleaned
 
     def refused(self) -> int:
         """Seconds to wait if this form was refused for too many failures, else 0."""

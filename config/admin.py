@@ -23,7 +23,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from accounts.signin import AdminSignInForm, PasswordChangeForm, answered_refused
+from accounts.signin import AdminSignInForm, PasswordChangeForm, answered_refused, device_cookie
 
 # What a filter in the URL can make a list's query raise: a value the database cannot read (an invalid
 # regular expression), a lookup it does not have, a number or a year Python or SQLite cannot hold
@@ -41,6 +41,7 @@ class AdminSite(admin.AdminSite):
     def login(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         response = super().login(request, extra_context)
         answered_refused(response, (getattr(response, "context_data", None) or {}).get("form"))
+        device_cookie(request, response)
         return response
 
     def password_change(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> TemplateResponse:

@@ -10,7 +10,7 @@ from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from accounts.signin import SignInForm, answered_refused
+from accounts.signin import SignInForm, answered_refused, device_cookie
 from agents.selectors import agents_of
 from portal.selectors import home_page
 
@@ -26,6 +26,11 @@ class SignInView(LoginView):
     """Django's sign-in page; too many failed attempts are refused for a while (429)."""
 
     authentication_form = SignInForm
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        response = super().form_valid(form)
+        device_cookie(self.request, response)
+        return response
 
     def form_invalid(self, form: Any) -> HttpResponse:
         response = super().form_invalid(form)

@@ -292,3 +292,56 @@ def test_behind_a_proxy_without_the_header_the_deploy_check_warns(settings: Any)
     assert check_client_address() == []
     settings.HTTPS, settings.CLIENT_ADDRESS_HEADER = False, ""  # no proxy said: the connection's address
     assert check_client_address() == []
+
+
+def test_a_right_sign_in_marks_the_browser_for_its_name(users: Users) -> None:
+    for path in (LOGIN, ADMIN_LOGIN):
+        client = Client(REMOTE_ADDR=HOME)
+        client.post(path, {"username": "carol", "password": "pw-carol", "next": "/admin/"})
+        cookie = client.cookies[signin.DEVICE_COOKIE]
+        assert cookie["httponly"] and cookie["samesite"] == "Lax" and "carol" not in cookie.value
+    # a wrong password marks nothing
+    status, client = attempt("carol", "wrong")
+    assert status == 200 and signin.DEVICE_COOKIE not in client.cookies
+
+
+def test_failures_from_elsewhere_do_not_lock_the_name_out_of_its_own_browser(users: Users) -> None:
+    # given alice's browser, where she signed in before, and bob's
+    alices = Client(REMOTE_ADDR="198.51.100.10")
+    assert alices.post(LOGIN, {"username": "alice", "password": "pw-alice"}).status_code == 302
+    signed_out(alices)
+    bobs = Client(REMOTE_ADDR="198.51.100.11")
+    assert bobs.post(LOGIN, {"username": "bob", "password": "pw-bob"}).status_code == 302
+    signed_out(bobs)
+    # when eight addresses guess at her password (the name's limit)
+    for number in range(8):
+        fail(1, address=f"192.0.2.{number}")
+
+    # then her own browser still signs her in, even from a new address
+    alices.defaults["REMOTE_ADDR"] = "203.0.113.50"
+    assert alices.post(LOGIN, {"username": "alice", "password": "pw-alice"}).status_code == 302
+    # but a browser marked for bob, one with a forged mark, or none, is held by her name's count
+    bobs.defaults["REMOTE_ADDR"] = "203.0.113.51"
+    assert bobs.post(LOGIN, {"username": "alice", "password": "pw-alice"}).status_code == 429
+    forged = Client(REMOTE_ADDR="203.0.113.52")
+    forged.cookies[signin.DEVICE_COOKIE] = alices.cookies[signin.DEVICE_COOKIE].value[:-3] + "abc"
+    assert forged.post(LOGIN, {"username": "alice", "password": "pw-alice"}).status_code == 429
+    assert attempt("alice", "pw-alice", address="203.0.113.53")[0] == 429
+
+
+def test_her_own_browser_is_still_held_by_its_address_and_name_count(users: Users) -> None:
+    # the mark proves only that the browser once knew the password: guessing there is limited as ever
+    client = Client(REMOTE_ADDR=HOME)
+    assert client.post(LOGIN, {"username": "alice", "password": "pw-alice"}).status_code == 302
+    signed_out(client)
+    for _ in range(3):
+        assert client.post(LOGIN, {"username": "alice", "password": "wrong"}).status_code == 200
+
+    assert client.post(LOGIN, {"username": "alice", "password": "pw-alice"}).status_code == 429
+
+
+def signed_out(client: Client) -> None:
+    """Signed out as a browser is (POST /accounts/logout/), its other cookies kept: the test client's
+    own logout() drops them all."""
+    assert client.post("/accounts/logout/").status_code == 302
+    assert not signed_in(client) and signin.DEVICE_COOKIE in client.cookies
