@@ -17,9 +17,10 @@ uncounted and without the password being checked (a right one included: otherwis
 would go on, told only when it hit), and the page says when to try again (HTTP 429, with
 Retry-After). A right password takes its attempt back from the name's and the address's counts and
 clears its own name-and-address count; it clears no other: that would let someone with an account
-of their own reset them between guesses at another's. It also marks the browser (a signed cookie,
-``DEVICE_COOKIE``): from there, that name is not in the name's count, so failures from elsewhere do
-not lock its owner out where they usually sign in.
+of their own reset them between guesses at another's. It also marks the browser for the account
+(a signed cookie; see "the browsers an account signed in from" below): from there, the name is
+counted by the browser instead, so failures from elsewhere do not lock its owner out where they
+usually sign in.
 
 A name is counted as the form reads it (NFKC, as Django's username field normalises it: a
 fullwidth ``ａｌｉｃｅ`` is ``alice``), by an HMAC of it under SECRET_KEY, so Redis keeps no name. An
@@ -37,6 +38,7 @@ import ipaddress
 import logging
 import math
 import os
+import secrets
 import unicodedata
 from dataclasses import dataclass
 from datetime import timedelta
@@ -45,6 +47,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm, AdminPasswordChangeForm
+from django.contrib.auth import get_user_model
 from django.contrib.auth.forms import AuthenticationForm
 from django.core import signing
 from django.core.exceptions import ValidationError
@@ -146,31 +149,35 @@ def _name_key(name: str) -> str:
 
 @dataclass(frozen=True)
 class Attempt:
-    """One sign-in attempt: ``name`` tried from ``address``."""
+    """One sign-in attempt: ``name`` tried from ``address``, in a browser marked for that name
+    (``device``: its id) or not."""
 
     name: str
     address: str | None
-    known_device: bool = False  # the browser signed in as this name before (``DEVICE_COOKIE``)
+    device: str | None = None
 
     @classmethod
     def of(cls, request: HttpRequest | None, name: str) -> Attempt:
         if request is None:
             return cls(name=name, address=None)
-        known = _name_key(name) in devices_of(request)
-        return cls(name=name, address=client_address(request), known_device=known)
+        return cls(name=name, address=client_address(request), device=marked_for(request, name))
 
     def _counts(self) -> list[tuple[str, int]]:
-        """(Redis key, limit) of each count this attempt is in, the name-and-address one last; a
-        limit of 0 is no count."""
+        """(Redis key, limit) of each count this attempt is in, those a right password clears last
+        (the device's, the name-and-address one); a limit of 0 is no count."""
         prefix, name = settings.SIGNIN_KEY_PREFIX, _name_key(self.name)
+        pair_limit = settings.SIGNIN_MAX_FAILURES_PER_NAME_AND_ADDRESS
         counts = []
-        if not self.known_device:  # the name's own browser: no stranger's failures lock it out
+        if self.device is None:
             counts.append((f"{prefix}:name:{name}", settings.SIGNIN_MAX_FAILURES_PER_NAME))
         if self.address is not None:
-            counts += [
-                (f"{prefix}:address:{self.address}", settings.SIGNIN_MAX_FAILURES_PER_ADDRESS),
-                (f"{prefix}:pair:{name}:{self.address}", settings.SIGNIN_MAX_FAILURES_PER_NAME_AND_ADDRESS),
-            ]
+            counts.append((f"{prefix}:address:{self.address}", settings.SIGNIN_MAX_FAILURES_PER_ADDRESS))
+        if self.device is not None:
+            # the name's own browser: in a count of its own instead of the name's, from wherever it
+            # is, so that a copy of its cookie has no more guesses than one address
+            counts.append((f"{prefix}:device:{self.device}:{name}", pair_limit))
+        if self.address is not None:
+            counts.append((f"{prefix}:pair:{name}:{self.address}", pair_limit))
         return [(key, int(limit)) for key, limit in counts if int(limit) > 0]
 
     def begin(self) -> int:
@@ -188,49 +195,76 @@ class Attempt:
         return max(1, math.ceil(wait_ms / 1000)) if wait_ms > 0 else 0
 
     def right(self) -> None:
-        """The password was right: take the attempt back, and clear its name-and-address count."""
+        """The password was right: take the attempt back, and clear its name-and-address count (and
+        its browser's)."""
         keys = [key for key, _ in self._counts()]
         if not keys:
             return
-        cleared = 1 if keys[-1].startswith(f"{settings.SIGNIN_KEY_PREFIX}:pair:") else 0
+        prefix = settings.SIGNIN_KEY_PREFIX
+        cleared = sum(1 for key in keys if key.startswith((f"{prefix}:pair:", f"{prefix}:device:")))
         try:
             _scripts()[1](keys=keys, args=[cleared])
         except redis.RedisError:
             logger.exception("a sign-in's attempt could not be taken back (Redis)")
 
 
-# --- the browsers a name signed in from ----------------------------------------------------------
-# A successful sign-in marks its browser with a signed cookie naming (by _name_key) the names signed
-# in there. An attempt from such a browser is not in its name's count: failures from elsewhere, by
-# however many addresses, do not lock the name's owner out where they usually sign in. The
-# name-and-address and address counts still apply to it, and the cookie proves only that this
-# browser once knew the password, so it is no way around them.
-DEVICE_COOKIE = "signin_device"
+# --- the browsers an account signed in from -------------------------------------------------------
+# A successful sign-in marks its browser with a signed cookie: a random id of the browser's, and a
+# mark of each account signed in there (the last few), an HMAC of the account's id and password
+# hash. An attempt at a name from a browser marked for its account is not in the name's count but
+# in one of the browser's own (with the name-and-address limit): failures from elsewhere, by however
+# many addresses, do not lock the owner out where they usually sign in, and a copy of the cookie
+# gets no more guesses, wherever it is sent from, than one address. A new password, or the name
+# passing to another account, voids the mark. The name-and-address and address counts apply as
+# anywhere. Over HTTPS the cookie is ``__Host-``: no other site of the domain can set or shadow it.
 DEVICE_SALT = "accounts.signin.device"
-DEVICE_NAMES = 5  # a shared computer's last few names
+DEVICE_ACCOUNTS = 5  # a shared computer's last few
 DEVICE_DAYS = 90
 
 
-def devices_of(request: HttpRequest) -> list[str]:
-    """The names (as _name_key) this browser signed in as within DEVICE_DAYS; [] for none, or for a
-    cookie that is not ours (forged, another key's, expired)."""
-    value = request.COOKIES.get(DEVICE_COOKIE)
+def device_cookie_name() -> str:
+    return "__Host-signin_device" if settings.SESSION_COOKIE_SECURE else "signin_device"
+
+
+def _mark(user: Any) -> str:
+    return salted_hmac(DEVICE_SALT, f"{user.pk}:{user.password}", algorithm="sha256").hexdigest()[:32]
+
+
+def _device(request: HttpRequest) -> tuple[str | None, list[str]]:
+    """This browser's id and its accounts' marks; (None, []) for no cookie, or one that is not ours
+    (forged, another key's, older than DEVICE_DAYS)."""
+    value = request.COOKIES.get(device_cookie_name())
     if not value:
-        return []
+        return None, []
     try:
-        names = signing.loads(value, salt=DEVICE_SALT, max_age=timedelta(days=DEVICE_DAYS))
+        stored = signing.loads(value, salt=DEVICE_SALT, max_age=timedelta(days=DEVICE_DAYS))
     except signing.BadSignature:
-        return []
-    return [name for name in names if isinstance(name, str)] if isinstance(names, list) else []
+        return None, []
+    if not isinstance(stored, dict) or not isinstance(stored.get("d"), str) or not isinstance(stored.get("m"), list):
+        return None, []
+    return stored["d"], [mark for mark in stored["m"] if isinstance(mark, str)]
 
 
-def remember_device(request: HttpRequest | None, name: str) -> None:
-    """After a right password: the cookie the page's answer sets (``device_cookie``), this name first."""
+def marked_for(request: HttpRequest, name: str) -> str | None:
+    """The browser's id if it is marked for the account ``name`` names now, else None."""
+    device, marks = _device(request)
+    if device is None or not marks:
+        return None
+    model = get_user_model()
+    user = model._default_manager.filter(**{model.USERNAME_FIELD: name}).only("pk", "password").first()
+    return device if user is not None and _mark(user) in marks else None
+
+
+def remember_device(request: HttpRequest | None, user: Any) -> None:
+    """After a right password: the cookie the page's answer sets (``device_cookie``), this account's
+    mark first."""
     if request is None:
         return
-    key = _name_key(name)
-    names = [key, *(other for other in devices_of(request) if other != key)][:DEVICE_NAMES]
-    request.signin_device = signing.dumps(names, salt=DEVICE_SALT)  # type: ignore[attr-defined]
+    device, marks = _device(request)
+    mark = _mark(user)
+    kept = [mark, *(other for other in marks if other != mark)][:DEVICE_ACCOUNTS]
+    value = {"d": device or secrets.token_hex(16), "m": kept}
+    request.signin_device = signing.dumps(value, salt=DEVICE_SALT)  # type: ignore[attr-defined]
 
 
 def device_cookie(request: HttpRequest, response: HttpResponseBase) -> None:
@@ -238,7 +272,7 @@ def device_cookie(request: HttpRequest, response: HttpResponseBase) -> None:
     value = getattr(request, "signin_device", None)
     if value:
         response.set_cookie(
-            DEVICE_COOKIE,
+            device_cookie_name(),
             value,
             max_age=DEVICE_DAYS * 86400,
             secure=settings.SESSION_COOKIE_SECURE,
@@ -279,7 +313,7 @@ class LimitedSignIn(AuthenticationForm):
             # lets them in (the admin's refuses a customer; that is no guess)
             if self.user_cache is not None:
                 attempt.right()
-        remember_device(self.request, name)
+        remember_device(self.request, self.get_user())
         return cleaned
 
     def refused(self) -> int:

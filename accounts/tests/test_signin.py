@@ -25,6 +25,7 @@ from tests.factories import Users
 pytestmark = pytest.mark.django_db
 
 LOGIN = "/accounts/login/"
+DEVICE = "signin_device"  # without HTTPS (with it: __Host-signin_device)
 ADMIN_LOGIN = "/admin/login/"
 HOME = "127.0.0.1"
 
@@ -298,11 +299,12 @@ def test_a_right_sign_in_marks_the_browser_for_its_name(users: Users) -> None:
     for path in (LOGIN, ADMIN_LOGIN):
         client = Client(REMOTE_ADDR=HOME)
         client.post(path, {"username": "carol", "password": "pw-carol", "next": "/admin/"})
-        cookie = client.cookies[signin.DEVICE_COOKIE]
+        cookie = client.cookies[DEVICE]
         assert cookie["httponly"] and cookie["samesite"] == "Lax" and "carol" not in cookie.value
+        assert cookie["max-age"] == 90 * 86400
     # a wrong password marks nothing
     status, client = attempt("carol", "wrong")
-    assert status == 200 and signin.DEVICE_COOKIE not in client.cookies
+    assert status == 200 and DEVICE not in client.cookies
 
 
 def test_failures_from_elsewhere_do_not_lock_the_name_out_of_its_own_browser(users: Users) -> None:
@@ -324,7 +326,7 @@ def test_failures_from_elsewhere_do_not_lock_the_name_out_of_its_own_browser(use
     bobs.defaults["REMOTE_ADDR"] = "203.0.113.51"
     assert bobs.post(LOGIN, {"username": "alice", "password": "pw-alice"}).status_code == 429
     forged = Client(REMOTE_ADDR="203.0.113.52")
-    forged.cookies[signin.DEVICE_COOKIE] = alices.cookies[signin.DEVICE_COOKIE].value[:-3] + "abc"
+    forged.cookies[DEVICE] = alices.cookies[DEVICE].value[:-3] + "abc"
     assert forged.post(LOGIN, {"username": "alice", "password": "pw-alice"}).status_code == 429
     assert attempt("alice", "pw-alice", address="203.0.113.53")[0] == 429
 
@@ -344,4 +346,49 @@ def signed_out(client: Client) -> None:
     """Signed out as a browser is (POST /accounts/logout/), its other cookies kept: the test client's
     own logout() drops them all."""
     assert client.post("/accounts/logout/").status_code == 302
-    assert not signed_in(client) and signin.DEVICE_COOKIE in client.cookies
+    assert not signed_in(client) and DEVICE in client.cookies
+
+
+def test_a_copy_of_the_mark_has_no_more_guesses_than_one_address(users: Users) -> None:
+    # alice's cookie, copied and sent from many addresses: its guesses are counted by the browser's
+    # own count (the name-and-address limit, three here), not once per address
+    client = Client(REMOTE_ADDR=HOME)
+    assert client.post(LOGIN, {"username": "alice", "password": "pw-alice"}).status_code == 302
+    copied = client.cookies[DEVICE].value
+
+    answers = []
+    for number in range(5):
+        thief = Client(REMOTE_ADDR=f"192.0.2.{100 + number}")
+        thief.cookies[DEVICE] = copied
+        answers.append(thief.post(LOGIN, {"username": "alice", "password": "wrong"}).status_code)
+
+    assert answers == [200, 200, 200, 429, 429]
+
+
+def test_a_new_password_voids_the_mark(users: Users) -> None:
+    # given alice's marked browser, and her name locked by guesses from eight addresses
+    client = Client(REMOTE_ADDR=HOME)
+    assert client.post(LOGIN, {"username": "alice", "password": "pw-alice"}).status_code == 302
+    signed_out(client)
+    for number in range(8):
+        fail(1, address=f"192.0.2.{number}")
+    assert client.post(LOGIN, {"username": "alice", "password": "pw-alice"}).status_code == 302
+    signed_out(client)
+
+    # when her password is changed (someone who once knew the old one kept a copy of the cookie)
+    users.alice.set_password("a-new-long-one")
+    users.alice.save()
+
+    # then the cookie no longer spares that browser: the name's count holds it, the new password too
+    assert client.post(LOGIN, {"username": "alice", "password": "a-new-long-one"}).status_code == 429
+
+
+def test_over_https_the_mark_is_a_host_cookie(users: Users, settings: Any) -> None:
+    # no other site of the domain can set a cookie of that name, to shadow the mark
+    settings.SESSION_COOKIE_SECURE = True
+    client = Client(REMOTE_ADDR=HOME)
+    client.post(LOGIN, {"username": "alice", "password": "pw-alice"}, secure=True)
+
+    cookie = client.cookies["__Host-signin_device"]
+    assert cookie["secure"] and cookie["path"] == "/" and not cookie["domain"]
+    assert DEVICE not in client.cookies
