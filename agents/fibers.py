@@ -257,9 +257,8 @@ def repair_locked(agent: Agent) -> None:
 
 
 # --- the workflow ----------------------------------------------------------------------------------------
-@workflow(
-    FIBER_WORKFLOW, internal=True, view_permission="agents.view_fiber"
-)  # as agents.turn: its steps are the agent's
+# As agents.turn: its steps are the agent's, and it runs only for a fiber agents.services made.
+@workflow(FIBER_WORKFLOW, internal=True, view_permission="agents.view_fiber")
 class FiberWorkflow(Workflow):
     """Private: ``agents.services.fiber_start`` starts it (payload ``{"fiber": "<uuid>"}``)."""
 

@@ -167,20 +167,19 @@ def may_still_arrive(op: ExternalOperation, *, now: datetime) -> bool:
 def apply_lookup(
     op: ExternalOperation, outcome: LookupOutcome, *, now: datetime, run_ended: bool = False, reported_by: str = ""
 ) -> str:
-    before = op.status
     note, event = prepare_lookup(op, outcome, now=now, run_ended=run_ended, reported_by=reported_by)
     op.save()
     event.save()
-    fire_lookup_hooks(op, before=before)
+    fire_lookup_hooks(op, event)
     return note
 
 
-def fire_lookup_hooks(op: ExternalOperation, *, before: str) -> None:
-    """After a lookup's result is written: settled, wake its run and call the hooks; found never
-    received (pending again), wake its run to send it again."""
+def fire_lookup_hooks(op: ExternalOperation, event: OperationEvent) -> None:
+    """After a lookup's result (``event``, from ``prepare_lookup``) is written: settled, wake its run
+    and call the hooks; found never received (pending again), wake its run to send it again."""
     if op.status in FINAL:
         hooks.fire_operation_settled(op)
-    elif op.status == OperationStatus.PENDING and before != OperationStatus.PENDING:
+    elif op.status == OperationStatus.PENDING and event.status_before != OperationStatus.PENDING:
         hooks.fire_operation_reopened(op)
 
 

@@ -219,7 +219,6 @@ def _record_batch(pairs: list[tuple[ExternalOperation, LookupOutcome]]) -> list[
     now = timezone.now()
     results: list[ReconcileResult] = []
     changed: list[ExternalOperation] = []
-    befores: list[str] = []
     events = []
     with transaction.atomic():
         current = {
@@ -243,13 +242,12 @@ def _record_batch(pairs: list[tuple[ExternalOperation, LookupOutcome]]) -> list[
                 continue
             note, event = prepare_lookup(op, outcome, now=now, run_ended=run_ended(seen))
             changed.append(op)
-            befores.append(seen.status)
             events.append(event)
             results.append(_result(op, op.status, _verdict(op, outcome), note, before=seen.status))
         _save_lookups(changed)
         OperationEvent.objects.bulk_create(events)
-        for op, before in zip(changed, befores, strict=True):
-            fire_lookup_hooks(op, before=before)
+        for op, event in zip(changed, events, strict=True):
+            fire_lookup_hooks(op, event)
     return results
 
 
