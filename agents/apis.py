@@ -146,6 +146,8 @@ class AgentQuerySerializer(StrictSerializer):
 class MessageIdField(serializers.IntegerField):
     """A message id in the query string, read as the socket reads it (``selectors.message_id``)."""
 
+    default_error_messages = {"invalid": "A message id is 1 to 18 digits (0 to 9), nothing else."}
+
     def to_internal_value(self, data: Any) -> int:
         found = selectors.message_id(data) if isinstance(data, str) else None
         if found is None:

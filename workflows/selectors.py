@@ -183,7 +183,10 @@ def status_summary(run: WorkflowRun) -> StatusSummary:
 
 
 def run_timeline(*, run: WorkflowRun) -> list[dict[str, Any]]:
-    """Every step of every attempt, oldest attempt first."""
+    """Every step of every attempt, oldest attempt first. A step's ``wake_at`` (its timer: the end of a
+    sleep or wait, the next try, a dispatched step's deadline) only while it can still fire: a step
+    of an ended run, or of an earlier attempt, keeps the status it had when it stopped, and no time."""
+    live = run.status not in TERMINAL
     return [
         {
             "attempt": s.attempt,
@@ -194,7 +197,7 @@ def run_timeline(*, run: WorkflowRun) -> list[dict[str, Any]]:
             "tries": s.tries,
             "result": s.result,
             "error": s.error,
-            "wake_at": s.wake_at.isoformat() if s.wake_at else None,
+            "wake_at": s.wake_at.isoformat() if s.wake_at and live and s.attempt == run.attempt else None,
             "started_at": s.started_at.isoformat() if s.started_at else None,
             "finished_at": s.finished_at.isoformat() if s.finished_at else None,
         }

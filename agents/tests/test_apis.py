@@ -56,7 +56,11 @@ def test_the_snapshot_since_a_message_holds_only_the_later_ones(world: World) ->
     assert ([m["id"] for m in answer.json()["messages"]], answer.json()["since"]) == ([second.pk], first.pk)
     # read as the socket reads it: ASCII digits only, at most 18 (not "1.0", not Arabic-Indic digits)
     for bad in ("x", "-1", str(2**63), "1.0", "\u0661", "+1", "1_0", " 1"):
-        assert alice.get(f"{BASE}", {"since": bad}).status_code == 400, bad
+        refused = alice.get(f"{BASE}", {"since": bad})
+        assert refused.status_code == 400, bad
+        assert refused.json()["error"]["detail"] == {
+            "since": ["A message id is 1 to 18 digits (0 to 9), nothing else."]
+        }, bad
     # only the snapshot takes it
     assert alice.post(f"{BASE}/messages?since={first.pk}", {"text": "hi"}, format="json").status_code == 400
 

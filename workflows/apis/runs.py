@@ -106,7 +106,11 @@ class RunStepSerializer(serializers.Serializer[dict[str, Any]]):
     tries = serializers.IntegerField()
     result = serializers.JSONField(allow_null=True)
     error = serializers.JSONField(allow_null=True)
-    wake_at = serializers.DateTimeField(allow_null=True)
+    wake_at = serializers.DateTimeField(
+        allow_null=True,
+        help_text="The step's timer while it can fire: the end of its sleep or wait, its next try, or a dispatched "
+        "step's deadline. Null once its run has ended or restarted.",
+    )
     started_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
 
@@ -306,7 +310,13 @@ class RunSendEventApi(ApiBase):
             required=False,
             allow_null=True,
             max_length=IDEMPOTENCY_KEY_MAX,
-            help_text="Per run. Same key, type and payload again: 200 with the stored event. Otherwise 409.",
+            pattern=IDEMPOTENCY_KEY,
+            error_messages={
+                "pattern": f"The key must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters, "
+                "not starting or ending with a space (as a run's Idempotency-Key)."
+            },
+            help_text="Per run; 1 to 255 printable ASCII characters, no space at either end. "
+            "Same key, type and payload again: 200 with the stored event. Otherwise 409.",
         )
 
     @extend_schema_serializer(component_name="RunEvent")

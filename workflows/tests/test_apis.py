@@ -519,6 +519,13 @@ def test_an_event_key_reused_with_another_payload_is_409(users: Users) -> None:
         pytest.param(b'{"type": ""}', 400, "type", id="empty type"),
         pytest.param(b'{"type": 5}', 400, "type", id="type is a number"),
         pytest.param(b'{"type": "reply", "idempotency_key": 5}', 400, "idempotency_key", id="key is a number"),
+        pytest.param(
+            b'{"type": "reply", "idempotency_key": " k"}', 400, "idempotency_key", id="key starts with a space"
+        ),
+        pytest.param(b'{"type": "reply", "idempotency_key": "k\\n"}', 400, "idempotency_key", id="key with a newline"),
+        pytest.param(
+            b'{"type": "reply", "idempotency_key": "caf\xc3\xa9"}', 400, "idempotency_key", id="key not ASCII"
+        ),
         pytest.param(b'{"type": "reply", "payload": null}', 400, "payload", id="payload is null"),
         pytest.param(b'{"type": "reply", "answer": 42}', 400, "answer", id="unknown field"),
         pytest.param(b'{"type": "reply", "payload": "' + b"x" * 300_000 + b'"}', 413, None, id="oversize"),

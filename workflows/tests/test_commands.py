@@ -185,6 +185,7 @@ class TestWrites:
             (["start", "test.echo", "--owner", "nobody"], "no user named 'nobody'"),
             (["start", "test.echo", "--idempotency-key", " a "], "--idempotency-key must be 1 to 255 printable"),
             (["start", "test.echo", "--idempotency-key", "caf\u00e9"], "--idempotency-key must be 1 to 255"),
+            (["send-event", NO_RUN, "reply", "--key", "k\n"], "--key must be 1 to 255 printable ASCII"),
             (["list", "--status", "asleep"], "invalid choice: 'asleep'"),
             (["list", "--limit", "0"], "must be at least 1"),
             (["list", "--limit=-1"], "must be at least 1"),  # a whole number, too small

@@ -15,7 +15,7 @@ from django.utils import timezone
 from pytest_django import DjangoAssertNumQueries
 
 from tests.factories import Users, make_run
-from workflows.models import RunAttempt, RunEvent, RunStatus, WorkflowRun
+from workflows.models import RunAttempt, RunEvent, RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
 from workflows.selectors import (
     attempt_status,
     describe_wait,
@@ -24,6 +24,7 @@ from workflows.selectors import (
     run_get_any,
     run_list,
     run_list_all,
+    run_timeline,
     waiting_event_types,
 )
 
@@ -96,6 +97,35 @@ def test_attempt_status_is_the_runs_while_the_attempt_is_current() -> None:
 
     assert attempt_status(run, ended) == RunStatus.TERMINATED
     assert attempt_status(run, current) == RunStatus.WAITING
+
+
+def test_a_steps_timer_shows_only_while_it_can_fire() -> None:
+    # a run restarted while attempt 1 waited, now waiting again on attempt 2
+    run = make_run(status=RunStatus.WAITING, attempt=2, wait_step="nap", wait_event_type="reply", wake_at=WAKE_AT)
+    for attempt in (1, 2):
+        StepResult.objects.create(
+            run=run,
+            attempt=attempt,
+            position=1,
+            name="nap",
+            kind=StepKind.WAIT,
+            status=StepStatus.WAITING,
+            wake_at=WAKE_AT,
+        )
+
+    # the current attempt's wait has its time; the attempt restarted away from has none
+    assert [(s["attempt"], s["status"], s["wake_at"]) for s in run_timeline(run=run)] == [
+        (1, "waiting", None),
+        (2, "waiting", WAKE_AT.isoformat()),
+    ]
+
+    # once the run ended, nothing wakes either: each keeps the status it stopped in, without a time
+    WorkflowRun.objects.filter(pk=run.pk).update(status=RunStatus.TERMINATED, finished_at=timezone.now())
+    run.refresh_from_db()
+    assert [(s["attempt"], s["status"], s["wake_at"]) for s in run_timeline(run=run)] == [
+        (1, "waiting", None),
+        (2, "waiting", None),
+    ]
 
 
 def test_waiting_event_types_are_those_waiting_runs_wait_for_each_once() -> None:

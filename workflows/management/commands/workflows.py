@@ -162,16 +162,12 @@ class Command(BaseCommand):
     # --- writes: one service call each ---
     def cmd_start(self, options: dict[str, Any]) -> None:
         payload = parse_json(options["payload"], "--payload")
-        key = options["idempotency_key"]  # as the API's Idempotency-Key header: one run per key, either way
-        if key is not None and re.fullmatch(IDEMPOTENCY_KEY, key) is None:
-            raise CommandError(
-                f"--idempotency-key must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters, "
-                "no space at either end"
-            )
+        # as the API's Idempotency-Key header: one run per key, either way
+        key = checked_key(options["idempotency_key"], "--idempotency-key")
         owner = get_owner(options["owner"]) if options["owner"] else None
         services.check_startable(workflow=options["workflow"])
         run, created = services.run_start(
-            workflow=options["workflow"], payload=payload, idempotency_key=options["idempotency_key"], owner=owner
+            workflow=options["workflow"], payload=payload, idempotency_key=key, owner=owner
         )
         if created:
             self.stdout.write(f"Started run {run.id} ({run.workflow}).")
@@ -179,10 +175,11 @@ class Command(BaseCommand):
             self.stdout.write(f"Run {run.id} ({run.workflow}) already exists for this key; it is {run.status}.")
 
     def cmd_send_event(self, options: dict[str, Any]) -> None:
+        key = checked_key(options["key"], "--key")  # as the API's: the same form as a run's key
         run = get_run(options["run_id"])
         payload = parse_json(options["payload"], "--payload")
         event, created = services.run_send_event(
-            run_id=run.id, type=options["type"], payload=payload, idempotency_key=options["key"]
+            run_id=run.id, type=options["type"], payload=payload, idempotency_key=key
         )
         run.refresh_from_db()
         sent = "Sent" if created else "Already sent (same key):"
@@ -216,6 +213,15 @@ def get_run(text: str) -> WorkflowRun:
     if run is None:
         raise CommandError(f"no run with id {run_id}")
     return run
+
+
+def checked_key(key: str | None, option: str) -> str | None:
+    """An idempotency key as the API takes one (``IDEMPOTENCY_KEY``), or None if not given."""
+    if key is not None and re.fullmatch(IDEMPOTENCY_KEY, key) is None:
+        raise CommandError(
+            f"{option} must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters, no space at either end"
+        )
+    return key
 
 
 def parse_json(text: str, what: str) -> Any:
