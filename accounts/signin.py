@@ -24,9 +24,8 @@ usually sign in.
 
 A name is counted as the form reads it (NFKC, as Django's username field normalises it: a
 fullwidth ``ａｌｉｃｅ`` is ``alice``), by an HMAC of it under SECRET_KEY, so Redis keeps no name. An
-IPv6 address is counted by its /64, the block one machine is usually given. Behind proxies every
-request comes from the nearest one's address: CLIENT_ADDRESS_HEADER names the header they put the
-client's address in, CLIENT_ADDRESS_PROXIES how many of them append to it.
+IPv6 address is counted by its /64 (``accounts.addresses``: behind proxies, CLIENT_ADDRESS_HEADER and
+CLIENT_ADDRESS_PROXIES say where the client's address is).
 
 If Redis cannot be reached, sign-in is not limited (it is logged): the site stays usable while Redis
 is down, as the rest of it cannot do much then either.
@@ -34,7 +33,6 @@ is down, as the rest of it cannot do much then either.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import math
 import os
@@ -53,6 +51,8 @@ from django.core import signing
 from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponseBase
 from django.utils.crypto import salted_hmac
+
+from accounts.addresses import client_address
 
 logger = logging.getLogger(__name__)
 
@@ -105,39 +105,6 @@ def _scripts() -> tuple[Any, Any]:
         client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
         _client = (os.getpid(), client, client.register_script(BEGIN), client.register_script(RIGHT))
     return _client[2], _client[3]
-
-
-def _parsed(entry: str) -> str:
-    """An address as a proxy may write it: ``192.0.2.1``, ``192.0.2.1:5555``, ``[2001:db8::1]``,
-    ``[2001:db8::1]:443`` or ``2001:db8::1``; anything else as it is."""
-    entry = entry.strip()
-    if entry.startswith("[") and "]" in entry:
-        return entry[1 : entry.index("]")]
-    if entry.count(":") == 1:
-        return entry.split(":", 1)[0]
-    return entry
-
-
-def client_address(request: HttpRequest) -> str:
-    """The address a request came from: in CLIENT_ADDRESS_HEADER when that is set, the one the
-    farthest of CLIENT_ADDRESS_PROXIES proxies added (those before it the client may have written
-    itself), else the connection's. An IPv6 address as its /64."""
-    address = str(request.META.get("REMOTE_ADDR") or "")
-    header = settings.CLIENT_ADDRESS_HEADER
-    if header:
-        forwarded = [part.strip() for part in request.headers.get(header, "").split(",") if part.strip()]
-        if forwarded:
-            address = forwarded[-min(len(forwarded), max(1, int(settings.CLIENT_ADDRESS_PROXIES)))]
-    address = _parsed(address)
-    try:
-        parsed = ipaddress.ip_address(address)
-    except ValueError:
-        return address[:64]  # not an address (a test client's, a misconfigured header's): counted as it is
-    if isinstance(parsed, ipaddress.IPv6Address):
-        if parsed.ipv4_mapped is not None:
-            return str(parsed.ipv4_mapped)
-        return str(ipaddress.IPv6Network(f"{parsed}/64", strict=False))
-    return str(parsed)
 
 
 def _name_key(name: str) -> str:

@@ -523,6 +523,13 @@ WEBHOOKS_RETENTION_DAYS = envint("WEBHOOKS_RETENTION_DAYS", 30)
 # delivery's task again once it is this many seconds overdue (its message was lost).
 WEBHOOKS_ACT_ATTEMPTS = envint("WEBHOOKS_ACT_ATTEMPTS", 8)
 WEBHOOKS_ACT_GRACE_SECONDS = envint("WEBHOOKS_ACT_GRACE_SECONDS", 60)
+# Deliveries rejected before their signature held (401, 413) are recorded up to this many per source
+# and client address, and per source, in a window from the first (webhooks/rejections.py); past
+# either, they are answered the same but only counted (metrics, one log line). 0: no limit.
+WEBHOOKS_MAX_REJECTIONS_RECORDED_PER_ADDRESS = envint("WEBHOOKS_MAX_REJECTIONS_RECORDED_PER_ADDRESS", 100)
+WEBHOOKS_MAX_REJECTIONS_RECORDED_PER_SOURCE = envint("WEBHOOKS_MAX_REJECTIONS_RECORDED_PER_SOURCE", 1000)
+WEBHOOKS_REJECTIONS_WINDOW_SECONDS = envint("WEBHOOKS_REJECTIONS_WINDOW_SECONDS", 600)
+WEBHOOKS_REJECTIONS_KEY_PREFIX = envstr("WEBHOOKS_REJECTIONS_KEY_PREFIX", "webhooks:rejected")
 
 # --- The refund example (examples/refunds; read only where INSTALL_EXAMPLES is on) -------------
 # The payment provider the "payments" ledger adapter talks to (examples/sandbox in development).

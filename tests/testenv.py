@@ -18,6 +18,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["WORKFLOWS_QUEUE"] = f"test-{os.getpid()}"
     os.environ["CHANNELS_PREFIX"] = f"asgi-test-{os.getpid()}"
     os.environ["SIGNIN_KEY_PREFIX"] = f"signin-test-{os.getpid()}"
+    os.environ["WEBHOOKS_REJECTIONS_KEY_PREFIX"] = f"webhooks-rejected-test-{os.getpid()}"
 os.environ.setdefault("WORKFLOWS_QUEUE", f"test-{os.getpid()}")
 os.environ.setdefault("WORKFLOWS_LEASE_SECONDS", "2")
 os.environ.setdefault("WORKFLOWS_ENQUEUE_GRACE_SECONDS", "2")
@@ -26,3 +27,5 @@ os.environ.setdefault("CHANNELS_PREFIX", f"asgi-test-{os.getpid()}")
 # Failed sign-ins are counted by address, and every test signs in from 127.0.0.1: the counts of
 # other test processes must not hold this one's.
 os.environ.setdefault("SIGNIN_KEY_PREFIX", f"signin-test-{os.getpid()}")
+# The same for webhook deliveries' rejections, counted by source and address (webhooks.rejections).
+os.environ.setdefault("WEBHOOKS_REJECTIONS_KEY_PREFIX", f"webhooks-rejected-test-{os.getpid()}")

@@ -25,7 +25,7 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin[WebhookDelivery]):
     list_display = (
         "received_at",
         "source",
-        "event_id",
+        "event_id_shown",
         "outcome",
         "action_state",
         "reason",
@@ -42,7 +42,7 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin[WebhookDelivery]):
     show_full_result_count = False
     fields = readonly_fields = (
         "source",
-        "event_id",
+        "event_id_shown",
         "outcome",
         "reason",
         "message",
@@ -59,6 +59,14 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin[WebhookDelivery]):
         "headers_pretty",
         "body_pretty",
     )
+
+    @admin.display(description="event id", ordering="event_id")
+    def event_id_shown(self, delivery: WebhookDelivery) -> str:
+        """The id, and for a rejection before the signature held, that nobody vouched for it: anyone
+        can send a forgery under a real event's id."""
+        if delivery.event_id and not delivery.event_id_verified:
+            return f"{delivery.event_id} (claimed, unverified)"
+        return delivery.event_id or "-"
 
     @admin.display(description="run")
     def run_link(self, delivery: WebhookDelivery) -> str:

@@ -17,3 +17,10 @@ ACTION_TRIES = Counter(
     " (done, pending: to try again, refused, failed).",
     ["source", "state"],
 )
+
+REJECTIONS_UNRECORDED = Counter(
+    "webhooks_rejections_unrecorded",
+    "Deliveries rejected before their signature held and not recorded, by source: past"
+    " WEBHOOKS_MAX_REJECTIONS_RECORDED_PER_ADDRESS or _PER_SOURCE in a window (webhooks.rejections).",
+    ["source"],
+)

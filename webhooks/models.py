@@ -15,9 +15,13 @@ keeps failing ends ``failed``, for an operator to act again. Only these fields o
 
 from __future__ import annotations
 
+from typing import get_args
+
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+from webhooks.verify import Reason
 
 
 class Outcome(models.TextChoices):
@@ -42,8 +46,9 @@ SIGNED_BODY_ONCE = "webhook_signed_body_once"
 
 class WebhookDelivery(models.Model):
     source = models.CharField(max_length=100)
-    # Blank when the delivery was rejected before its signature held: an id from an unverified sender
-    # proves nothing (its headers, kept below, show what it claimed).
+    # For a delivery rejected before its signature held, the id its headers claim (webhook-id,
+    # X-GitHub-Delivery; blank for stripe, whose id is in the unread body): unverified, anyone's to
+    # write, kept so that a search for an id finds its rejections too.
     event_id = models.CharField(max_length=255, blank=True)
     outcome = models.CharField(max_length=20, choices=Outcome.choices)
     # Why it was rejected: a code (bad_signature, stale_timestamp, ...) and words for people.
@@ -112,3 +117,14 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source} {self.event_id or '?'} {self.outcome}"
+
+    @property
+    def event_id_verified(self) -> bool:
+        """Whether the signature vouched for the event id: every row's but a rejection's from before
+        the signature held, whose id is only what its headers claim."""
+        return not (self.outcome == Outcome.REJECTED and self.reason in UNVERIFIED_REASONS)
+
+
+# The reasons a delivery is refused before its signature holds (webhooks.verify's, and a body too large
+# to check): its event id is as claimed, by anyone.
+UNVERIFIED_REASONS = frozenset(get_args(Reason)) | {"payload_too_large"}

@@ -3,7 +3,8 @@
 ``check_delivery`` decides whether a delivery may be accepted (size, signature, JSON) and writes
 nothing; ``delivery_receive`` records what became of it:
 
-- rejected: one rejected delivery row, nothing else (``delivery_reject``);
+- rejected: one rejected delivery row, nothing else (``delivery_reject``); for one refused before
+  its signature held, none past the limits of ``webhooks.rejections``;
 - accepted: the accepted row and the action's work in ONE transaction (``delivery_accept``). The
   partial unique constraint on (source, event_id) for accepted rows makes a second delivery of the
   same event wait for the first to commit, and then not write its accepted row (an insert that
@@ -43,6 +44,7 @@ from webhooks.actions import ActionDeferred, ActionRefused, ActionResult, Event,
 from webhooks.conf import Source, source_get
 from webhooks.metrics import ACTION_TRIES, DELIVERIES
 from webhooks.models import OPEN_ACTIONS, ActionState, Outcome, WebhookDelivery
+from webhooks.rejections import record_allowed
 from webhooks.selectors import accepted_like, deliveries_received_before, open_actions_received_before
 from webhooks.statements import insert_accepted, insert_delivery, record_result
 from webhooks.verify import ID_UNSIGNED, SCHEMES, MalformedEvent, SignatureRejected, claimed_event_id
@@ -186,12 +188,20 @@ def parse_json(body: bytes) -> Any:
 
 
 def delivery_receive(
-    *, source: Source, headers: Mapping[str, str], body: bytes, now: float | None = None
-) -> tuple[WebhookDelivery, Rejection | None]:
-    """Check, then record: the delivery row, and the rejection if it was refused."""
+    *, source: Source, headers: Mapping[str, str], body: bytes, now: float | None = None, address: str | None = None
+) -> tuple[WebhookDelivery | None, Rejection | None]:
+    """Check, then record: the delivery row, and the rejection if it was refused.
+
+    ``address``: the sender's, as the request came (``accounts.addresses``). Given, a rejection before
+    the signature held is recorded only within ``webhooks.rejections``' limits; past them the row
+    is None. Without it every rejection is recorded."""
     try:
         checked = check_delivery(source=source, headers=headers, body=body, now=now)
     except Rejection as refused:
+        if address is not None:
+            return delivery_reject_unverified(
+                source=source, headers=headers, size=len(body), rejection=refused, address=address
+            ), refused
         return delivery_reject(source=source, headers=headers, size=len(body), rejection=refused), refused
     try:
         if source.act == "later":
@@ -235,6 +245,21 @@ def delivery_reject(
     # The reason's code only: a message may quote what the sender sent (it is on the record instead).
     _delivered(delivery, logging.WARNING, "webhook %s rejected (%s), delivery %s", rejection.reason, delivery.pk)
     return delivery
+
+
+# The answers given before a delivery's signature held: anyone's to cause.
+UNVERIFIED = (401, 413)
+
+
+def delivery_reject_unverified(
+    *, source: Source, headers: Mapping[str, str], size: int, rejection: Rejection, address: str
+) -> WebhookDelivery | None:
+    """``delivery_reject``, for a delivery refused before (or without) its signature holding: if
+    it is one anyone could send (401, 413), recorded only while the sender and the source are
+    within ``webhooks.rejections``' limits, else None (counted, not stored)."""
+    if rejection.status in UNVERIFIED and not record_allowed(source=source.name, address=address):
+        return None
+    return delivery_reject(source=source, headers=headers, size=size, rejection=rejection)
 
 
 def _delivered(delivery: WebhookDelivery, level: int, message: str, *args: Any) -> None:

@@ -8,15 +8,22 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from accounts.addresses import client_address
 from webhooks.conf import source_get
-from webhooks.models import Outcome
-from webhooks.services import Rejection, check_size, delivery_receive, delivery_reject
+from webhooks.models import Outcome, WebhookDelivery
+from webhooks.services import Rejection, check_size, delivery_receive, delivery_reject_unverified
 from workflows.apis.errors import error_body
 
 
 def error(code: str, message: str, http_status: int, detail: Any = None) -> JsonResponse:
     """The API's error shape (docs/decisions/0010-api-paths-and-error-format.md)."""
     return JsonResponse(error_body(code, message, detail), status=http_status)
+
+
+def rejected_answer(rejection: Rejection, delivery: WebhookDelivery | None) -> JsonResponse:
+    """The refusal, naming the delivery's record: null for one past the limits of what is recorded
+    (``webhooks.rejections``), answered the same otherwise."""
+    return error(rejection.reason, rejection.message, rejection.status, {"delivery": delivery and delivery.pk})
 
 
 @csrf_exempt
@@ -27,18 +34,21 @@ def receive(request: HttpRequest, source: str) -> JsonResponse:
     if found is None:
         # Not recorded: a name nobody configured is nobody's delivery (and scanners would fill the table).
         return error("not_found", "Not found.", 404)
-    headers = dict(request.headers)
+    headers, address = dict(request.headers), client_address(request)
     try:
         check_size(source=found, content_length=request.headers.get("Content-Length"))
     except Rejection as rejection:
         declared = min(int(request.headers["Content-Length"]), 2**31 - 1)
-        delivery = delivery_reject(source=found, headers=headers, size=declared, rejection=rejection)
-        return error(rejection.reason, rejection.message, rejection.status, {"delivery": delivery.pk})
+        refused = delivery_reject_unverified(
+            source=found, headers=headers, size=declared, rejection=rejection, address=address
+        )
+        return rejected_answer(rejection, refused)
     # At most one byte over the limit: enough to know it is too large, without reading the rest.
     body = request.read(found.max_body_bytes + 1)
-    delivery, rejected = delivery_receive(source=found, headers=headers, body=body)
+    delivery, rejected = delivery_receive(source=found, headers=headers, body=body, address=address)
     if rejected is not None:
-        return error(rejected.reason, rejected.message, rejected.status, {"delivery": delivery.pk})
+        return rejected_answer(rejected, delivery)
+    assert delivery is not None  # accepted or a duplicate: always recorded
     if delivery.outcome == Outcome.DUPLICATE:
         return JsonResponse({"status": "duplicate"}, status=200)
     return JsonResponse({"status": "accepted", "delivery": delivery.pk}, status=202)

@@ -19,6 +19,7 @@ from django.test.client import RequestFactory
 from django.test.utils import override_settings
 
 from accounts import signin
+from accounts.addresses import client_address
 from accounts.checks import check_client_address
 from tests.factories import Users
 
@@ -170,7 +171,7 @@ def test_an_address_is_read_as_proxies_write_it() -> None:
     factory = RequestFactory()
 
     def address(forwarded: str) -> str:
-        return signin.client_address(factory.get("/", REMOTE_ADDR="10.0.0.1", headers={"X-Forwarded-For": forwarded}))
+        return client_address(factory.get("/", REMOTE_ADDR="10.0.0.1", headers={"X-Forwarded-For": forwarded}))
 
     with override_settings(CLIENT_ADDRESS_HEADER="X-Forwarded-For"):
         # with its port, in brackets: one machine's address, not a count per connection
@@ -188,7 +189,7 @@ def test_an_ipv6_address_is_counted_by_its_64() -> None:
 
     def address(remote: str, real_ip: str | None = None) -> str:
         headers = {"X-Real-IP": real_ip} if real_ip else {}
-        return signin.client_address(factory.get("/", REMOTE_ADDR=remote, headers=headers))
+        return client_address(factory.get("/", REMOTE_ADDR=remote, headers=headers))
 
     assert address("2001:db8:1:2:aaaa::1") == address("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
     assert address("2001:db8:1:3::1") == "2001:db8:1:3::/64"
@@ -292,6 +293,12 @@ def test_behind_a_proxy_without_the_header_the_deploy_check_warns(settings: Any)
     settings.CLIENT_ADDRESS_HEADER = "X-Forwarded-For"
     assert check_client_address() == []
     settings.HTTPS, settings.CLIENT_ADDRESS_HEADER = False, ""  # no proxy said: the connection's address
+    assert check_client_address() == []
+    # behind a proxy, it warns while either count is by address
+    settings.HTTPS, settings.SIGNIN_MAX_FAILURES_PER_ADDRESS = True, 0
+    [warning] = check_client_address()
+    assert "forged webhook deliveries" in warning.msg and "sign-ins" not in warning.msg
+    settings.WEBHOOKS_MAX_REJECTIONS_RECORDED_PER_ADDRESS = 0
     assert check_client_address() == []
 
 

@@ -76,7 +76,7 @@ def accepted_unsent(event_id: str) -> WebhookDelivery:
         delivery, rejected = delivery_receive(source=source, headers=standard_headers(body, event_id), body=body)
     finally:
         dropping.stop()
-    assert rejected is None and delivery.action_state == "pending"
+    assert rejected is None and delivery is not None and delivery.action_state == "pending"
     return delivery
 
 
@@ -276,5 +276,5 @@ def test_the_202_stands_when_the_task_cannot_be_sent(later: None, monkeypatch: p
     delivery, rejected = delivery_receive(source=source, headers=standard_headers(body, "evt_unsent"), body=body)
 
     # then it stands, committed and pending, for the sweep to send once it is overdue
-    assert rejected is None
+    assert rejected is None and delivery is not None
     assert WebhookDelivery.objects.get(pk=delivery.pk).action_state == "pending"

@@ -62,6 +62,22 @@ def test_filter_by_source_and_outcome_and_search_by_event_id(viewer: User) -> No
     assert "evt_a" not in other_source
 
 
+def test_an_event_id_nobody_vouched_for_says_so(viewer: User) -> None:
+    # a delivery of evt_a, and a forgery under its id (a wrong secret)
+    deliver("evt_a")
+    body = encode({"data": {"order": "evt_a"}})
+    forged = standard_headers(body, "evt_a", secret="whsec_Zm9yZ2VkLXNlY3JldA==")
+    Client().post("/webhooks/runs/", data=body, content_type="application/json", headers=forged)
+    accepted, rejected = WebhookDelivery.objects.order_by("id")
+    client = login(viewer)
+
+    # a search for the id finds both; only the forgery's is marked
+    found = client.get(URL, {"q": "evt_a"}).content.decode()
+    assert found.count("evt_a (claimed, unverified)") == 1 and found.count('class="field-event_id_shown"') == 2
+    assert "evt_a (claimed, unverified)" in client.get(f"{URL}{rejected.pk}/change/").content.decode()
+    assert "(claimed, unverified)" not in client.get(f"{URL}{accepted.pk}/change/").content.decode()
+
+
 def test_a_delivery_page_is_read_only_and_shows_what_it_did(viewer: User) -> None:
     deliver("evt_a")
     delivery = WebhookDelivery.objects.get()

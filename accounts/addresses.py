@@ -1,0 +1,47 @@
+"""The address a request came from, as the limits that count by client read it (failed sign-ins,
+``accounts.signin``; recorded webhook rejections, ``webhooks.rejections``).
+
+Behind proxies every request comes from the nearest one's address: CLIENT_ADDRESS_HEADER names the
+header they put the client's address in, CLIENT_ADDRESS_PROXIES how many of them append to it. An
+IPv6 address counts by its /64, the block one machine is usually given.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from django.conf import settings
+from django.http import HttpRequest
+
+
+def _parsed(entry: str) -> str:
+    """An address as a proxy may write it: ``192.0.2.1``, ``192.0.2.1:5555``, ``[2001:db8::1]``,
+    ``[2001:db8::1]:443`` or ``2001:db8::1``; anything else as it is."""
+    entry = entry.strip()
+    if entry.startswith("[") and "]" in entry:
+        return entry[1 : entry.index("]")]
+    if entry.count(":") == 1:
+        return entry.split(":", 1)[0]
+    return entry
+
+
+def client_address(request: HttpRequest) -> str:
+    """The address a request came from: in CLIENT_ADDRESS_HEADER when that is set, the one the
+    farthest of CLIENT_ADDRESS_PROXIES proxies added (those before it the client may have written
+    itself), else the connection's. An IPv6 address as its /64."""
+    address = str(request.META.get("REMOTE_ADDR") or "")
+    header = settings.CLIENT_ADDRESS_HEADER
+    if header:
+        forwarded = [part.strip() for part in request.headers.get(header, "").split(",") if part.strip()]
+        if forwarded:
+            address = forwarded[-min(len(forwarded), max(1, int(settings.CLIENT_ADDRESS_PROXIES)))]
+    address = _parsed(address)
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return address[:64]  # not an address (a test client's, a misconfigured header's): counted as it is
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.IPv6Network(f"{parsed}/64", strict=False))
+    return str(parsed)

@@ -1,0 +1,122 @@
+"""What anyone can make us store: deliveries rejected before their signature held are recorded up to
+a limit per source and address, and per source (``webhooks.rejections``, real Redis); past it they
+are answered the same, counted, and not stored. Deliveries whose signature held are always recorded."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from django.test import Client
+from prometheus_client import REGISTRY
+
+from webhooks.models import WebhookDelivery
+from webhooks.tests.support import SOURCES, encode, standard_headers
+
+pytestmark = pytest.mark.django_db
+
+EVENT = encode({"type": "order.paid", "data": {"order": "1042"}})
+
+
+@pytest.fixture(autouse=True)
+def small_limits(settings: Any) -> None:
+    settings.WEBHOOK_SOURCES = SOURCES
+    settings.WEBHOOKS_MAX_REJECTIONS_RECORDED_PER_ADDRESS = 3
+    settings.WEBHOOKS_MAX_REJECTIONS_RECORDED_PER_SOURCE = 5
+    settings.WEBHOOKS_REJECTIONS_WINDOW_SECONDS = 600
+
+
+def post(headers: dict[str, str], *, address: str = "198.51.100.7", body: bytes = EVENT) -> Any:
+    return Client(REMOTE_ADDR=address).post(
+        "/webhooks/runs/", data=body, content_type="application/json", headers=headers
+    )
+
+
+def forged(event_id: str = "evt_real", **kwargs: Any) -> Any:
+    return post(standard_headers(EVENT, event_id, secret="whsec_" + "Zm9yZ2Vk"), **kwargs)
+
+
+def unrecorded() -> float:
+    return REGISTRY.get_sample_value("webhooks_rejections_unrecorded_total", {"source": "runs"}) or 0.0
+
+
+def test_an_address_past_its_limit_is_answered_the_same_but_not_recorded(caplog: pytest.LogCaptureFixture) -> None:
+    before = unrecorded()
+
+    answers = [forged() for _ in range(6)]
+
+    # every forgery gets its 401, with what was wrong
+    assert [a.status_code for a in answers] == [401] * 6
+    assert {a.json()["error"]["code"] for a in answers} == {"bad_signature"}
+    # the first three name their record; the rest have none, and none was written for them
+    rows = list(WebhookDelivery.objects.order_by("id").values_list("pk", "outcome", "reason"))
+    assert [a.json()["error"]["detail"]["delivery"] for a in answers] == [pk for pk, _, _ in rows] + [None] * 3
+    assert [(outcome, reason) for _, outcome, reason in rows] == [("rejected", "bad_signature")] * 3
+    assert unrecorded() - before == 3
+    # the log says so once, not once a request
+    said = [r for r in caplog.records if getattr(r, "event", "") == "delivery.rejections_unrecorded"]
+    assert len(said) == 1 and said[0].levelno == logging.WARNING
+    assert "more than 3 rejections from 198.51.100.7" in said[0].getMessage()
+
+
+def test_what_the_signature_vouches_for_is_recorded_whatever_the_counts() -> None:
+    for _ in range(4):
+        forged()
+    assert WebhookDelivery.objects.count() == 3
+
+    # a signed delivery from the same address is accepted and recorded, its replay too
+    assert post(standard_headers(EVENT, "evt_1")).status_code == 202
+    assert post(standard_headers(EVENT, "evt_1")).status_code == 200
+    # a signed body that is not JSON: rejected after the signature held, so from someone with the
+    # secret, and recorded
+    assert post(standard_headers(b"{not json", "evt_2"), body=b"{not json").status_code == 400
+
+    assert sorted(WebhookDelivery.objects.values_list("outcome", "reason")) == [
+        ("accepted", ""),
+        ("duplicate", ""),
+        ("rejected", "bad_signature"),
+        ("rejected", "bad_signature"),
+        ("rejected", "bad_signature"),
+        ("rejected", "parse_error"),
+    ]
+
+
+def test_the_source_has_a_limit_of_its_own_which_an_address_past_its_own_does_not_use_up() -> None:
+    # one address past its own limit: 3 recorded, and its 7 more do not count for the source
+    for _ in range(10):
+        forged(address="203.0.113.1")
+    assert WebhookDelivery.objects.count() == 3
+
+    # others are recorded until the source's limit (5 in all), then not, whoever sends
+    for n in range(4):
+        forged(address=f"203.0.113.{10 + n}")
+    assert WebhookDelivery.objects.count() == 5
+
+    # an oversized body (413, refused before it is read) counts as a forgery does
+    big = b"x" * (SOURCES["runs"]["max_body_bytes"] + 1)
+    answer = post(standard_headers(big, "evt_big"), address="203.0.113.99", body=big)
+    assert answer.status_code == 413 and answer.json()["error"]["detail"] == {"delivery": None}
+    assert WebhookDelivery.objects.count() == 5
+
+
+def test_a_limit_of_0_records_every_rejection(settings: Any) -> None:
+    settings.WEBHOOKS_MAX_REJECTIONS_RECORDED_PER_ADDRESS = 0
+    settings.WEBHOOKS_MAX_REJECTIONS_RECORDED_PER_SOURCE = 0
+
+    for _ in range(8):
+        assert forged().json()["error"]["detail"]["delivery"] is not None
+
+    assert WebhookDelivery.objects.count() == 8
+
+
+def test_without_redis_every_rejection_is_recorded(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from webhooks import rejections
+
+    monkeypatch.setattr(rejections, "_client", None)
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
+
+    for _ in range(5):
+        assert forged().status_code == 401
+
+    assert WebhookDelivery.objects.count() == 5
