@@ -3,7 +3,9 @@
 
 Each stored chunk is one event with ``id: <seq>``, so a client that reconnects with
 ``Last-Event-ID: N`` gets the chunks after N and nothing twice; the stream ends with
-``data: [DONE]`` after the turn's ``finish`` chunk (or at once if the turn ended without one). The
+``data: [DONE]`` after the turn's ``finish`` chunk (or at once if the turn ended without one). A
+turn that ended long ago may have no stream left (``manage.py agents purge-chunks``): from the
+start, it is its answer whole, in one text part without ids, then its finish. The
 AI SDK's text parts open and close (``text-start``, ``text-end``): those events are derived here,
 carry no id, and a resumed stream opens its text part again.
 
@@ -45,7 +47,7 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.authtoken.models import Token
 
 from agents import selectors, streams
-from agents.models import TURN_ENDED, Agent, Turn
+from agents.models import TURN_ENDED, Agent, Turn, TurnStatus
 from agents.selectors import ChunkData
 from workflows.apis.errors import error_body
 from workflows.consumers import MAX_SEQ
@@ -172,6 +174,9 @@ async def events(*, agent: Agent, turn: Turn, after: int) -> AsyncIterator[str]:
             if ended and not chunks:
                 if text_open:
                     yield _event(None, {"type": "text-end", "id": TEXT_PART})
+                elif last == 0:  # an ended turn with no stream at all: purged, or it never had one
+                    for event in await database_sync_to_async(_answer_events)(turn.pk):
+                        yield event
                 yield "data: [DONE]\n\n"
                 return
             # Seconds, not wake-ups: pushes for the agent's other turns wake the stream too.
@@ -183,6 +188,32 @@ async def events(*, agent: Agent, turn: Turn, after: int) -> AsyncIterator[str]:
     finally:
         if layer is not None:
             await layer.group_discard(group, channel)
+
+
+# The reason of the finish chunk a turn that ended so wrote (agents.workflows, agents.services).
+FINISH_REASONS: dict[str, str] = {
+    TurnStatus.COMPLETED: "stop",
+    TurnStatus.CANCELLED: "stopped",
+    TurnStatus.SEALED: "sealed",
+    TurnStatus.FAILED: "error",
+}
+
+
+def _answer_events(turn_id: UUID) -> list[str]:
+    """The answer of an ended turn whose stream is gone (``manage.py agents purge-chunks``), as one
+    stream without ids: its text whole, then its finish. Its tool calls went with the stream. None
+    for a turn without text (one cancelled before it ran never streamed)."""
+    row = Turn.objects.filter(pk=turn_id).values_list("status", "text").first()
+    if row is None or not row[1]:
+        return []
+    status, text = row
+    return [
+        _event(None, {"type": "start", "messageId": str(turn_id)}),
+        _event(None, {"type": "text-start", "id": TEXT_PART}),
+        _event(None, {"type": "text-delta", "id": TEXT_PART, "delta": text}),
+        _event(None, {"type": "text-end", "id": TEXT_PART}),
+        _event(None, {"type": "finish", "messageMetadata": {"reason": FINISH_REASONS.get(status, status)}}),
+    ]
 
 
 async def _wake(layer: Any, channel: str | None) -> None:

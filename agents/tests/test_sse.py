@@ -150,6 +150,30 @@ def test_a_turn_that_ended_without_a_finish_chunk_still_ends_the_stream(asgi_ser
     ]
 
 
+def test_a_purged_stream_gives_the_turns_answer_whole(asgi_server: AsgiServer, world: World) -> None:
+    # a turn answered long ago, its stream purged: its text and status stay
+    turn = finished_turn(world)
+    Turn.objects.filter(pk=turn.pk).update(text="Let me look.Done.")
+    Chunk.objects.filter(turn=turn).delete()
+    never_ran = make_turn(world.agent, number=2, status=TurnStatus.CANCELLED)
+
+    _, events = stream(asgi_server, world.users.alice, turn)
+    _, resumed = stream(asgi_server, world.users.alice, turn, last_event_id="8")
+    _, nothing = stream(asgi_server, world.users.alice, never_ran)
+
+    # from the start: the answer in one text part, without ids, then its finish
+    assert events == [
+        (None, {"type": "start", "messageId": str(turn.pk)}),
+        (None, {"type": "text-start", "id": "text"}),
+        (None, {"type": "text-delta", "id": "text", "delta": "Let me look.Done."}),
+        (None, {"type": "text-end", "id": "text"}),
+        (None, {"type": "finish", "messageMetadata": {"reason": "stop"}}),
+        (None, "[DONE]"),
+    ]
+    # a client that had the stream up to its end gets nothing again; a turn that never ran, its end
+    assert resumed == nothing == [(None, "[DONE]")]
+
+
 def test_refusals_are_the_apis_json_errors(asgi_server: AsgiServer, world: World) -> None:
     turn = finished_turn(world)
 
