@@ -1,5 +1,6 @@
-"""The address a request came from, as the limits that count by client read it (failed sign-ins,
-``accounts.signin``; recorded webhook rejections, ``webhooks.rejections``).
+"""What the limits that count by client share (failed sign-ins, ``accounts.signin``; recorded webhook
+rejections, ``webhooks.rejections``): the address a request came from, and how they say that Redis,
+where they count, cannot be reached.
 
 Behind proxies every request comes from the nearest one's address: CLIENT_ADDRESS_HEADER names the
 header they put the client's address in, CLIENT_ADDRESS_PROXIES how many of them append to it. An
@@ -9,7 +10,10 @@ IPv6 address counts by its /64, the block one machine is usually given.
 from __future__ import annotations
 
 import ipaddress
+import logging
+import time
 
+import redis
 from django.conf import settings
 from django.http import HttpRequest
 
@@ -45,3 +49,25 @@ def client_address(request: HttpRequest) -> str:
             return str(parsed.ipv4_mapped)
         return str(ipaddress.IPv6Network(f"{parsed}/64", strict=False))
     return str(parsed)
+
+
+# When each limit last said Redis was down, in this process (time.monotonic()).
+_said: dict[str, float] = {}
+REDIS_DOWN_EVERY_SECONDS = 60.0
+
+
+def redis_down(logger: logging.Logger, what: str, error: redis.RedisError) -> None:
+    """Log that ``what`` could not count (Redis), at most once a minute a process: the requests that
+    fail so are anyone's to send (forged webhooks, guessed passwords), and a line with a traceback
+    for each would let them fill the log for as long as Redis is down."""
+    now = time.monotonic()
+    if now - _said.get(what, -REDIS_DOWN_EVERY_SECONDS) < REDIS_DOWN_EVERY_SECONDS:
+        return
+    _said[what] = now
+    logger.error(
+        "%s: Redis cannot be reached (%s: %s); said at most once a minute while it lasts",
+        what,
+        type(error).__name__,
+        error,
+        extra={"event": "limits.redis_down"},
+    )

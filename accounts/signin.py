@@ -52,7 +52,7 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponseBase
 from django.utils.crypto import salted_hmac
 
-from accounts.addresses import client_address
+from accounts.addresses import client_address, redis_down
 
 logger = logging.getLogger(__name__)
 
@@ -156,8 +156,8 @@ class Attempt:
         window = max(1, int(settings.SIGNIN_WINDOW_SECONDS))
         try:
             wait_ms = int(_scripts()[0](keys=[key for key, _ in counts], args=[window, *(n for _, n in counts)]))
-        except redis.RedisError:
-            logger.exception("sign-in attempts cannot be counted (Redis); this one is not limited")
+        except redis.RedisError as exc:
+            redis_down(logger, "sign-in attempts are not counted, nor limited", exc)
             return 0
         return max(1, math.ceil(wait_ms / 1000)) if wait_ms > 0 else 0
 
@@ -171,8 +171,8 @@ class Attempt:
         cleared = sum(1 for key in keys if key.startswith((f"{prefix}:pair:", f"{prefix}:device:")))
         try:
             _scripts()[1](keys=keys, args=[cleared])
-        except redis.RedisError:
-            logger.exception("a sign-in's attempt could not be taken back (Redis)")
+        except redis.RedisError as exc:
+            redis_down(logger, "a right sign-in's attempt is not taken back", exc)
 
 
 # --- the browsers an account signed in from -------------------------------------------------------

@@ -625,7 +625,7 @@ def fiber_cancel(*, fiber: Fiber, user: User | None = None) -> Fiber:
 
 
 # --- retention ------------------------------------------------------------------------------------------
-PURGE_BATCH = 10_000  # chunks per DELETE: each is a short transaction, not one that holds the table
+PURGE_TURNS = 200  # turns whose streams one DELETE takes: each a short transaction, not one that holds the table
 
 
 @dataclass(frozen=True)
@@ -649,12 +649,13 @@ def chunks_purge(*, older_than: timedelta | None = None, dry_run: bool = False) 
     chunks = Chunk.objects.filter(turn__in=old.values("pk"))
     if dry_run:
         return ChunkPurge(cutoff, chunks.values("turn_id").distinct().count(), chunks.count(), True)
-    turns: set[Any] = set()
-    deleted = 0
+    # A turn's stream goes whole, in one statement: never a stream left without its start (a purge
+    # stopped midway, or read meanwhile), which a reader would take for the whole of it.
+    turns = deleted = 0
     while True:
-        batch = list(chunks.values_list("pk", "turn_id")[:PURGE_BATCH])
+        batch = list(chunks.order_by().values_list("turn_id", flat=True).distinct()[:PURGE_TURNS])
         if not batch:
             break
-        deleted += Chunk.objects.filter(pk__in=[pk for pk, _ in batch]).delete()[0]
-        turns.update(turn for _, turn in batch)
-    return ChunkPurge(cutoff, len(turns), deleted, False)
+        deleted += Chunk.objects.filter(turn__in=batch).delete()[0]
+        turns += len(batch)
+    return ChunkPurge(cutoff, turns, deleted, False)

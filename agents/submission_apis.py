@@ -16,7 +16,6 @@ A POST that another system makes with its token is accepted by one statement whe
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 from uuid import UUID
 
@@ -58,13 +57,13 @@ from agents.submissions import (
 from workflows import outbox
 from workflows.apis.common import (
     CURSOR,
-    IDEMPOTENCY_KEY,
     ApiBase,
     JsonObjectField,
     RunCursorPagination,
     StrictCharField,
     StrictSerializer,
     idempotency_key_header,
+    idempotency_key_valid,
 )
 from workflows.apis.errors import body_limit, error_response, error_responses
 from workflows.apis.runs import idempotency_key_parameter
@@ -351,7 +350,7 @@ def _accept_by_token(request: HttpRequest, kind: str, name: str) -> HttpResponse
     if not (token.isascii() and token.isalnum() and len(token) <= 40):
         return None
     key = request.headers.get("Idempotency-Key")
-    if key is not None and re.fullmatch(IDEMPOTENCY_KEY, key) is None:
+    if key is not None and not idempotency_key_valid(key):
         return None
     if (
         request.content_type != "application/json"

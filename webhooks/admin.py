@@ -13,9 +13,11 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
+from webhooks.conf import source_get
 from webhooks.models import OPEN_ACTIONS, WebhookDelivery
 from webhooks.selectors import source_summaries
 from webhooks.services import delivery_act_again
+from webhooks.verify import ID_UNSIGNED
 from workflows.admin import ReadOnlyAdmin, pretty_json, run_admin_link
 
 
@@ -66,6 +68,10 @@ class WebhookDeliveryAdmin(ReadOnlyAdmin[WebhookDelivery]):
         can send a forgery under a real event's id."""
         if delivery.event_id and not delivery.event_id_verified:
             return f"{delivery.event_id} (claimed, unverified)"
+        source = source_get(delivery.source)
+        if delivery.event_id and source is not None and source.scheme in ID_UNSIGNED:
+            # github: the body is signed, its delivery id is not (the body identifies it too)
+            return f"{delivery.event_id} (not covered by the signature)"
         return delivery.event_id or "-"
 
     @admin.display(description="run")

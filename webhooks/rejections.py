@@ -25,6 +25,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
+from accounts.addresses import redis_down
 from webhooks.metrics import DELIVERIES, REJECTIONS_UNRECORDED
 
 logger = logging.getLogger("webhooks")
@@ -70,8 +71,8 @@ def record_allowed(*, source: str, address: str) -> bool:
         return True
     try:
         over, value = _script()(keys=[key for key, _, _ in counts], args=[window, *(limit for _, limit, _ in counts)])
-    except redis.RedisError:
-        logger.exception("webhook %s: rejections cannot be counted (Redis); this one is recorded", source)
+    except redis.RedisError as exc:
+        redis_down(logger, "webhook rejections are not counted, and all are recorded", exc)
         return True
     if not over:
         return True

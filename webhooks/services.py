@@ -122,7 +122,13 @@ def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 def check_size(*, source: Source, content_length: str | None) -> None:
     """A declared Content-Length over the source's limit is refused before the body is read."""
-    if content_length and content_length.isdigit() and int(content_length) > source.max_body_bytes:
+    # ASCII digits only: "²".isdigit() is true, and int() refuses it (the server refuses such a header first)
+    if (
+        content_length
+        and content_length.isascii()
+        and content_length.isdigit()
+        and int(content_length) > source.max_body_bytes
+    ):
         raise Rejection(413, "payload_too_large", f"the body is larger than {source.max_body_bytes:,} bytes")
 
 

@@ -22,8 +22,13 @@ def error(code: str, message: str, http_status: int, detail: Any = None) -> Json
 
 def rejected_answer(rejection: Rejection, delivery: WebhookDelivery | None) -> JsonResponse:
     """The refusal, naming the delivery's record: null for one past the limits of what is recorded
-    (``webhooks.rejections``), answered the same otherwise."""
-    return error(rejection.reason, rejection.message, rejection.status, {"delivery": delivery and delivery.pk})
+    (``webhooks.rejections``), answered the same otherwise.
+
+    Django's own log line for a 4xx or 5xx is left out: a recorded rejection has the webhooks
+    logger's line already, and one past the limits must add none (it is anyone's to send)."""
+    response = error(rejection.reason, rejection.message, rejection.status, {"delivery": delivery and delivery.pk})
+    response._has_been_logged = True  # type: ignore[attr-defined]  # django.utils.log.log_response's mark
+    return response
 
 
 @csrf_exempt

@@ -18,7 +18,7 @@ from django.test import Client
 from django.test.client import RequestFactory
 from django.test.utils import override_settings
 
-from accounts import signin
+from accounts import addresses, signin
 from accounts.addresses import client_address
 from accounts.checks import check_client_address
 from tests.factories import Users
@@ -200,14 +200,24 @@ def test_an_ipv6_address_is_counted_by_its_64() -> None:
         assert address("127.0.0.1") == "127.0.0.1"  # the header missing: the connection's
 
 
-def test_without_redis_sign_in_still_works_unlimited(users: Users, settings: Any, monkeypatch: Any) -> None:
+def test_without_redis_sign_in_still_works_unlimited(
+    users: Users, settings: Any, monkeypatch: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.setattr(signin, "_client", None)
+    monkeypatch.setattr(addresses, "_said", {})
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
     try:
         fail(4)
         assert attempt("alice", "pw-alice")[0] == 302
     finally:
         signin._client = None
+    # said once, without a traceback, however many attempts (anyone's to send) found it down
+    said = [r for r in caplog.records if getattr(r, "event", "") == "limits.redis_down"]
+    assert [r.getMessage().split(":")[0] for r in said] == [
+        "sign-in attempts are not counted, nor limited",
+        "a right sign-in's attempt is not taken back",
+    ]
+    assert all(r.exc_info is None for r in said)
 
 
 def test_nothing_of_the_name_is_kept_in_redis(users: Users, _own_counts: str) -> None:

@@ -63,6 +63,26 @@ def test_purge_deletes_only_the_streams_of_turns_ended_before_the_cutoff(users: 
     assert Chunk.objects.filter(turn=running).count() == 4
 
 
+def test_each_turns_stream_goes_whole_in_one_statement(users: Users, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agents import services
+    from tests.support import statements_sent
+
+    # given three old turns with streams of 5, 1 and 4 chunks, purged a turn at a time
+    account_ensure(slug="acme", members=[users.alice])
+    agent = agent_get(user=users.alice, kind="test.chat", name="help")
+    for number, chunks in ((1, 5), (2, 1), (3, 4)):
+        turn_with_stream(agent, number, TurnStatus.COMPLETED, ended_days_ago=40, chunks=chunks)
+    monkeypatch.setattr(services, "PURGE_TURNS", 1)
+
+    with statements_sent() as sent:
+        done = purge()
+
+    # then every chunk is gone, and each DELETE of chunks took one turn's whole stream
+    assert "Deleted 10 chunk(s) of 3 turn(s)" in done and not Chunk.objects.exists()
+    deletes = [sql for sql in sent if sql.startswith("DELETE") and "agents_chunk" in sql]
+    assert len(deletes) == 3 and all("turn_id" in sql for sql in deletes), deletes
+
+
 def test_a_bad_age_is_a_usage_error() -> None:
     with pytest.raises(CommandError, match="not a duration"):
         purge("--older-than", "soon")

@@ -11,7 +11,7 @@ from django.test import Client
 
 from tests.factories import Users, login
 from webhooks.models import WebhookDelivery
-from webhooks.tests.support import ROTATED, SECRET, SOURCES, encode, standard_headers
+from webhooks.tests.support import ROTATED, SECRET, SOURCES, encode, github_headers, standard_headers
 
 pytestmark = pytest.mark.django_db
 URL = "/admin/webhooks/webhookdelivery/"
@@ -76,6 +76,16 @@ def test_an_event_id_nobody_vouched_for_says_so(viewer: User) -> None:
     assert found.count("evt_a (claimed, unverified)") == 1 and found.count('class="field-event_id_shown"') == 2
     assert "evt_a (claimed, unverified)" in client.get(f"{URL}{rejected.pk}/change/").content.decode()
     assert "(claimed, unverified)" not in client.get(f"{URL}{accepted.pk}/change/").content.decode()
+
+
+def test_a_github_delivery_id_is_shown_as_not_signed(viewer: User) -> None:
+    body = encode({"action": "opened"})
+    Client().post("/webhooks/hub/", data=body, content_type="application/json", headers=github_headers(body, "gh-1"))
+    delivery = WebhookDelivery.objects.get(outcome="accepted")
+
+    page = login(viewer).get(f"{URL}{delivery.pk}/change/").content.decode()
+
+    assert "gh-1 (not covered by the signature)" in page
 
 
 def test_a_delivery_page_is_read_only_and_shows_what_it_did(viewer: User) -> None:

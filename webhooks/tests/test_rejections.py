@@ -58,6 +58,9 @@ def test_an_address_past_its_limit_is_answered_the_same_but_not_recorded(caplog:
     said = [r for r in caplog.records if getattr(r, "event", "") == "delivery.rejections_unrecorded"]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
     assert "more than 3 rejections from 198.51.100.7" in said[0].getMessage()
+    # and only the webhooks logger speaks of them: one line for each recorded, none for the rest
+    assert not [r for r in caplog.records if r.name == "django.request"]
+    assert len([r for r in caplog.records if getattr(r, "event", "") == "delivery.rejected"]) == 3
 
 
 def test_what_the_signature_vouches_for_is_recorded_whatever_the_counts() -> None:
@@ -110,13 +113,31 @@ def test_a_limit_of_0_records_every_rejection(settings: Any) -> None:
     assert WebhookDelivery.objects.count() == 8
 
 
-def test_without_redis_every_rejection_is_recorded(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_redis_every_rejection_is_recorded(
+    settings: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from accounts import addresses
     from webhooks import rejections
 
     monkeypatch.setattr(rejections, "_client", None)
+    monkeypatch.setattr(addresses, "_said", {})
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
 
     for _ in range(5):
         assert forged().status_code == 401
 
     assert WebhookDelivery.objects.count() == 5
+    # the log says so once, without a traceback: each forgery adds no more than its own line
+    [said] = [r for r in caplog.records if getattr(r, "event", "") == "limits.redis_down"]
+    assert said.exc_info is None and "all are recorded" in said.getMessage()
+
+
+def test_a_content_length_of_other_digits_is_left_to_the_body_read() -> None:
+    from webhooks.conf import source_get
+    from webhooks.services import check_size
+
+    source = source_get("runs")
+    assert source is not None
+    # "²" and "٣" are digits to str.isdigit(), not to int(): no ValueError, the body's own size decides
+    for declared in ("\u00b2", "\u0663", "+5000", "-1", ""):
+        check_size(source=source, content_length=declared)

@@ -34,6 +34,12 @@ IDEMPOTENCY_KEY_MAX = 255
 IDEMPOTENCY_KEY = f"[!-~](?:[ -~]{{0,{IDEMPOTENCY_KEY_MAX - 2}}}[!-~])?"
 
 
+def idempotency_key_valid(key: object) -> bool:
+    """Whether ``key`` is a string of IDEMPOTENCY_KEY's form (a command's option can be a list:
+    Python 3.11's argparse reads ``--key=--`` as ``[]``)."""
+    return isinstance(key, str) and re.fullmatch(IDEMPOTENCY_KEY, key) is not None
+
+
 class ApiBase(APIView):
     """Token first: DRF answers an unauthenticated request with the first authenticator's
     ``WWW-Authenticate`` header, and only TokenAuthentication has one. With session first every
@@ -178,7 +184,7 @@ def idempotency_key_header(request: Request) -> str | None:
     key = request.headers.get("Idempotency-Key")
     if key is None:
         return None
-    if re.fullmatch(IDEMPOTENCY_KEY, key) is None:
+    if not idempotency_key_valid(key):
         problem = text_problem(key)
         raise exceptions.ValidationError(
             {

@@ -186,6 +186,8 @@ class TestWrites:
             (["start", "test.echo", "--idempotency-key", " a "], "--idempotency-key must be 1 to 255 printable"),
             (["start", "test.echo", "--idempotency-key", "caf\u00e9"], "--idempotency-key must be 1 to 255"),
             (["send-event", NO_RUN, "reply", "--key", "k\n"], "--key must be 1 to 255 printable ASCII"),
+            (["send-event", NO_RUN, "reply", "--key=--"], "--key must be 1 to 255"),  # argparse: []
+            (["start", "test.echo", "--payload=--"], "--payload is not valid JSON"),  # the same
             (["list", "--status", "asleep"], "invalid choice: 'asleep'"),
             (["list", "--limit", "0"], "must be at least 1"),
             (["list", "--limit=-1"], "must be at least 1"),  # a whole number, too small

@@ -8,7 +8,6 @@ inbox (beat's sweep does it for those waiting longer than AGENTS_SUBMISSION_QUEU
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from django.conf import settings
@@ -18,7 +17,7 @@ from agents.models import Fiber, FiberStatus
 from agents.registry import agent_kinds, get_agent_class
 from agents.services import TooManyQueuedTurns, chunks_purge
 from ledger.durations import add_retention_arguments, purge_report
-from workflows.apis.common import IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_MAX
+from workflows.apis.common import IDEMPOTENCY_KEY_MAX, idempotency_key_valid
 from workflows.storable import json_loads_strict
 
 
@@ -113,7 +112,7 @@ class Command(BaseCommand):
             raise CommandError(f"--metadata is not JSON: {exc}") from None
         messages = [{"role": "user", "content": text} for text in options["text"]]
         key = options["key"]  # None without --key; an empty one (an unset shell variable) is refused
-        if key is not None and re.fullmatch(IDEMPOTENCY_KEY, key) is None:
+        if key is not None and not idempotency_key_valid(key):
             raise CommandError(
                 f"--key must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters, no space at either end"
             )

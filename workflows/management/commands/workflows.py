@@ -8,7 +8,6 @@ instead of any write: every write is one service call that either commits or rai
 from __future__ import annotations
 
 import json
-import re
 from argparse import ArgumentTypeError
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -20,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from workflows import services, sweeper
-from workflows.apis.common import IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_MAX
+from workflows.apis.common import IDEMPOTENCY_KEY_MAX, idempotency_key_valid
 from workflows.exceptions import WorkflowError
 from workflows.models import RunEvent, RunStatus, WorkflowRun
 from workflows.selectors import describe_wait, run_attempts, run_events, run_get_any, run_list_all, run_timeline
@@ -217,7 +216,7 @@ def get_run(text: str) -> WorkflowRun:
 
 def checked_key(key: str | None, option: str) -> str | None:
     """An idempotency key as the API takes one (``IDEMPOTENCY_KEY``), or None if not given."""
-    if key is not None and re.fullmatch(IDEMPOTENCY_KEY, key) is None:
+    if key is not None and not idempotency_key_valid(key):
         raise CommandError(
             f"{option} must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters, no space at either end"
         )
@@ -225,6 +224,8 @@ def checked_key(key: str | None, option: str) -> str | None:
 
 
 def parse_json(text: str, what: str) -> Any:
+    if not isinstance(text, str):  # Python 3.11's argparse reads --payload=-- as []
+        raise CommandError(f"{what} is not valid JSON")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
