@@ -67,7 +67,7 @@ class RequestPathFilter(logging.Filter):
     or say it matched none, instead of its path: a path and its query are what a client typed, and
     may hold an email address or a token that must not reach the logs. A refusal (PermissionDenied:
     a 403, an answer like a 404) is written without the traceback Django adds to it: it is no error
-    to look into."""
+    to look into. Nor is a suspicious request's (``django.security.*``: a Host not allowed)."""
 
     LOGGERS = ("django.request", "django.server", "django.security.csrf")
 
@@ -83,4 +83,8 @@ class RequestPathFilter(logging.Filter):
             if record.exc_info and isinstance(record.exc_info[1], PermissionDenied):
                 # and the text of it another handler formatted first (Django's console, with DEBUG)
                 record.exc_info, record.exc_text = None, None
+        if record.name.startswith("django.security.") and record.exc_info:
+            # A request Django found suspicious (a Host not in ALLOWED_HOSTS, too many fields): one
+            # line says it. Anyone can send one, and a traceback each would let them fill the log.
+            record.exc_info, record.exc_text = None, None
         return True

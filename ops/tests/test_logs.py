@@ -169,3 +169,20 @@ def test_a_csrf_refusal_names_the_route_not_the_path(users: Users) -> None:
     written = handler.stream.getvalue()
     assert "): route chat/<name:kind>/<name:name>/" in written and "Forbidden (CSRF" in written, written
     assert "SEKRET5" not in written
+
+
+def test_a_host_not_allowed_is_one_line_without_a_traceback() -> None:
+    # anyone can send a request with a Host of their choosing: Django logs it at ERROR, with its traceback
+    handler = logging.StreamHandler(io.StringIO())
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s %(message)s"))
+    handler.addFilter(RequestPathFilter())
+    security_logger = logging.getLogger("django.security")
+    security_logger.addHandler(handler)
+    try:
+        assert Client(HTTP_HOST="evil.example").get("/healthz").status_code == 400
+    finally:
+        security_logger.removeHandler(handler)
+
+    written = handler.stream.getvalue()
+    assert written.startswith("ERROR django.security.DisallowedHost Invalid HTTP_HOST header: 'evil.example'")
+    assert "Traceback" not in written and written.count("\n") == 1
