@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -144,10 +145,20 @@ class StepResultInline(_ReadOnlyInline[StepResult]):
         "tries",
         "started_at",
         "finished_at",
-        "wake_at",
+        "timer",
         "result_preview",
         "error_preview",
     )
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[StepResult]:
+        return super().get_queryset(request).select_related("run")  # for the timer: one query, not one a step
+
+    @admin.display(description="timer")
+    def timer(self, step: StepResult) -> datetime | None:
+        """The step's wake_at while it can fire, as the API shows it (``run_timeline``): none once
+        its run ended or restarted."""
+        run = step.run
+        return step.wake_at if not run.is_terminal and step.attempt == run.attempt else None
 
     @admin.display(description="result")
     def result_preview(self, step: StepResult) -> str:

@@ -13,7 +13,9 @@ from uuid import UUID
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -142,6 +144,34 @@ def test_change_page_shows_every_attempt_s_steps_and_pretty_error(users: Users) 
     assert "Traceback (most recent call last)" in html
     assert "customer.reply" in html
     assert 'name="_save"' not in html  # view-only: the engine owns every field
+
+
+def test_a_steps_timer_shows_only_while_it_can_fire(users: Users) -> None:
+    # a run waiting on attempt 2, its attempt 1 restarted away from while it waited too
+    wake = timezone.now() + timedelta(hours=1)
+    run = make_run(workflow="test.wait", status=RunStatus.WAITING, attempt=2, wait_event_type="reply", wake_at=wake)
+    for attempt in (1, 2):
+        StepResult.objects.create(
+            run=run,
+            attempt=attempt,
+            position=1,
+            name="nap",
+            kind=StepKind.WAIT,
+            status=StepStatus.WAITING,
+            wake_at=wake,
+        )
+
+    def timers() -> list[Any]:
+        response = login(users.carol).get(change_url(run))
+        inline = response.context["inline_admin_formsets"][0]
+        with CaptureQueriesContext(connection) as read:
+            shown = [inline.opts.timer(form.instance) for form in inline.formset.forms]
+        assert not read.captured_queries  # each step came with its run
+        return shown
+
+    assert timers() == [None, wake]  # the current attempt's only
+    WorkflowRun.objects.filter(pk=run.pk).update(status=RunStatus.TERMINATED)
+    assert timers() == [None, None]  # nothing fires once the run ended
 
 
 def test_pause_action_pauses_through_the_service(users: Users) -> None:
