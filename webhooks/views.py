@@ -11,7 +11,7 @@ from django.views.decorators.csrf import csrf_exempt
 from accounts.addresses import client_address
 from webhooks.conf import source_get
 from webhooks.models import Outcome, WebhookDelivery
-from webhooks.services import Rejection, check_size, delivery_receive, delivery_reject_unverified
+from webhooks.services import UNVERIFIED, Rejection, check_size, delivery_receive, delivery_reject_unverified
 from workflows.apis.errors import error_body
 
 
@@ -21,12 +21,15 @@ def error(code: str, message: str, http_status: int, detail: Any = None) -> Json
 
 
 def rejected_answer(rejection: Rejection, delivery: WebhookDelivery | None) -> JsonResponse:
-    """The refusal, naming the delivery's record: null for one past the limits of what is recorded
-    (``webhooks.rejections``), answered the same otherwise.
+    """The refusal, naming the delivery's record for a sender whose signature held. A refusal before
+    it held (401, 413) is anyone's to cause and names none (null), recorded or not: record ids are
+    sequential, and would tell anyone how many deliveries, real ones included, arrive; nor may the
+    answer tell whether the limits of what is recorded (``webhooks.rejections``) were reached.
 
     Django's own log line for a 4xx or 5xx is left out: a recorded rejection has the webhooks
     logger's line already, and one past the limits must add none (it is anyone's to send)."""
-    response = error(rejection.reason, rejection.message, rejection.status, {"delivery": delivery and delivery.pk})
+    named = delivery.pk if delivery is not None and rejection.status not in UNVERIFIED else None
+    response = error(rejection.reason, rejection.message, rejection.status, {"delivery": named})
     response._has_been_logged = True  # type: ignore[attr-defined]  # django.utils.log.log_response's mark
     return response
 

@@ -4,6 +4,7 @@ are answered the same, counted, and not stored. Deliveries whose signature held 
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -49,10 +50,11 @@ def test_an_address_past_its_limit_is_answered_the_same_but_not_recorded(caplog:
     # every forgery gets its 401, with what was wrong
     assert [a.status_code for a in answers] == [401] * 6
     assert {a.json()["error"]["code"] for a in answers} == {"bad_signature"}
-    # the first three name their record; the rest have none, and none was written for them
-    rows = list(WebhookDelivery.objects.order_by("id").values_list("pk", "outcome", "reason"))
-    assert [a.json()["error"]["detail"]["delivery"] for a in answers] == [pk for pk, _, _ in rows] + [None] * 3
-    assert [(outcome, reason) for _, outcome, reason in rows] == [("rejected", "bad_signature")] * 3
+    # the first three are recorded, the rest not; no answer tells which (nor names a record)
+    rows = list(WebhookDelivery.objects.order_by("id").values_list("outcome", "reason"))
+    assert rows == [("rejected", "bad_signature")] * 3
+    assert {json.dumps(a.json(), sort_keys=True) for a in answers} == {json.dumps(answers[0].json(), sort_keys=True)}
+    assert answers[0].json()["error"]["detail"] == {"delivery": None}
     assert unrecorded() - before == 3
     # the log says so once, not once a request
     said = [r for r in caplog.records if getattr(r, "event", "") == "delivery.rejections_unrecorded"]
@@ -108,7 +110,7 @@ def test_a_limit_of_0_records_every_rejection(settings: Any) -> None:
     settings.WEBHOOKS_MAX_REJECTIONS_RECORDED_PER_SOURCE = 0
 
     for _ in range(8):
-        assert forged().json()["error"]["detail"]["delivery"] is not None
+        assert forged().status_code == 401
 
     assert WebhookDelivery.objects.count() == 8
 

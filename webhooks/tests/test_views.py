@@ -478,10 +478,16 @@ def test_a_source_without_a_secret_refuses_everything(settings: Any) -> None:
     refused(post("runs", body, standard_headers(body, "msg_1")), 401, "no_secret")
 
 
-def test_the_error_names_the_delivery_record() -> None:
-    body = encode(EVENT)
-    response = post("runs", body, {})
-    assert json.loads(response.content)["error"]["detail"] == {"delivery": WebhookDelivery.objects.get().pk}
+def test_the_error_names_the_delivery_record_only_to_a_signed_sender() -> None:
+    # signed, but not JSON: the sender holds the secret, and is told which record its refusal is
+    signed = post("runs", b"{not json", standard_headers(b"{not json", "msg_1"))
+    assert signed.status_code == 400
+    assert signed.json()["error"]["detail"] == {"delivery": WebhookDelivery.objects.get().pk}
+
+    # unsigned: recorded all the same, but anyone could have sent it, and ids are sequential
+    unsigned = post("runs", encode(EVENT), {})
+    assert unsigned.status_code == 401 and unsigned.json()["error"]["detail"] == {"delivery": None}
+    assert WebhookDelivery.objects.filter(reason="missing_header").count() == 1
 
 
 def test_an_action_that_fails_is_a_500_that_keeps_nothing_but_the_rejection(monkeypatch: pytest.MonkeyPatch) -> None:
