@@ -33,17 +33,20 @@ logger = logging.getLogger("webhooks")
 # KEYS: the counts, the address's first; ARGV[1]: the window in seconds, ARGV[1 + i]: the limit of
 # KEYS[i]. Counted in order (a new count living for the window) up to the first past its limit, so
 # that an address past its own limit no longer counts against the source's (where it would keep the
-# rejections of every other sender from being recorded). Returns {i, n}: the count past its limit
-# (its place, its new value), or {0, 0}. Redis runs a script alone: no two read the same count.
+# rejections of every other sender from being recorded). Returns {i, n, full}: the count past its
+# limit (its place, its new value) or 0, 0, and whether the last count (the source's) is at its
+# limit already. Redis runs a script alone: no two read the same count.
 COUNT = """
+local last = KEYS[#KEYS]
+local full = tonumber(redis.call('GET', last) or '0') >= tonumber(ARGV[#KEYS + 1]) and 1 or 0
 for i, key in ipairs(KEYS) do
   redis.call('SET', key, 0, 'EX', ARGV[1], 'NX')
   local n = redis.call('INCR', key)
   if n > tonumber(ARGV[i + 1]) then
-    return {i, n}
+    return {i, n, full}
   end
 end
-return {0, 0}
+return {0, 0, full}
 """
 
 _client: tuple[int, Any] | None = None
@@ -70,7 +73,9 @@ def record_allowed(*, source: str, address: str) -> bool:
     if not counts:
         return True
     try:
-        over, value = _script()(keys=[key for key, _, _ in counts], args=[window, *(limit for _, limit, _ in counts)])
+        over, value, full = _script()(
+            keys=[key for key, _, _ in counts], args=[window, *(limit for _, limit, _ in counts)]
+        )
     except redis.RedisError as exc:
         redis_down(logger, "webhook rejections are not counted, and all are recorded", exc)
         return True
@@ -79,7 +84,9 @@ def record_allowed(*, source: str, address: str) -> bool:
     DELIVERIES.labels(source, "rejected").inc()
     REJECTIONS_UNRECORDED.labels(source).inc()
     _, limit, whom = counts[int(over) - 1]
-    if int(value) == limit + 1:
+    # Said once a window for each count past its limit, but for no address once the source's is:
+    # the lines would grow with the addresses a forger has (every IPv6 /64 is one).
+    if int(value) == limit + 1 and not (full and int(over) < len(counts)):
         logger.warning(
             "webhook %s: more than %d rejections from %s in %d s; the rest of the window's are answered, not recorded",
             source,

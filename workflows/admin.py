@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any, TypeVar
 from uuid import UUID
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.utils import display_for_value
 from django.db.models import Model, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -154,11 +154,13 @@ class StepResultInline(_ReadOnlyInline[StepResult]):
         return super().get_queryset(request).select_related("run")  # for the timer: one query, not one a step
 
     @admin.display(description="timer")
-    def timer(self, step: StepResult) -> datetime | None:
+    def timer(self, step: StepResult) -> str:
         """The step's wake_at while it can fire, as the API shows it (``run_timeline``): none once
-        its run ended or restarted."""
+        its run ended or restarted. Shown as the admin shows a date (a read-only callable's value
+        would be printed raw: "None", an ISO time with microseconds)."""
         run = step.run
-        return step.wake_at if not run.is_terminal and step.attempt == run.attempt else None
+        live = not run.is_terminal and step.attempt == run.attempt
+        return display_for_value(step.wake_at if live else None, self.get_empty_value_display())
 
     @admin.display(description="result")
     def result_preview(self, step: StepResult) -> str:

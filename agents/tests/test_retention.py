@@ -88,6 +88,13 @@ def test_a_bad_age_is_a_usage_error() -> None:
         purge("--older-than", "soon")
 
 
+def test_an_age_of_dashes_is_a_usage_error() -> None:
+    """Python 3.11's argparse reads --older-than=-- as an empty list, which a comparison with a date
+    then broke on: every project command's parser refuses it (workflows.management.base)."""
+    with pytest.raises(CommandError, match="--older-than cannot take '--' as its value"):
+        purge("--older-than=--")
+
+
 def test_an_age_of_zero_is_refused() -> None:
     """It would take the stream of every turn that has ended: the other purges refuse it too."""
     with pytest.raises(CommandError, match="more than zero"):

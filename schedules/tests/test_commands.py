@@ -80,7 +80,7 @@ def test_add_a_submission_every_hour() -> None:
         (["add", "x", "--every", "0s", "--workflow", "test.echo"], "interval_seconds: an interval is 1 to"),
         (["add", "x", "--cron", "@daily", "--workflow", "nope"], "registered as 'nope' in this process"),
         (["add", "x", "--cron", "@daily", "--timezone", "Mars/Base", "--workflow", "test.echo"], "timezone: no time"),
-        (["add", "x", "--cron", "@daily", "--workflow", "test.echo", "--payload", "[1"], "--payload is not JSON"),
+        (["add", "x", "--cron", "@daily", "--workflow", "test.echo", "--payload", "[1"], "--payload is not valid JSON"),
         (["add", "x", "--cron", "@daily", "--workflow", "test.echo", "--payload", "[1]"], "payload"),
         (["add", "x", "--cron", "@daily"], "give --workflow NAME, or all of"),
         (["add", "x", "--cron", "@daily", "--account", "acme", "--kind", "test.chat", "--agent", "a",

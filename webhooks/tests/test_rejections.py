@@ -87,7 +87,9 @@ def test_what_the_signature_vouches_for_is_recorded_whatever_the_counts() -> Non
     ]
 
 
-def test_the_source_has_a_limit_of_its_own_which_an_address_past_its_own_does_not_use_up() -> None:
+def test_the_source_has_a_limit_of_its_own_which_an_address_past_its_own_does_not_use_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # one address past its own limit: 3 recorded, and its 7 more do not count for the source
     for _ in range(10):
         forged(address="203.0.113.1")
@@ -102,6 +104,18 @@ def test_the_source_has_a_limit_of_its_own_which_an_address_past_its_own_does_no
     big = b"x" * (SOURCES["runs"]["max_body_bytes"] + 1)
     answer = post(standard_headers(big, "evt_big"), address="203.0.113.99", body=big)
     assert answer.status_code == 413 and answer.json()["error"]["detail"] == {"delivery": None}
+    assert WebhookDelivery.objects.count() == 5
+
+    # once the source's limit is reached, addresses past their own are not said one by one: the
+    # lines would grow with the addresses a forger has
+    for n in range(20):
+        for _ in range(4):
+            forged(address=f"2001:db8:{n}::1")
+    said = [r.getMessage() for r in caplog.records if getattr(r, "event", "") == "delivery.rejections_unrecorded"]
+    assert [line.split(" in 600 s;")[0] for line in said] == [
+        "webhook runs: more than 3 rejections from 203.0.113.1",
+        "webhook runs: more than 5 rejections from all addresses",
+    ]
     assert WebhookDelivery.objects.count() == 5
 
 

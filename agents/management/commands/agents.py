@@ -11,17 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from agents.models import Fiber, FiberStatus
 from agents.registry import agent_kinds, get_agent_class
 from agents.services import TooManyQueuedTurns, chunks_purge
 from ledger.durations import add_retention_arguments, purge_report
 from workflows.apis.common import IDEMPOTENCY_KEY_MAX, idempotency_key_valid
-from workflows.storable import json_loads_strict
+from workflows.management.base import ProjectCommand, json_option
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "Agents: `agents list` shows the registered kinds; `agents fibers` the newest fibers; "
         "`agents purge-chunks` deletes the streams of turns that ended long ago."
@@ -106,10 +106,7 @@ class Command(BaseCommand):
         from agents.submissions import check_submission, submission_create
         from workflows.exceptions import WorkflowError
 
-        try:
-            metadata = json_loads_strict(options["metadata"])
-        except ValueError as exc:
-            raise CommandError(f"--metadata is not JSON: {exc}") from None
+        metadata = json_option(options["metadata"], "--metadata")
         messages = [{"role": "user", "content": text} for text in options["text"]]
         key = options["key"]  # None without --key; an empty one (an unset shell variable) is refused
         if key is not None and not idempotency_key_valid(key):

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 from django.utils import timezone
 from django.utils.timesince import timesince
 
 from approvals import services
 from approvals.models import ApprovalStatus
 from approvals.selectors import approval_queue
+from workflows.management.base import ProjectCommand
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = "Approval requests: `approvals list` shows the queue, `approvals sweep` cancels orphans."
 
     def add_arguments(self, parser: CommandParser) -> None:

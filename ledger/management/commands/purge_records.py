@@ -5,15 +5,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from ledger.conf import conf
 from ledger.durations import add_retention_arguments, purge_report
 from ledger.exceptions import InvalidOperation
 from ledger.services import record_purge
+from workflows.management.base import ProjectCommand
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = "Delete operational records older than the retention period."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from ledger.adapters import has_adapter, unknown_system_message
 from ledger.durations import describe, duration_argument
 from ledger.management.tables import table
 from ledger.models import ExternalOperation
 from ledger.services import ReconcileResult, operations_reconcile
+from workflows.management.base import ProjectCommand
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = "Resolve unknown and stale submitted external operations by looking them up at their provider."
 
     def add_arguments(self, parser: CommandParser) -> None:

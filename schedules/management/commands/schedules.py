@@ -13,20 +13,20 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
 from ledger.durations import add_retention_arguments, duration_argument, purge_report
 from schedules.models import Action, Schedule, ScheduleFiring
 from schedules.services import firing_purge, schedule_fire, schedule_save, schedules_enable, schedules_tick
-from workflows.storable import json_loads_strict
+from workflows.management.base import ProjectCommand, json_option
 
 
 def _when(value: Any) -> str:
     return timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S %Z") if value else "-"
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = "Schedules: list them, tick once, enable, disable, fire now, add or remove one, purge old firings."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -143,10 +143,7 @@ class Command(BaseCommand):
         if options["payload"] is not None and not options["workflow"]:
             # Even "{}": the option is the workflow's, and a submission sends its message.
             raise CommandError("--payload is a workflow's: a submission sends its --message")
-        try:
-            payload = json_loads_strict(options["payload"] or "{}")
-        except ValueError as exc:
-            raise CommandError(f"--payload is not JSON: {exc}") from None
+        payload = json_option(options["payload"] or "{}", "--payload")
         every = options["every"]
         schedule = Schedule(
             name=options["name"],

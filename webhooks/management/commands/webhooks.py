@@ -9,14 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from ledger.durations import add_retention_arguments, purge_report
 from webhooks.selectors import delivery_ids_among, source_summaries
 from webhooks.services import delivery_act_again, delivery_purge, delivery_sweep
+from workflows.management.base import ProjectCommand
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = "Inbound webhooks: list the configured sources, purge old delivery records."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 from django.utils import timezone
 
 from workflows import services, sweeper
 from workflows.apis.common import IDEMPOTENCY_KEY_MAX, idempotency_key_valid
 from workflows.exceptions import WorkflowError
+from workflows.management.base import ProjectCommand, json_option
 from workflows.models import RunEvent, RunStatus, WorkflowRun
 from workflows.selectors import describe_wait, run_attempts, run_events, run_get_any, run_list_all, run_timeline
 
@@ -48,7 +49,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = "Inspect and control workflow runs; `workflows <subcommand> --help` describes each."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -224,12 +225,7 @@ def checked_key(key: str | None, option: str) -> str | None:
 
 
 def parse_json(text: str, what: str) -> Any:
-    if not isinstance(text, str):  # Python 3.11's argparse reads --payload=-- as []
-        raise CommandError(f"{what} is not valid JSON")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CommandError(f"{what} is not valid JSON: {exc}") from None
+    return json_option(text, what)
 
 
 def get_owner(username: str) -> User:

@@ -10,11 +10,12 @@ from typing import TYPE_CHECKING, Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 from django.db import transaction
 
 from workflows import services
 from workflows.exceptions import WorkflowError
+from workflows.management.base import ProjectCommand
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User  # AUTH_USER_MODEL, as the django-stubs plugin resolves it
@@ -72,7 +73,7 @@ SUPPLIER_REMINDER: tuple[str, dict[str, object]] = (
 RUN_PAYLOAD = {"customer": "alice", "plan": "team", "settle_seconds": 3, "approval_timeout_seconds": 3600}
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = "Create the demo users (admin, alice), an onboarding run owned by alice and her support agent; idempotent."
 
     def handle(self, *args: Any, **options: Any) -> None:
