@@ -95,6 +95,13 @@ def test_an_age_of_dashes_is_a_usage_error() -> None:
         purge("--older-than=--")
 
 
+def test_a_negative_age_is_refused_with_the_reason() -> None:
+    # "-5d" after its option: argparse alone took it for an option and said "expected one argument"
+    for args in (("--older-than", "-5d"), ("--older-than=-5d",)):
+        with pytest.raises(CommandError, match="--older-than: '-5d' is not a duration"):
+            purge(*args)
+
+
 def test_an_age_of_zero_is_refused() -> None:
     """It would take the stream of every turn that has ended: the other purges refuse it too."""
     with pytest.raises(CommandError, match="more than zero"):
