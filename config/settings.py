@@ -175,9 +175,13 @@ STATIC_ROOT = BASE_DIR / "var" / "static"
 # The ASGI app serves static files itself; turn off behind a web server that serves STATIC_ROOT.
 SERVE_STATIC = envbool("SERVE_STATIC", True)
 # Threads an ASGI server process serves HTTP requests' Django code in (config/handlers.py): the
-# requests in progress at once beyond it wait. Above DATABASE_POOL_MAX_SIZE they would wait for a
-# connection anyway.
-ASGI_REQUEST_THREADS = envint("ASGI_REQUEST_THREADS", 16)
+# requests in progress at once beyond it wait. Python runs one thread of a process at a time, so
+# more threads only overlap requests' waits (the database, Redis) and share the one interpreter
+# among more requests at once, each slower: at 500 webhooks a second on two cores, 4 threads
+# answered with a p99 of 30 ms where 16 took 65 (docs/inbound-performance.md). Raise it where
+# requests wait long on something (a distant database); above DATABASE_POOL_MAX_SIZE they would
+# wait for a connection anyway.
+ASGI_REQUEST_THREADS = envint("ASGI_REQUEST_THREADS", 4)
 # The largest request body the ASGI server accepts, in bytes (config/server.py): a larger one is
 # answered 413 before it is read. 10 MiB, the most a webhook source may accept (max_body_bytes).
 HTTP_MAX_BODY_BYTES = envint("HTTP_MAX_BODY_BYTES", 10 * 1024 * 1024)
