@@ -1,6 +1,6 @@
 """What the limits that count by client share (failed sign-ins, ``accounts.signin``; recorded webhook
-rejections, ``webhooks.rejections``): the address a request came from, and how they say that Redis,
-where they count, cannot be reached.
+rejections, ``webhooks.rejections``): the address a request came from, the Redis client their
+scripts count with, and how they say that Redis cannot be reached.
 
 Behind proxies every request comes from the nearest one's address: CLIENT_ADDRESS_HEADER names the
 header they put the client's address in, CLIENT_ADDRESS_PROXIES how many of them append to it. An
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
 import time
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -49,6 +51,24 @@ def client_address(request: HttpRequest) -> str:
             return str(parsed.ipv4_mapped)
         return str(ipaddress.IPv6Network(f"{parsed}/64", strict=False))
     return str(parsed)
+
+
+# The process's Redis client for the limits, and the scripts registered on it (a forked process
+# makes its own).
+_limits: tuple[int, redis.Redis, dict[str, Any]] | None = None
+
+
+def limit_script(text: str) -> Any:
+    """The Lua script ``text``, registered on the process's client for the limits: short timeouts,
+    since a request must not hang on Redis (one that fails says so through ``redis_down``)."""
+    global _limits
+    if _limits is None or _limits[0] != os.getpid():
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        _limits = (os.getpid(), client, {})
+    _, client, scripts = _limits
+    if text not in scripts:
+        scripts[text] = client.register_script(text)
+    return scripts[text]
 
 
 # When each limit last said Redis was down, in this process (time.monotonic()).

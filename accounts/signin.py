@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import secrets
 import unicodedata
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponseBase
 from django.utils.crypto import salted_hmac
 
-from accounts.addresses import client_address, redis_down
+from accounts.addresses import client_address, limit_script, redis_down
 
 logger = logging.getLogger(__name__)
 
@@ -93,18 +92,6 @@ for i, key in ipairs(KEYS) do
 end
 return 0
 """
-
-_client: tuple[int, redis.Redis, Any, Any] | None = None
-
-
-def _scripts() -> tuple[Any, Any]:
-    """BEGIN and RIGHT, for one client per process, with short timeouts: a sign-in must not hang
-    on Redis."""
-    global _client
-    if _client is None or _client[0] != os.getpid():
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-        _client = (os.getpid(), client, client.register_script(BEGIN), client.register_script(RIGHT))
-    return _client[2], _client[3]
 
 
 def _name_key(name: str) -> str:
@@ -155,7 +142,7 @@ class Attempt:
             return 0
         window = max(1, int(settings.SIGNIN_WINDOW_SECONDS))
         try:
-            wait_ms = int(_scripts()[0](keys=[key for key, _ in counts], args=[window, *(n for _, n in counts)]))
+            wait_ms = int(limit_script(BEGIN)(keys=[key for key, _ in counts], args=[window, *(n for _, n in counts)]))
         except redis.RedisError as exc:
             redis_down(logger, "sign-in attempts are not counted, nor limited", exc)
             return 0
@@ -170,7 +157,7 @@ class Attempt:
         prefix = settings.SIGNIN_KEY_PREFIX
         cleared = sum(1 for key in keys if key.startswith((f"{prefix}:pair:", f"{prefix}:device:")))
         try:
-            _scripts()[1](keys=keys, args=[cleared])
+            limit_script(RIGHT)(keys=keys, args=[cleared])
         except redis.RedisError as exc:
             redis_down(logger, "a right sign-in's attempt is not taken back", exc)
 

@@ -19,13 +19,11 @@ with the secret, and is always recorded. If Redis cannot be reached, every rejec
 from __future__ import annotations
 
 import logging
-import os
-from typing import Any
 
 import redis
 from django.conf import settings
 
-from accounts.addresses import redis_down
+from accounts.addresses import limit_script, redis_down
 from webhooks.metrics import DELIVERIES, REJECTIONS_UNRECORDED
 
 logger = logging.getLogger("webhooks")
@@ -49,17 +47,6 @@ end
 return {0, 0, full}
 """
 
-_client: tuple[int, Any] | None = None
-
-
-def _script() -> Any:
-    """COUNT, for one client per process, with short timeouts: an answer must not hang on Redis."""
-    global _client
-    if _client is None or _client[0] != os.getpid():
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-        _client = (os.getpid(), client.register_script(COUNT))
-    return _client[1]
-
 
 def record_allowed(*, source: str, address: str) -> bool:
     """Count one unverified rejection of ``source`` from ``address``: whether it is to be recorded.
@@ -73,7 +60,7 @@ def record_allowed(*, source: str, address: str) -> bool:
     if not counts:
         return True
     try:
-        over, value, full = _script()(
+        over, value, full = limit_script(COUNT)(
             keys=[key for key, _, _ in counts], args=[window, *(limit for _, limit, _ in counts)]
         )
     except redis.RedisError as exc:

@@ -133,9 +133,8 @@ def test_without_redis_every_rejection_is_recorded(
     settings: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from accounts import addresses
-    from webhooks import rejections
 
-    monkeypatch.setattr(rejections, "_client", None)
+    monkeypatch.setattr(addresses, "_limits", None)
     monkeypatch.setattr(addresses, "_said", {})
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
 
