@@ -31,6 +31,7 @@ from workflows.selectors import (
     can_see_all_runs,
     describe_wait,
     hidden_workflows,
+    step_timer,
     waiting_event_types,
 )
 
@@ -155,12 +156,10 @@ class StepResultInline(_ReadOnlyInline[StepResult]):
 
     @admin.display(description="timer")
     def timer(self, step: StepResult) -> str:
-        """The step's wake_at while it can fire, as the API shows it (``run_timeline``): none once
-        its run ended or restarted. Shown as the admin shows a date (a read-only callable's value
-        would be printed raw: "None", an ISO time with microseconds)."""
-        run = step.run
-        live = not run.is_terminal and step.attempt == run.attempt
-        return display_for_value(step.wake_at if live else None, self.get_empty_value_display())
+        """The step's timer while it can fire, as the API shows it (``step_timer``). Shown as the
+        admin shows a date (a read-only callable's value would be printed raw: "None", an ISO time
+        with microseconds)."""
+        return display_for_value(step_timer(step, step.run), self.get_empty_value_display())
 
     @admin.display(description="result")
     def result_preview(self, step: StepResult) -> str:

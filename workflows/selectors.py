@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.utils.timesince import timeuntil
 
 from workflows.exceptions import UnknownWorkflow
-from workflows.models import TERMINAL, TIMED, RunAttempt, RunEvent, RunStatus, WorkflowRun
+from workflows.models import TERMINAL, TIMED, RunAttempt, RunEvent, RunStatus, StepResult, WorkflowRun
 from workflows.registry import get_workflow, view_permissions
 
 
@@ -182,11 +182,15 @@ def status_summary(run: WorkflowRun) -> StatusSummary:
     }
 
 
+def step_timer(step: StepResult, run: WorkflowRun) -> datetime | None:
+    """A step's timer (the end of a sleep or wait, the next try, a dispatched step's deadline) while
+    it can still fire: None for a step of an ended run, or of an earlier attempt, which keeps the
+    status it had when it stopped but will never be woken."""
+    return step.wake_at if run.status not in TERMINAL and step.attempt == run.attempt else None
+
+
 def run_timeline(*, run: WorkflowRun) -> list[dict[str, Any]]:
-    """Every step of every attempt, oldest attempt first. A step's ``wake_at`` (its timer: the end of a
-    sleep or wait, the next try, a dispatched step's deadline) only while it can still fire: a step
-    of an ended run, or of an earlier attempt, keeps the status it had when it stopped, and no time."""
-    live = run.status not in TERMINAL
+    """Every step of every attempt, oldest attempt first; a step's ``wake_at`` is ``step_timer``'s."""
     return [
         {
             "attempt": s.attempt,
@@ -197,7 +201,7 @@ def run_timeline(*, run: WorkflowRun) -> list[dict[str, Any]]:
             "tries": s.tries,
             "result": s.result,
             "error": s.error,
-            "wake_at": s.wake_at.isoformat() if s.wake_at and live and s.attempt == run.attempt else None,
+            "wake_at": timer.isoformat() if (timer := step_timer(s, run)) else None,
             "started_at": s.started_at.isoformat() if s.started_at else None,
             "finished_at": s.finished_at.isoformat() if s.finished_at else None,
         }
