@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from importlib import import_module
 from typing import Any, Literal
 
@@ -13,7 +14,7 @@ from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from workflows.models import TERMINAL, RunAttempt, RunStatus, WorkflowRun
+from workflows.models import TERMINAL, RunAttempt, RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,30 @@ def make_run(
     # The status is a protected FSM field: set once at creation, as a fixture of any state.
     run = WorkflowRun.objects.create(workflow=workflow, status=status, owner=owner, **fields)
     RunAttempt.objects.create(run=run, number=run.attempt, status=status if status in TERMINAL else RunStatus.QUEUED)
+    return run
+
+
+def make_restarted_wait(*, wake_at: datetime) -> WorkflowRun:
+    """A ``test.wait`` run waiting on attempt 2 for a reply, restarted while attempt 1 waited too:
+    each attempt has a waiting step "nap" whose timer is ``wake_at``."""
+    run = make_run(
+        workflow="test.wait",
+        status=RunStatus.WAITING,
+        attempt=2,
+        wait_step="nap",
+        wait_event_type="reply",
+        wake_at=wake_at,
+    )
+    for attempt in (1, 2):
+        StepResult.objects.create(
+            run=run,
+            attempt=attempt,
+            position=1,
+            name="nap",
+            kind=StepKind.WAIT,
+            status=StepStatus.WAITING,
+            wake_at=wake_at,
+        )
     return run
 
 

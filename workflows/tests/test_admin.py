@@ -20,7 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from tests.factories import Users, login, make_run
+from tests.factories import Users, login, make_restarted_wait, make_run
 from workflows import services
 from workflows.models import RunAttempt, RunEvent, RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
 
@@ -150,17 +150,7 @@ def test_change_page_shows_every_attempt_s_steps_and_pretty_error(users: Users) 
 def test_a_steps_timer_shows_only_while_it_can_fire(users: Users) -> None:
     # a run waiting on attempt 2, its attempt 1 restarted away from while it waited too
     wake = timezone.now() + timedelta(hours=1)
-    run = make_run(workflow="test.wait", status=RunStatus.WAITING, attempt=2, wait_event_type="reply", wake_at=wake)
-    for attempt in (1, 2):
-        StepResult.objects.create(
-            run=run,
-            attempt=attempt,
-            position=1,
-            name="nap",
-            kind=StepKind.WAIT,
-            status=StepStatus.WAITING,
-            wake_at=wake,
-        )
+    run = make_restarted_wait(wake_at=wake)
 
     def timers() -> list[Any]:
         response = login(users.carol).get(change_url(run))

@@ -14,8 +14,8 @@ from django.contrib.auth.models import AnonymousUser
 from django.utils import timezone
 from pytest_django import DjangoAssertNumQueries
 
-from tests.factories import Users, make_run
-from workflows.models import RunAttempt, RunEvent, RunStatus, StepKind, StepResult, StepStatus, WorkflowRun
+from tests.factories import Users, make_restarted_wait, make_run
+from workflows.models import RunAttempt, RunEvent, RunStatus, WorkflowRun
 from workflows.selectors import (
     attempt_status,
     describe_wait,
@@ -101,17 +101,7 @@ def test_attempt_status_is_the_runs_while_the_attempt_is_current() -> None:
 
 def test_a_steps_timer_shows_only_while_it_can_fire() -> None:
     # a run restarted while attempt 1 waited, now waiting again on attempt 2
-    run = make_run(status=RunStatus.WAITING, attempt=2, wait_step="nap", wait_event_type="reply", wake_at=WAKE_AT)
-    for attempt in (1, 2):
-        StepResult.objects.create(
-            run=run,
-            attempt=attempt,
-            position=1,
-            name="nap",
-            kind=StepKind.WAIT,
-            status=StepStatus.WAITING,
-            wake_at=WAKE_AT,
-        )
+    run = make_restarted_wait(wake_at=WAKE_AT)
 
     # the current attempt's wait has its time; the attempt restarted away from has none
     assert [(s["attempt"], s["status"], s["wake_at"]) for s in run_timeline(run=run)] == [
