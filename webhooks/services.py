@@ -43,7 +43,7 @@ from ledger.services import PurgeResult, purge_in_batches, retention_cutoff
 from webhooks.actions import ActionDeferred, ActionRefused, ActionResult, Event, action_check, action_perform
 from webhooks.conf import Source, source_get
 from webhooks.metrics import ACTION_TRIES, DELIVERIES
-from webhooks.models import OPEN_ACTIONS, ActionState, Outcome, WebhookDelivery
+from webhooks.models import OPEN_ACTIONS, UNVERIFIED_REASONS, ActionState, Outcome, WebhookDelivery
 from webhooks.rejections import record_allowed
 from webhooks.selectors import accepted_like, deliveries_received_before, open_actions_received_before
 from webhooks.statements import insert_accepted, insert_delivery, record_result
@@ -89,6 +89,12 @@ class Rejection(Exception):
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(message)
         self.status, self.reason, self.message = status, reason, message
+
+    @property
+    def unverified(self) -> bool:
+        """Refused before the signature held (401, 413): anyone's to cause. The reasons a stored
+        row is judged by too (``WebhookDelivery.event_id_verified``)."""
+        return self.reason in UNVERIFIED_REASONS
 
 
 @dataclass(frozen=True)
@@ -253,17 +259,13 @@ def delivery_reject(
     return delivery
 
 
-# The answers given before a delivery's signature held: anyone's to cause.
-UNVERIFIED = (401, 413)
-
-
 def delivery_reject_unverified(
     *, source: Source, headers: Mapping[str, str], size: int, rejection: Rejection, address: str
 ) -> WebhookDelivery | None:
     """``delivery_reject``, for a delivery refused before (or without) its signature holding: if
     it is one anyone could send (401, 413), recorded only while the sender and the source are
     within ``webhooks.rejections``' limits, else None (counted, not stored)."""
-    if rejection.status in UNVERIFIED and not record_allowed(source=source.name, address=address):
+    if rejection.unverified and not record_allowed(source=source.name, address=address):
         return None
     return delivery_reject(source=source, headers=headers, size=size, rejection=rejection)
 

@@ -11,7 +11,7 @@ from django.views.decorators.csrf import csrf_exempt
 from accounts.addresses import client_address
 from webhooks.conf import source_get
 from webhooks.models import Outcome, WebhookDelivery
-from webhooks.services import UNVERIFIED, Rejection, check_size, delivery_receive, delivery_reject_unverified
+from webhooks.services import Rejection, check_size, delivery_receive, delivery_reject_unverified
 from workflows.apis.errors import error_body
 
 
@@ -28,7 +28,7 @@ def rejected_answer(rejection: Rejection, delivery: WebhookDelivery | None) -> J
 
     Django's own log line for a 4xx or 5xx is left out: a recorded rejection has the webhooks
     logger's line already, and one past the limits must add none (it is anyone's to send)."""
-    named = delivery.pk if delivery is not None and rejection.status not in UNVERIFIED else None
+    named = delivery.pk if delivery is not None and not rejection.unverified else None
     response = error(rejection.reason, rejection.message, rejection.status, {"delivery": named})
     response._has_been_logged = True  # type: ignore[attr-defined]  # django.utils.log.log_response's mark
     return response
