@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from django.db import connection
 
@@ -165,6 +165,24 @@ def delete_amqp_queues(url: str, *names: str, unless_consumed: bool = False) -> 
                     conn.default_channel.queue_delete(name)
             except conn.channel_errors:  # NOT_FOUND: nothing to delete
                 pass
+
+
+@contextmanager
+def own_redis_prefix(settings: Any, setting: str, stem: str) -> Iterator[str]:
+    """Point the key prefix ``setting`` at a prefix of this test's own (``<stem>-<random>``), then
+    delete its keys from the Redis the settings named at the start (a test may point REDIS_URL
+    elsewhere): counts the suite's processes and tests would otherwise share, all from 127.0.0.1."""
+    import redis
+
+    prefix, url = f"{stem}-{uuid4().hex[:8]}", settings.REDIS_URL
+    setattr(settings, setting, prefix)
+    try:
+        yield prefix
+    finally:
+        client = redis.Redis.from_url(url)
+        keys = list(client.scan_iter(f"{prefix}:*"))
+        if keys:
+            client.delete(*keys)
 
 
 @contextmanager

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -22,6 +21,7 @@ from accounts import addresses, signin
 from accounts.addresses import client_address
 from accounts.checks import check_client_address
 from tests.factories import Users
+from tests.support import own_redis_prefix
 
 pytestmark = pytest.mark.django_db
 
@@ -34,17 +34,12 @@ HOME = "127.0.0.1"
 @pytest.fixture(autouse=True)
 def _own_counts(settings: Any) -> Iterator[str]:
     """Counts of this test's own (the suite's processes share Redis and one address), small limits."""
-    prefix, url = f"signin-test-{uuid.uuid4().hex[:8]}", settings.REDIS_URL
-    settings.SIGNIN_KEY_PREFIX = prefix
     settings.SIGNIN_MAX_FAILURES_PER_NAME_AND_ADDRESS = 3
     settings.SIGNIN_MAX_FAILURES_PER_ADDRESS = 6
     settings.SIGNIN_MAX_FAILURES_PER_NAME = 8
     settings.SIGNIN_WINDOW_SECONDS = 900
-    yield prefix
-    client = redis.Redis.from_url(url)  # as set up: a test may have pointed REDIS_URL elsewhere
-    keys = list(client.scan_iter(f"{prefix}:*"))
-    if keys:
-        client.delete(*keys)
+    with own_redis_prefix(settings, "SIGNIN_KEY_PREFIX", "signin-test") as prefix:
+        yield prefix
 
 
 def attempt(name: str, password: str, *, address: str = HOME, path: str = LOGIN, **headers: str) -> tuple[int, Client]:
