@@ -1,8 +1,8 @@
 """Per-run progress streams: best effort, sequence-numbered, resumable.
 
-Each event gets the next number of the run's counter (Redis INCR), is kept in a capped sorted set
-scored by that number (so a client can ask for everything after N), and is pushed live to the
-run's Channels group. The database stays the authority: a client's snapshot comes from there.
+Each event gets the next number of the run's counter (Redis INCR) and is kept in a capped sorted set
+scored by that number (so a client can ask for everything after N), both in one Lua script; then it
+is pushed live to the run's Channels group. The database stays the authority: a client's snapshot comes from there.
 """
 
 from __future__ import annotations
@@ -70,33 +70,51 @@ def publish(run_id: UUID | str, kind: str, data: Any) -> int | None:
     return event["seq"]
 
 
+# Numbering and storing an event in one step: a client that sees seq N live can always find every
+# seq below N in the store (the socket fills a gap from there), so live events arrive in order. Two
+# calls let a reader see N while N-1 was numbered but not yet stored. The JSON text around the seq
+# comes from Python, so what is stored is exactly what Python's json writes.
+STORE_SCRIPT = """
+local seq = redis.call('INCR', KEYS[1])
+redis.call('ZADD', KEYS[2], seq, ARGV[1] .. seq .. ARGV[2])
+redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -tonumber(ARGV[3]) - 1)
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+if ARGV[5] == '1' then
+    redis.call('EXPIRE', KEYS[1], ARGV[4])
+else
+    redis.call('PERSIST', KEYS[1])
+end
+return seq
+"""
+
+_store_script: tuple[redis.Redis, Any] | None = None
+
+
 def _store(run_id: UUID | str, kind: str, data: Any) -> StreamEvent | None:
     """Give the event the run's next seq and keep it for resuming clients. None if Redis failed."""
+    global _store_script
     conf_ = conf()
     seq_key, events_key = _keys(run_id)
+    body = json.dumps({"run": str(run_id), "data": data, "at": timezone.now().isoformat()}, default=str)
+    head, tail = f'{{"type": {json.dumps(kind)}, "seq": ', f", {body[1:]}"
+    # A live run keeps its counter however long it waits: a counter that expired and restarted at
+    # 1 would make every client drop the new events as already seen. A run that ended lets it go.
+    ended = kind == "status" and isinstance(data, dict) and bool(data.get("terminal"))
     try:
         client = redis_client()
-        seq = int(client.incr(seq_key))
-        text = json.dumps(
-            {"type": kind, "seq": seq, "run": str(run_id), "data": data, "at": timezone.now().isoformat()},
-            default=str,
+        if _store_script is None or _store_script[0] is not client:
+            _store_script = (client, client.register_script(STORE_SCRIPT))
+        seq = int(
+            _store_script[1](
+                keys=[seq_key, events_key],
+                args=[head, tail, conf_["STREAM_MAX_EVENTS"], conf_["STREAM_TTL_SECONDS"], "1" if ended else "0"],
+            )
         )
-        # The live push carries exactly what is stored (plain JSON), never what msgpack can't encode.
-        event: StreamEvent = json.loads(text)
-        pipe = client.pipeline(transaction=False)
-        pipe.zadd(events_key, {text: seq})
-        pipe.zremrangebyrank(events_key, 0, -conf_["STREAM_MAX_EVENTS"] - 1)
-        pipe.expire(events_key, conf_["STREAM_TTL_SECONDS"])
-        if kind == "status" and isinstance(data, dict) and data.get("terminal"):
-            pipe.expire(seq_key, conf_["STREAM_TTL_SECONDS"])
-        else:
-            # A live run keeps its counter however long it waits: a counter that expired and
-            # restarted at 1 would make every client drop the new events as already seen.
-            pipe.persist(seq_key)
-        pipe.execute()
     except redis.RedisError:
         logger.warning("progress stream of run %s unavailable; event dropped", run_id, exc_info=True)
         return None
+    # The live push carries exactly what is stored (plain JSON), never what msgpack can't encode.
+    event: StreamEvent = json.loads(f"{head}{seq}{tail}")
     return event
 
 
