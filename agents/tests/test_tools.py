@@ -3,7 +3,7 @@ tool schema, in-process."""
 
 from __future__ import annotations
 
-import time
+import types
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -135,28 +135,36 @@ def test_a_writer_without_the_lease_cannot_append(
         ChunkWriter(turn=turn, run_id=run.pk, owner="other").add_once("data-notice", {"text": "x"}, key="late")
 
 
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> types.SimpleNamespace:
+    """The chunk writer's monotonic clock, at ``clock.now`` seconds until the test moves it."""
+    clock = types.SimpleNamespace(now=1000.0)
+    monkeypatch.setattr(chunk_store, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    return clock
+
+
 @pytest.mark.django_db
 def test_a_chunk_as_slow_as_the_flush_interval_is_stored_at_once_however_long_a_batch_took(
-    users: Users, settings: Any, monkeypatch: pytest.MonkeyPatch
+    users: Users, settings: Any, monkeypatch: pytest.MonkeyPatch, clock: types.SimpleNamespace
 ) -> None:
     # given a writer whose batches take 15 ms to store, a 20 ms flush interval, and a model that
-    # yields a chunk every 25 ms (on its own schedule: a slow commit does not delay the next chunk)
+    # yields a chunk every 25 ms (on its own schedule: a slow commit does not delay the next chunk),
+    # all on the writer's clock, which the test moves: a loaded machine cannot shift the 5 ms between
     settings.AGENTS_CHUNK_FLUSH_MS = 20
     agent = chat_agent(users.alice)
     later = timezone.now() + timedelta(minutes=1)
     run = make_run(workflow="agents.turn", status=RunStatus.RUNNING, lease_owner="me", lease_expires_at=later)
     turn = Turn.objects.create(agent=agent, number=1, run=run)
     writer = ChunkWriter(turn=turn, run_id=run.pk, owner="me")
-    store = writer._insert
+    start, store = clock.now, writer._insert
 
     def slow(batch: list[tuple[str, Any]], *, key: str = "") -> int:
-        time.sleep(0.015)
+        clock.now += 0.015
         return store(batch, key=key)
 
     monkeypatch.setattr(writer, "_insert", slow)
-    start = time.monotonic()
     for i in range(1, 5):
-        time.sleep(max(0.0, start + i * 0.025 - time.monotonic()))
+        clock.now = start + i * 0.025
 
         # when the chunk comes
         writer.add("text-delta", {"delta": str(i)})
@@ -166,7 +174,9 @@ def test_a_chunk_as_slow_as_the_flush_interval_is_stored_at_once_however_long_a_
 
 
 @pytest.mark.django_db
-def test_an_answer_given_whole_within_the_flush_interval_is_one_batch(users: Users, settings: Any) -> None:
+def test_an_answer_given_whole_within_the_flush_interval_is_one_batch(
+    users: Users, settings: Any, clock: types.SimpleNamespace
+) -> None:
     # given a 50 ms flush interval, and a writer that has just started (a model round)
     settings.AGENTS_CHUNK_FLUSH_MS = 50
     agent = chat_agent(users.alice)
@@ -188,7 +198,7 @@ def test_an_answer_given_whole_within_the_flush_interval_is_one_batch(users: Use
 
     # and a model slower to begin than the interval has its first chunk stored at once
     slower = ChunkWriter(turn=turn, run_id=run.pk, owner="me")
-    time.sleep(0.06)
+    clock.now += 0.06
     slower.add("text-delta", {"delta": "late"})
     assert Chunk.objects.filter(turn=turn).count() == 4
 
