@@ -125,7 +125,8 @@ def order_balance(*, order: Order, exclude_request_id: int | None = None) -> Ord
         requests = requests.exclude(pk=exclude_request_id)
     keys = {operation_key(order.number, r.pk, r.key_salt): r for r in requests}
     statuses = dict(ExternalOperation.objects.filter(key__in=keys).values_list("key", "status"))
-    totals: dict[Hold, Decimal] = {"refunded": Decimal("0"), "in_flight": Decimal("0"), "released": Decimal("0")}
+    none = Decimal("0.00")  # with the amounts' two places: a message says "0.00 refunded", not "0"
+    totals: dict[Hold, Decimal] = {"refunded": none, "in_flight": none, "released": none}
     for key, request in keys.items():
         totals[refund_hold(operation_status=statuses.get(key), run=request.run)] += request.amount
     return OrderBalance(amount=order.amount, refunded=totals["refunded"], in_flight=totals["in_flight"])
