@@ -23,6 +23,8 @@ from django.db import connection
 from config.broker import is_amqp
 
 if TYPE_CHECKING:
+    from websockets.sync.client import ClientConnection
+
     from workflows.models import WorkflowRun
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -327,6 +329,28 @@ class AsgiServer:
 
         with ThreadPoolExecutor(max_workers=1) as pool:
             return pool.submit(count).result()
+
+
+def websocket(url: str, *, origin: str | None, cookie: str | None = None, timeout: float = 45.0) -> ClientConnection:
+    """A test's WebSocket client, opened as a browser at ``origin`` with the session ``cookie``
+    would open it, that keeps every frame until the test reads it or closes the socket.
+
+    websockets stops reading a socket that has more than 16 frames unread (``max_queue``): a test
+    that closed one with an answer streaming into it waited ten seconds (``close_timeout``) for a
+    closing frame it no longer read, then dropped the connection. Unbounded, the closing frame is
+    read, however much came before it."""
+    from websockets.sync.client import connect
+    from websockets.typing import Origin
+
+    headers = {"Cookie": cookie} if cookie else {}
+    return connect(
+        url,
+        origin=Origin(origin) if origin is not None else None,
+        additional_headers=headers,
+        proxy=None,
+        open_timeout=timeout,
+        max_queue=None,
+    )
 
 
 @contextmanager

@@ -7,22 +7,15 @@ from typing import Any
 
 import pytest
 from websockets.exceptions import InvalidStatus
-from websockets.sync.client import connect
-from websockets.typing import Origin
 
 from config.origin import is_secure, origin_allowed
-from tests.support import AsgiServer
+from tests.support import AsgiServer, websocket
 
 
 def handshake(server: AsgiServer, origin: str | None) -> int:
     """The HTTP status of a chat socket's handshake from ``origin`` (101: opened)."""
     try:
-        with connect(
-            f"{server.ws_url}/ws/agents/test.chat/help/",
-            origin=Origin(origin) if origin is not None else None,
-            proxy=None,
-            open_timeout=10,
-        ):
+        with websocket(f"{server.ws_url}/ws/agents/test.chat/help/", origin=origin, timeout=10):
             return 101
     except InvalidStatus as refused:
         return refused.response.status_code

@@ -23,8 +23,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection, connect
-from websockets.typing import Origin
+from websockets.sync.client import ClientConnection
 
 from accounts.models import Account
 from accounts.services import account_ensure
@@ -34,7 +33,7 @@ from agents.models import Agent, Chunk, Message, Turn, TurnStatus
 from agents.streams import chunk_data, chunks_message, push_later
 from config.routing import websocket_urlpatterns
 from tests.factories import Users, login, session_of
-from tests.support import AsgiServer, thread_of, wait_for
+from tests.support import AsgiServer, thread_of, wait_for, websocket
 from workflows.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from workflows.streams import publisher
 from workflows.tests.test_consumers import TIMEOUT, receive, receive_until, session_cookie
@@ -65,14 +64,9 @@ def world(users: Users) -> World:
 def open_chat(
     server: AsgiServer, user: User | None, *, kind: str = KIND, name: str = "help", query: str = ""
 ) -> ClientConnection:
-    headers = {"Cookie": session_cookie(user)} if user is not None else {}
-    return connect(
-        f"{server.ws_url}/ws/agents/{kind}/{name}/{query}",
-        origin=Origin(server.url),
-        additional_headers=headers,
-        proxy=None,
-        open_timeout=TIMEOUT,
-    )
+    cookie = session_cookie(user) if user is not None else None
+    url = f"{server.ws_url}/ws/agents/{kind}/{name}/{query}"
+    return websocket(url, origin=server.url, cookie=cookie, timeout=TIMEOUT)
 
 
 def refusal(server: AsgiServer, user: User | None, **where: str) -> tuple[int | None, list[str]]:
@@ -165,13 +159,7 @@ def test_bob_sees_the_agent_of_the_account_he_shares_with_alice(asgi_server: Asg
 def test_a_path_near_the_agents_socket_is_closed_with_4404(asgi_server: AsgiServer, world: World) -> None:
     cookie = session_cookie(world.users.alice)
     for path in ("/ws/agents/support/", "/ws/agents/support/help", "/ws/agents/support/help/x/", "/ws/agents/"):
-        with connect(
-            f"{asgi_server.ws_url}{path}",
-            origin=Origin(asgi_server.url),
-            additional_headers={"Cookie": cookie},
-            proxy=None,
-            open_timeout=TIMEOUT,
-        ) as ws:
+        with websocket(f"{asgi_server.ws_url}{path}", origin=asgi_server.url, cookie=cookie, timeout=TIMEOUT) as ws:
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=TIMEOUT)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == CLOSE_NOT_FOUND, path

@@ -15,8 +15,6 @@ from django.core.management import call_command
 from django.db import transaction
 from django.test import Client
 from django.urls import reverse
-from websockets.sync.client import connect
-from websockets.typing import Origin
 
 from agents.fibers import FiberConflict, FiberContext, FiberNotCancellable, InvalidFiber, fiber_data
 from agents.models import FIBER_ENDED, Agent, Fiber, FiberStatus
@@ -25,7 +23,7 @@ from agents.tests.support import chat_agent
 from tests.agents_fixtures import FiberAgent, broken_fiber, count, count_items
 from tests.factories import Users
 from tests.fixtures import NoEnqueue
-from tests.support import AsgiServer, Worker, wait_for, wait_for_terminal
+from tests.support import AsgiServer, Worker, wait_for, wait_for_terminal, websocket
 from workflows.hooks import fire_run_failed
 from workflows.models import RunStatus, WorkflowRun
 from workflows.tests.test_consumers import TIMEOUT, receive, session_cookie
@@ -119,14 +117,8 @@ def test_a_fiber_runs_in_a_worker_its_result_is_stored_and_the_agents_clients_ar
     # given alice's chat socket on her agent
     agent = fiber_agent(users.alice)
     path = tmp_path / "items"
-    headers = {"Cookie": session_cookie(users.alice)}
-    with connect(
-        f"{asgi_server.ws_url}/ws/agents/test.fibers/t/",
-        origin=Origin(asgi_server.url),
-        additional_headers=headers,
-        proxy=None,
-        open_timeout=TIMEOUT,
-    ) as ws:
+    url, cookie = f"{asgi_server.ws_url}/ws/agents/test.fibers/t/", session_cookie(users.alice)
+    with websocket(url, origin=asgi_server.url, cookie=cookie, timeout=TIMEOUT) as ws:
         assert receive(ws)["type"] == "snapshot"
 
         # when a fiber of three items runs

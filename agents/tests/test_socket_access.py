@@ -18,8 +18,7 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib.auth.models import User
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import ClientConnection, connect
-from websockets.typing import Origin
+from websockets.sync.client import ClientConnection
 
 from accounts.models import Membership
 from agents.models import Message, Turn
@@ -28,7 +27,7 @@ from agents.tests.test_consumers import KIND, World
 from agents.tests.test_consumers import world as world  # noqa: F401  # the fixture, used by name
 from config.routing import websocket_urlpatterns
 from tests.factories import login, session_of
-from tests.support import ROOT, AsgiServer, service_env, serving
+from tests.support import ROOT, AsgiServer, service_env, serving, websocket
 from workflows.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED
 from workflows.models import WorkflowRun
 from workflows.streams import publisher
@@ -51,13 +50,7 @@ def signed_in(user: User) -> tuple[Any, str]:
 
 
 def open_socket(server: AsgiServer, path: str, cookie: str) -> ClientConnection:
-    return connect(
-        f"{server.ws_url}{path}",
-        origin=Origin(server.url),
-        additional_headers={"Cookie": cookie},
-        proxy=None,
-        open_timeout=TIMEOUT,
-    )
+    return websocket(f"{server.ws_url}{path}", origin=server.url, cookie=cookie, timeout=TIMEOUT)
 
 
 def closed_with(ws: ClientConnection) -> tuple[int, list[dict[str, Any]]]:

@@ -17,11 +17,10 @@ import redis
 from django.conf import settings
 from django.contrib.auth.models import User
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import ClientConnection, connect
-from websockets.typing import Origin
+from websockets.sync.client import ClientConnection
 
 from tests.factories import Users, login, make_run
-from tests.support import AsgiServer, Worker, thread_of, wait_for, wait_for_status
+from tests.support import AsgiServer, Worker, thread_of, wait_for, wait_for_status, websocket
 from workflows import access, streams
 from workflows import public as wf
 from workflows.consumers import CLOSE_NOT_FOUND, CLOSE_UNAUTHENTICATED, Cursor
@@ -44,14 +43,8 @@ def session_cookie(user: User) -> str:
 def open_socket(
     server: AsgiServer, run_id: UUID | str, user: User | None = None, *, origin: str | None = None
 ) -> ClientConnection:
-    headers = {"Cookie": session_cookie(user)} if user is not None else {}
-    return connect(
-        f"{server.ws_url}/ws/runs/{run_id}/",
-        origin=Origin(origin or server.url),
-        additional_headers=headers,
-        proxy=None,
-        open_timeout=TIMEOUT,
-    )
+    cookie = session_cookie(user) if user is not None else None
+    return websocket(f"{server.ws_url}/ws/runs/{run_id}/", origin=origin or server.url, cookie=cookie, timeout=TIMEOUT)
 
 
 def receive(ws: ClientConnection, timeout: float = TIMEOUT) -> Message:

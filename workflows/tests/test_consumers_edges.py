@@ -14,11 +14,9 @@ from channels.layers import get_channel_layer
 from channels_redis.core import RedisChannelLayer
 from channels_redis.pubsub import RedisPubSubChannelLayer
 from websockets.exceptions import ConnectionClosed
-from websockets.sync.client import connect
-from websockets.typing import Origin
 
 from tests.factories import Users, make_run
-from tests.support import AsgiServer, Worker, wait_for_status
+from tests.support import AsgiServer, Worker, wait_for_status, websocket
 from workflows import public as wf
 from workflows.consumers import CLOSE_NOT_FOUND
 from workflows.models import RunStatus
@@ -109,9 +107,8 @@ def unrouted_paths(run_id: str) -> list[str]:
 
 
 def closed_with(url: str, cookie: str | None, origin: str) -> tuple[int | None, list[str]]:
-    headers = {"Cookie": cookie} if cookie else {}
     sent: list[str] = []
-    with connect(url, origin=Origin(origin), additional_headers=headers, proxy=None, open_timeout=TIMEOUT) as ws:
+    with websocket(url, origin=origin, cookie=cookie, timeout=TIMEOUT) as ws:
         try:
             while True:
                 sent.append(str(ws.recv(timeout=TIMEOUT)))
