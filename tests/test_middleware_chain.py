@@ -53,6 +53,22 @@ def finished() -> Iterator[list[object]]:
 communicator_class: Any = testing.ApplicationCommunicator  # asgiref's test driver, untyped
 
 
+async def next_message(communicator: Any, timeout: float = 10) -> dict[str, Any]:
+    """The application's next message, or its exception as soon as it raises: asgiref's
+    ``receive_output`` raises it only once its whole timeout has passed."""
+    if not communicator.output_queue.empty():
+        return dict(communicator.output_queue.get_nowait())
+    message = asyncio.ensure_future(communicator.output_queue.get())
+    done, _ = await asyncio.wait({message, communicator.future}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    if message in done:
+        return dict(message.result())
+    message.cancel()
+    if communicator.future.done():
+        communicator.future.result()  # the application's exception
+        raise RuntimeError("the application ended without a message")
+    raise TimeoutError(f"no message from the application in {timeout} s")
+
+
 def request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     """The status and body the project's ASGI handler answers, called as daphne calls it."""
     scope = {
@@ -73,10 +89,10 @@ def request(method: str, path: str, body: bytes = b"", headers: dict[str, str] |
     async def exchange() -> tuple[int, bytes]:
         communicator: Any = communicator_class(ASGIHandler(), scope)
         await communicator.send_input({"type": "http.request", "body": body, "more_body": False})
-        start = await communicator.receive_output(10)
+        start = await next_message(communicator)
         content = b""
         while True:
-            message = await communicator.receive_output(10)
+            message = await next_message(communicator)
             content += message.get("body", b"")
             if not message.get("more_body"):
                 break
