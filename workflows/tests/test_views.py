@@ -265,3 +265,30 @@ def test_browser_reconnects_after_the_server_restarts_and_resumes_what_it_missed
 
     assert seqs == [1, 2, 3, 4]  # each event once, none missing
     assert [line.endswith("(replayed)") for line in reversed(log)] == [False, True, True, False]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_browser_a_terminated_runs_redrawn_timeline_shows_no_timer_that_cannot_fire(
+    asgi_server: AsgiServer, users: Users
+) -> None:
+    # given alice's page of a run that waits for a reply until a time, after a restarted attempt
+    run, _ = restarted_run(users.alice)
+
+    def when(page: Any, attempt: int, position: int) -> str:
+        cell = f"[data-attempt='{attempt}'] tr.step[data-position='{position}'] td:nth-child(6)"
+        return str(page.text_content(cell))
+
+    with browser_page(asgi_server.url, users.alice) as page:
+        page.goto(asgi_server.url + page_url(run))
+        page.wait_for_selector("#connection:text-is('live')")
+        assert when(page, 2, 3).startswith("waiting until ")
+
+        # when the run is terminated, the page redraws its timeline from a fresh snapshot
+        off_loop(lambda: wf.terminate(run))
+        page.wait_for_selector("#status.status-terminated")
+        page.wait_for_selector("[data-attempt='2'] h3 .status-terminated")
+        waited, retried = when(page, 2, 3), when(page, 1, 2)
+
+    # then the wait that can no longer end it shows no time, and nothing reads "null"
+    assert waited == "" and retried == "", (waited, retried)
+    assert StepResult.objects.get(run=run, attempt=2, position=3).status == StepStatus.WAITING
