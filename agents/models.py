@@ -49,6 +49,14 @@ class TurnStatus(models.TextChoices):
 TURN_ACTIVE = [TurnStatus.RUNNING, TurnStatus.WAITING]
 TURN_OPEN = [TurnStatus.QUEUED, *TURN_ACTIVE]
 TURN_ENDED = [TurnStatus.COMPLETED, TurnStatus.CANCELLED, TurnStatus.SEALED, TurnStatus.FAILED]
+# The reason the last chunk of an ended turn's stream (``finish``) carries, by how the turn ended:
+# the AI SDK's "stop" and "error", and ours for a turn stopped by someone or sealed.
+TURN_FINISH_REASONS: dict[str, str] = {
+    TurnStatus.COMPLETED: "stop",
+    TurnStatus.CANCELLED: "stopped",
+    TurnStatus.SEALED: "sealed",
+    TurnStatus.FAILED: "error",
+}
 
 
 class Turn(FSMModelMixin, models.Model):

@@ -30,6 +30,7 @@ from agents.models import (
     SUBMISSION_OF_TURN,
     TURN_ACTIVE,
     TURN_ENDED,
+    TURN_FINISH_REASONS,
     TURN_OPEN,
     Agent,
     Chunk,
@@ -344,7 +345,7 @@ def repair_locked(agent: Agent) -> None:
         assert turn.run is not None
         append_unfenced(turn=turn, type_="data-notice", data={"text": RUN_FAILED_MESSAGE})
         why = str((turn.run.error or {}).get("message") or turn.run.failure_reason or turn.run.status)
-        end_locked(turn, status=TurnStatus.FAILED, reason=f"its run ended: {why}", finish="error")
+        end_locked(turn, status=TurnStatus.FAILED, reason=f"its run ended: {why}", finish=True)
 
 
 def on_run_failed(run: WorkflowRun) -> None:
@@ -423,9 +424,9 @@ def _user(turn: Turn) -> Any:
     return turn.requested_by
 
 
-def end_locked(turn: Turn, *, status: str, reason: str, text: str | None = None, finish: str | None = None) -> None:
+def end_locked(turn: Turn, *, status: str, reason: str, text: str | None = None, finish: bool = False) -> None:
     """End an open turn (inside atomic(), its agent row locked): take the transition, write why, write
-    the ``finish`` chunk if ``finish`` (its reason) is given, push, and start the next queued turn."""
+    the ``finish`` chunk (``TURN_FINISH_REASONS``) if ``finish``, push, and start the next queued turn."""
     transition = {
         TurnStatus.COMPLETED: turn.complete,
         TurnStatus.CANCELLED: turn.cancel,
@@ -441,8 +442,8 @@ def end_locked(turn: Turn, *, status: str, reason: str, text: str | None = None,
     save_end(turn)
     if turn.source == SUBMISSION_SOURCE:
         submission_ended_locked(turn)
-    if finish is not None:
-        append_unfenced(turn=turn, type_="finish", data={"reason": finish})
+    if finish:
+        append_unfenced(turn=turn, type_="finish", data={"reason": TURN_FINISH_REASONS[status]})
     push_turn(turn)
     if was_active:  # the agent's one running or waiting turn (start_next_locked starts no second): none is now
         start_oldest_locked(turn.agent)
@@ -513,9 +514,7 @@ def end_stopped_locked(turn: Turn, *, reason: str) -> None:
             parts = {"tool_call_id": m["tool_call_id"], "name": m["name"], "result": m["content"], **stopped}
             row = Message.objects.create(agent_id=turn.agent_id, turn=turn, role=MessageRole.TOOL, parts=parts)
         push_message(row)
-    end_locked(
-        turn, status=TurnStatus.CANCELLED, reason=reason, text=turn_partial_text(turn_id=turn.pk), finish="stopped"
-    )
+    end_locked(turn, status=TurnStatus.CANCELLED, reason=reason, text=turn_partial_text(turn_id=turn.pk), finish=True)
 
 
 # --- state ------------------------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.authtoken.models import Token
 
 from agents import selectors, streams
-from agents.models import TURN_ENDED, Agent, Turn, TurnStatus
+from agents.models import TURN_ENDED, TURN_FINISH_REASONS, Agent, Turn
 from agents.selectors import ChunkData
 from workflows.apis.errors import error_body
 from workflows.consumers import MAX_SEQ
@@ -190,15 +190,6 @@ async def events(*, agent: Agent, turn: Turn, after: int) -> AsyncIterator[str]:
             await layer.group_discard(group, channel)
 
 
-# The reason of the finish chunk a turn that ended so wrote (agents.workflows, agents.services).
-FINISH_REASONS: dict[str, str] = {
-    TurnStatus.COMPLETED: "stop",
-    TurnStatus.CANCELLED: "stopped",
-    TurnStatus.SEALED: "sealed",
-    TurnStatus.FAILED: "error",
-}
-
-
 def _answer_events(turn_id: UUID) -> list[str]:
     """The answer of an ended turn whose stream is gone (``manage.py agents purge-chunks``), as one
     stream without ids: its text whole, then its finish. Its tool calls went with the stream. None
@@ -212,7 +203,7 @@ def _answer_events(turn_id: UUID) -> list[str]:
         _event(None, {"type": "text-start", "id": TEXT_PART}),
         _event(None, {"type": "text-delta", "id": TEXT_PART, "delta": text}),
         _event(None, {"type": "text-end", "id": TEXT_PART}),
-        _event(None, {"type": "finish", "messageMetadata": {"reason": FINISH_REASONS.get(status, status)}}),
+        _event(None, {"type": "finish", "messageMetadata": {"reason": TURN_FINISH_REASONS.get(status, status)}}),
     ]
 
 

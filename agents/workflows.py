@@ -47,7 +47,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from agents.chunks import ChunkWriter, FencedOut, dumps, fence, last_seq
-from agents.models import TURN_ACTIVE, TURN_OPEN, Chunk, Message, MessageRole, Turn, TurnStatus
+from agents.models import TURN_ACTIVE, TURN_FINISH_REASONS, TURN_OPEN, Chunk, Message, MessageRole, Turn, TurnStatus
 from agents.registry import RECOVERY_CHOICES, RecoveryContext, Tool, ToolContext, agent_of, get_agent_class
 from agents.services import end_locked, push_message, push_turn
 from agents.statements import newest_messages, turn_locked_for_end, turn_with_seq
@@ -137,15 +137,15 @@ class TurnWorkflow(Workflow):
             if out.get("end"):
                 if out["text"]:
                     added.append({"role": "assistant", "content": out["text"]})
-                return self.finish(step, turn_id, TurnStatus.SEALED, texts, added, out["end"], "sealed")
+                return self.finish(step, turn_id, TurnStatus.SEALED, texts, added, out["end"])
             calls: list[dict[str, Any]] = out["tool_calls"]
             added.append({"role": "assistant", "content": out["text"], "tool_calls": calls})
             if not calls:
-                return self.finish(step, turn_id, TurnStatus.COMPLETED, texts, added, "answered", "stop")
+                return self.finish(step, turn_id, TurnStatus.COMPLETED, texts, added, "answered")
             for call in calls:
                 result, seq = self.call_tool(step, turn_id, loaded, call, seq)
                 added.append({"role": "tool", "tool_call_id": call["id"], "name": call["name"], "content": result})
-        return self.finish(step, turn_id, TurnStatus.SEALED, texts, added, "too many rounds", "sealed", ROUNDS_MESSAGE)
+        return self.finish(step, turn_id, TurnStatus.SEALED, texts, added, "too many rounds", ROUNDS_MESSAGE)
 
     def call_tool(
         self, step: Step, turn_id: str, loaded: dict[str, Any], call: dict[str, Any], seq: int
@@ -193,7 +193,6 @@ class TurnWorkflow(Workflow):
         texts: list[str],
         added: list[dict[str, Any]],
         reason: str,
-        finish: str,
         notice: str = "",
     ) -> dict[str, Any]:
         outcome = {
@@ -201,7 +200,6 @@ class TurnWorkflow(Workflow):
             "text": "\n\n".join(texts),
             "reason": reason,
             "messages": added,
-            "finish": finish,
             "notice": notice,
         }
         ended: dict[str, Any] = step.do("finish", turn_finish, turn_id, outcome, atomic=True)
@@ -479,7 +477,6 @@ def answered(turn: Turn, writer: ChunkWriter, added: list[dict[str, Any]], text:
         "text": answer_text(answer),
         "reason": "answered",
         "messages": answer,
-        "finish": "stop",
         "notice": "",
     }
     try:
@@ -619,7 +616,7 @@ def end_turn(turn_id: str, outcome: dict[str, Any], writer: ChunkWriter | None =
     writer = writer or _writer(turn)
     if outcome.get("notice"):
         writer.add("data-notice", {"text": outcome["notice"]})
-    writer.add("finish", {"reason": outcome["finish"]})
+    writer.add("finish", {"reason": TURN_FINISH_REASONS[outcome["status"]]})
     writer.close()
     end_locked(turn, status=outcome["status"], reason=outcome["reason"], text=outcome["text"])
     return {"status": outcome["status"]}
@@ -632,7 +629,7 @@ def turn_fail(turn_id: str, message: str) -> dict[str, Any]:
         return {"status": turn.status}
     writer = _writer(turn)
     writer.add("data-notice", {"text": FAILED_MESSAGE})
-    writer.add("finish", {"reason": "error"})
+    writer.add("finish", {"reason": TURN_FINISH_REASONS[TurnStatus.FAILED]})
     writer.close()
     end_locked(turn, status=TurnStatus.FAILED, reason=message)
     return {"status": TurnStatus.FAILED}
