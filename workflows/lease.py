@@ -83,31 +83,46 @@ class Heartbeat:
 
     def _loop(self) -> None:
         while True:
-            time.sleep(conf()["LEASE_SECONDS"] / 3)
-            with self._lock:
-                leases = dict(self._leases)
-            if not leases:
-                connection.close()  # hold no idle connection between runs
-                continue
-            for run_id, owner in leases.items():
-                if self.overdue(run_id):
-                    if run_id not in self._overran:  # counted and logged once, not at every beat
-                        self._overran.add(run_id)
-                        RECOVERIES.labels("step_overran").inc()
-                        logger.warning(
-                            "run %s: its step is past its timeout and grace; its lease is left to expire so "
-                            "another worker recovers the run",
-                            run_id,
-                            extra={"event": "run.step_overran", "run_id": str(run_id)},
-                        )
-                    continue
-                try:
-                    close_old_connections()
-                    WorkflowRun.objects.filter(pk=run_id, lease_owner=owner).update(
-                        lease_expires_at=timezone.now() + lease_duration()
+            time.sleep(self._interval())
+            try:
+                self._beat()
+            except Exception:  # the next beat may hold: a thread that ended would extend no lease again
+                logger.warning("heartbeat failed; trying again at the next beat", exc_info=True)
+
+    @staticmethod
+    def _interval() -> float:
+        """A third of the lease, read at every beat. While Django swaps its settings (a test's
+        override, from another thread: the swap is not atomic) they cannot be read; then a second."""
+        try:
+            return conf()["LEASE_SECONDS"] / 3
+        except AttributeError:
+            return 1.0
+
+    def _beat(self) -> None:
+        with self._lock:
+            leases = dict(self._leases)
+        if not leases:
+            connection.close()  # hold no idle connection between runs
+            return
+        for run_id, owner in leases.items():
+            if self.overdue(run_id):
+                if run_id not in self._overran:  # counted and logged once, not at every beat
+                    self._overran.add(run_id)
+                    RECOVERIES.labels("step_overran").inc()
+                    logger.warning(
+                        "run %s: its step is past its timeout and grace; its lease is left to expire so "
+                        "another worker recovers the run",
+                        run_id,
+                        extra={"event": "run.step_overran", "run_id": str(run_id)},
                     )
-                except Exception:
-                    logger.warning("heartbeat for run %s failed", run_id, exc_info=True)
+                continue
+            try:
+                close_old_connections()
+                WorkflowRun.objects.filter(pk=run_id, lease_owner=owner).update(
+                    lease_expires_at=timezone.now() + lease_duration()
+                )
+            except Exception:
+                logger.warning("heartbeat for run %s failed", run_id, exc_info=True)
 
 
 heartbeat = Heartbeat()
