@@ -8,6 +8,10 @@ database can run it: an invalid regular expression (PostgreSQL) or a JSON ``cont
 failed the list's query, a 500 and a traceback in the log for a typo in an address bar. Here the
 list answers 400 with the reason and a link to the list unfiltered. Only a list's GET with a query
 string is answered so: any other such error is a bug, and stays a 500.
+
+A list may not be filtered on a credential (``reaches_a_credential``): an API token's key, a
+user's password hash. A filter tells which rows it keeps, so it would read a value the list never
+shows out a character at a time. Such a filter is a 400, as Django answers a lookup it refuses.
 """
 
 from __future__ import annotations
@@ -17,11 +21,17 @@ from functools import wraps
 from typing import Any, TypeVar, cast
 
 from django.contrib import admin
+from django.contrib.admin.exceptions import DisallowedModelAdminLookup
+from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.views import PasswordChangeView
+from django.core.exceptions import FieldDoesNotExist
 from django.db import DataError, NotSupportedError, OperationalError, connection
+from django.db.models import Model
+from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from rest_framework.authtoken.models import Token
 
 from accounts.signin import AdminSignInForm, PasswordChangeForm, answered_refused, device_cookie
 
@@ -58,9 +68,22 @@ class AdminSite(admin.AdminSite):
         return cast(TemplateResponse, LimitedPasswordChangeView.as_view(**defaults)(request))
 
     def admin_view(self, view: View, cacheable: bool = False) -> View:
-        checked = super().admin_view(view, cacheable)
         if getattr(view, "__name__", "") != "changelist_view":
-            return checked  # only a list reads filters from its URL
+            return super().admin_view(view, cacheable)  # only a list reads filters from its URL
+        model = getattr(getattr(view, "__self__", None), "model", None)
+
+        @wraps(view)
+        def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            # After the site's own checks (a visitor signed out is sent to sign in, not told 400).
+            # Any method: an action POSTed to a filtered list acts on (and its confirmation lists)
+            # the rows the filter keeps.
+            if model is not None:
+                for lookup in request.GET:
+                    if reaches_a_credential(model, lookup):
+                        raise DisallowedModelAdminLookup(f"Filtering by {lookup} not allowed")
+            return view(request, *args, **kwargs)
+
+        checked = super().admin_view(cast(View, guarded), cacheable)
 
         @wraps(checked)
         def answered(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
@@ -79,6 +102,34 @@ class AdminSite(admin.AdminSite):
         response = TemplateResponse(request, "admin/bad_filter.html", context, status=400)
         response.render()  # here, so that a problem in the template is this view's, not the handler's
         return response
+
+
+def reaches_a_credential(model: type[Model], lookup: str) -> bool:
+    """Whether a list of ``model`` filtered by ``lookup`` (from its URL) would be filtered on a
+    credential: an API token's key, or a user's password hash.
+
+    A list tells which rows a filter keeps, so a filter on a value it never shows reads the value
+    out a character at a time (``?auth_token__key__startswith=5c``). Django's admin refuses
+    lookups that reach through two relations, and its user admin a filter on the password; but it
+    lets the user list be filtered by ``auth_token``, one relation away: a token's key is its
+    primary key, which Django takes for a field of the user's own. Anyone with the view permission
+    on users could read any user's token, a superuser's too, and act as them."""
+    for part in lookup.split(LOOKUP_SEP):
+        try:
+            field = model._meta.get_field(part)
+        except FieldDoesNotExist:
+            return False  # a transform (startswith) or a parameter of the list's own (q, o, p)
+        related = field.related_model if field.is_relation else None
+        if isinstance(related, type) and issubclass(related, Token):
+            return True  # the relation's value is the token's key
+        if issubclass(model, Token) and field.name == "key":
+            return True
+        if issubclass(model, AbstractBaseUser) and field.name == "password":
+            return True
+        if not isinstance(related, type):
+            return False
+        model = related
+    return False
 
 
 class LimitedPasswordChangeView(PasswordChangeView):

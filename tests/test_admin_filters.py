@@ -7,10 +7,14 @@ from typing import Any
 
 import pytest
 from django.contrib import admin
+from django.contrib.auth import get_user_model
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import Permission
 from django.db import NotSupportedError, OperationalError, connection, models
 from django.http import HttpResponse
 from django.test import RequestFactory
 from django.urls import reverse
+from rest_framework.authtoken.models import Token
 
 from config.admin import AdminSite
 
@@ -119,3 +123,65 @@ def test_other_errors_stay_errors(admin_user: Any) -> None:
     ):
         with pytest.raises((NotSupportedError, ValueError)):
             view(asked(admin_user, request))
+
+
+# --- credentials -------------------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_a_staff_member_who_may_view_users_cannot_filter_them_by_their_token(
+    client: Any, django_user_model: Any
+) -> None:
+    # given a superuser with an API token, and a staff member who may only view users
+    root = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    key = Token.objects.create(user=root).key
+    sam = django_user_model.objects.create_user("sam", password="pw", is_staff=True)
+    sam.user_permissions.add(Permission.objects.get(codename="view_user"))
+    client.force_login(sam)
+    users = reverse("admin:auth_user_changelist")
+    assert client.get(f"{users}?username=root").status_code == 200  # the list, filtered, is sam's to see
+
+    # when sam filters the user list by the token, a character at a time or whole, or by the password
+    for query in (
+        f"auth_token__key__startswith={key[0]}",
+        f"auth_token__startswith={key[0]}",
+        f"auth_token={key}",
+        f"auth_token__key__in={key}",
+        f"auth_token__user__username=root&auth_token__key__gt={key[0]}",
+        "password__startswith=pbkdf2",
+    ):
+        response = client.get(f"{users}?username=root&{query}")
+
+        # then the list refuses the filter, whatever it would have kept
+        assert response.status_code == 400, query
+        assert b"root" not in response.content, query
+
+    # and no action POSTed to a list so filtered runs on (or lists) what the filter keeps
+    response = client.post(
+        f"{users}?auth_token__key__startswith={key[0]}", {"action": "delete_selected", "select_across": "1"}
+    )
+    assert response.status_code == 400
+    assert django_user_model.objects.filter(username="root").exists()
+
+
+@pytest.mark.django_db
+def test_no_admin_list_can_be_filtered_on_a_credential() -> None:
+    from config.admin import reaches_a_credential
+
+    # every model admin, each relation to a user or a token, one or two steps away
+    found: list[str] = []
+    for model in admin.site._registry:
+        for field in model._meta.get_fields():
+            related = field.related_model if field.is_relation else None
+            if related is None:
+                continue
+            if issubclass(related, Token):
+                found.append(f"{model.__name__}.{field.name}")
+                assert reaches_a_credential(model, f"{field.name}__key__startswith")
+                assert reaches_a_credential(model, field.name)
+            if issubclass(related, AbstractBaseUser):
+                found.append(f"{model.__name__}.{field.name}")
+                assert reaches_a_credential(model, f"{field.name}__auth_token__key__startswith")
+                assert reaches_a_credential(model, f"{field.name}__password__startswith")
+                assert not reaches_a_credential(model, f"{field.name}__username__startswith")
+    assert "User.auth_token" in found and len(found) > 10
+    assert not reaches_a_credential(get_user_model(), "username__startswith")
+    assert not reaches_a_credential(get_user_model(), "q")
