@@ -10,8 +10,10 @@ list answers 400 with the reason and a link to the list unfiltered. Only a list'
 string is answered so: any other such error is a bug, and stays a 500.
 
 A list may not be filtered on a credential (``reaches_a_credential``): an API token's key, a
-user's password hash. A filter tells which rows it keeps, so it would read a value the list never
-shows out a character at a time. Such a filter is a 400, as Django answers a lookup it refuses.
+user's password hash; nor on a field its model admin names in ``unfilterable_fields``: one it
+shows only redacted, or not at all. A filter tells which rows it keeps, so it would read a value
+the list never shows out a character at a time. Such a filter is a 400, as Django answers a lookup
+it refuses.
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ class AdminSite(admin.AdminSite):
     def admin_view(self, view: View, cacheable: bool = False) -> View:
         if getattr(view, "__name__", "") != "changelist_view":
             return super().admin_view(view, cacheable)  # only a list reads filters from its URL
-        model = getattr(getattr(view, "__self__", None), "model", None)
+        model_admin = getattr(view, "__self__", None)
+        model = getattr(model_admin, "model", None)
+        hidden = frozenset(getattr(model_admin, "unfilterable_fields", ()))
 
         @wraps(view)
         def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
@@ -79,7 +83,7 @@ class AdminSite(admin.AdminSite):
             # the rows the filter keeps.
             if model is not None:
                 for lookup in request.GET:
-                    if reaches_a_credential(model, lookup):
+                    if lookup.split(LOOKUP_SEP, 1)[0] in hidden or reaches_a_credential(model, lookup):
                         raise DisallowedModelAdminLookup(f"Filtering by {lookup} not allowed")
             return view(request, *args, **kwargs)
 

@@ -96,6 +96,25 @@ def test_the_list_filters_by_status_and_system(viewer: User) -> None:
     assert listed(client, "?q=p2") == ["p2"]
 
 
+def test_no_filter_in_the_url_reads_what_the_page_shows_redacted(viewer: User) -> None:
+    # given an operation whose request holds personal data, shown redacted
+    make_operation("pd", request={"amount": "5.00", "customer": {"email": "alice@example.com"}})
+    client = login(viewer)
+    assert listed(client, "?key=pd") == ["pd"]
+
+    # when a filter in the URL asks about the request, the answer or the error, a character at a time
+    for query in (
+        "?request__customer__email__startswith=a",
+        "?request__customer__email=alice@example.com",
+        "?request__has_key=customer",
+        "?response__isnull=True",
+        "?error__reason=x",
+        "?request_hash__startswith=0",
+    ):
+        # then it is refused (Django answers a lookup it refuses 400), not a list that says yes or no
+        assert client.get(CHANGELIST + query).status_code == 400, query
+
+
 def test_staff_without_the_view_permission_see_nothing(users: Users) -> None:
     make_operation("secret")
 
