@@ -367,6 +367,9 @@ WORKFLOWS: dict[str, Any] = {
     # How many runs one person may have going at once through POST /api/workflows/<name>/runs
     # (queued, running, waiting...: not yet finished); more is a 429. 0: no limit.
     "MAX_ACTIVE_RUNS_PER_OWNER": envint("WORKFLOWS_MAX_ACTIVE_RUNS_PER_OWNER", 10),
+    # How many events a run may hold that no step has taken yet; more is a 429 (the app's own
+    # events, an approval's decision or a ledger outcome, are never refused). 0: no limit.
+    "MAX_WAITING_EVENTS_PER_RUN": envint("WORKFLOWS_MAX_WAITING_EVENTS_PER_RUN", 100),
     "STREAM_TTL_SECONDS": envint("WORKFLOWS_STREAM_TTL", 24 * 3600),
     "STREAM_MAX_EVENTS": envint("WORKFLOWS_STREAM_MAX_EVENTS", 1000),
     # "sync": a step's result is flushed to disk before the next step starts. "async" (PostgreSQL):

@@ -20,6 +20,7 @@ class WorkflowsSettings(TypedDict):
     QUEUE: str
     PUBLIC_QUEUE: str
     MAX_ACTIVE_RUNS_PER_OWNER: int
+    MAX_WAITING_EVENTS_PER_RUN: int
     STREAM_TTL_SECONDS: int
     STREAM_MAX_EVENTS: int
     STEP_COMMIT: str

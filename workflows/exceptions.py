@@ -27,6 +27,12 @@ class TooManyRuns(WorkflowError):
     code = "too_many_runs"
 
 
+class TooManyEvents(WorkflowError):
+    """The run holds WORKFLOWS_MAX_WAITING_EVENTS_PER_RUN events no step has taken yet (HTTP 429)."""
+
+    code = "too_many_events"
+
+
 class IdempotencyConflict(WorkflowError):
     """The key was used before with a different payload."""
 

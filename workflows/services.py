@@ -18,6 +18,7 @@ from workflows.exceptions import (
     InvalidPayload,
     NotStartable,
     PayloadTooLarge,
+    TooManyEvents,
     TooManyRuns,
     TransitionNotAllowed,
 )
@@ -198,7 +199,9 @@ def run_send_event(
     """Record an event for the run and wake it if it waits for this type. Returns (event, created).
 
     Types and keys an app reserved (``hooks.reserve_event_prefix``) are refused unless ``system``:
-    only that app's own services pass it.
+    only that app's own services pass it. TooManyEvents, unless ``system``, if the run holds
+    WORKFLOWS_MAX_WAITING_EVENTS_PER_RUN events no step has taken: a run keeps its events as long
+    as it is kept, and whoever may send it one could otherwise fill the database.
     """
     if not type or not isinstance(type, str):
         raise InvalidPayload("event type must be a non-empty string")
@@ -223,10 +226,25 @@ def run_send_event(
                 return existing, False
         if run.is_terminal:
             raise TransitionNotAllowed(f"the run is {run.status}; it takes no more events", status=run.status)
+        if not system:
+            _check_waiting_events(run)
         event = RunEvent.objects.create(run=run, type=type, payload=payload, idempotency_key=idempotency_key or None)
         if run.status == RunStatus.WAITING and run.wait_event_type == type:
             wake_locked_run(run)
     return event, True
+
+
+def _check_waiting_events(run: WorkflowRun) -> None:
+    """TooManyEvents if the run (locked) holds WORKFLOWS_MAX_WAITING_EVENTS_PER_RUN events no step has taken."""
+    limit = conf()["MAX_WAITING_EVENTS_PER_RUN"]
+    if limit <= 0:
+        return
+    waiting = RunEvent.objects.filter(run=run, consumed_attempt__isnull=True)[:limit].count()
+    if waiting >= limit:
+        raise TooManyEvents(
+            f"the run holds {limit} events no step has taken yet (WORKFLOWS_MAX_WAITING_EVENTS_PER_RUN); "
+            "it takes more once its steps take some"
+        )
 
 
 def wake_locked_run(run: WorkflowRun, *, reason: str = "event") -> None:

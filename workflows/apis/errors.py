@@ -19,6 +19,7 @@ from workflows.exceptions import (
     InvalidPayload,
     NotStartable,
     PayloadTooLarge,
+    TooManyEvents,
     TooManyRuns,
     TransitionNotAllowed,
     UnknownWorkflow,
@@ -114,6 +115,7 @@ DOMAIN_ERRORS: dict[type[Exception], int] = {
     UnknownWorkflow: status.HTTP_404_NOT_FOUND,
     NotStartable: status.HTTP_403_FORBIDDEN,
     TooManyRuns: status.HTTP_429_TOO_MANY_REQUESTS,
+    TooManyEvents: status.HTTP_429_TOO_MANY_REQUESTS,
     IdempotencyConflict: status.HTTP_409_CONFLICT,
     TransitionNotAllowed: status.HTTP_409_CONFLICT,
     PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,  # before its base class

@@ -337,7 +337,7 @@ class RunSendEventApi(ApiBase):
         responses={
             201: OutputSerializer,
             200: OutputSerializer,
-            **error_responses(400, 401, 403, 404, 409, 413, 415),
+            **error_responses(400, 401, 403, 404, 409, 413, 415, 429),
         },
     )
     def post(self, request: Request, run_id: str) -> Response:

@@ -546,6 +546,38 @@ def test_send_event_refuses_bad_input_and_records_nothing(
 
 
 @pytest.mark.django_db
+def test_a_run_holds_a_bounded_number_of_events_no_step_has_taken(users: Users, settings: Any) -> None:
+    # given a run that may hold 3 events no step has taken, and holds 3
+    settings.WORKFLOWS = {**settings.WORKFLOWS, "MAX_WAITING_EVENTS_PER_RUN": 3}
+    run = a_run(users.alice, "test.wait")
+    client = api_login(users.alice)
+    for n in range(3):
+        sent = client.post(run_url(run.id, "events"), {"type": "spam", "idempotency_key": f"k{n}"}, format="json")
+        assert sent.status_code == 201
+
+    # when alice sends one more, it is refused and nothing is stored
+    refused = client.post(run_url(run.id, "events"), {"type": "spam", "payload": {"n": 4}}, format="json")
+    assert refused.status_code == 429
+    assert error_of(refused)["code"] == "too_many_events"
+    assert "3 events no step has taken" in error_of(refused)["message"]
+    assert RunEvent.objects.filter(run=run).count() == 3
+
+    # and a replay of one she sent is still answered, and the app's own events are never refused
+    assert (
+        client.post(run_url(run.id, "events"), {"type": "spam", "idempotency_key": "k0"}, format="json").status_code
+        == 200
+    )
+    _, created = services.run_send_event(run_id=run.id, type="decision", payload={"approve": True}, system=True)
+    assert created
+
+    # then once steps have taken some (the decision counts while no step has taken it), there is room again
+    taken = RunEvent.objects.filter(run=run, type="decision") | RunEvent.objects.filter(run=run, idempotency_key="k0")
+    assert taken.update(consumed_attempt=1, consumed_position=1) == 2
+    assert client.post(run_url(run.id, "events"), {"type": "spam"}, format="json").status_code == 201
+    assert client.post(run_url(run.id, "events"), {"type": "spam"}, format="json").status_code == 429
+
+
+@pytest.mark.django_db
 def test_an_event_for_a_finished_run_is_409_with_its_status(users: Users) -> None:
     run = a_run(users.alice, "test.wait")
     services.run_terminate(run_id=run.id)
