@@ -29,7 +29,7 @@ from rest_framework.response import Response
 from agents import selectors, services
 from agents.consumers import max_text_chars
 from agents.models import Agent, Turn, TurnStatus
-from workflows.apis.common import ApiBase, StrictCharField, StrictSerializer, authenticated_user
+from workflows.apis.common import ApiBase, StrictCharField, StrictSerializer, authenticated_user, check_no_body
 from workflows.apis.converters import name_parameter
 from workflows.apis.errors import error_response, error_responses
 from workflows.apis.schema import NOT_BLANK
@@ -307,12 +307,14 @@ class AgentTurnStopApi(ApiBase):
         tags=TAGS,
         parameters=[KIND, NAME, TURN_ID, AgentQuerySerializer],
         request=None,
-        description="200 with the turn, cancelled. 409 turn_ended (detail {status}) if it had already ended.",
-        responses={200: OutputSerializer, **error_responses(400, 401, 403, 404, 409)},
+        description="No body, or an empty object. 200 with the turn, cancelled. 409 turn_ended (detail "
+        "{status}) if it had already ended.",
+        responses={200: OutputSerializer, **error_responses(400, 401, 403, 404, 409, 415)},
     )
     def post(self, request: Request, kind: str, name: str, turn_id: str) -> Response:
         # A turn is never of an agent that does not exist yet: asking for one creates nothing.
         turn = visible_turn(agent=visible_agent(request, kind, name, create=False), turn_id=turn_id)
+        check_no_body(request)  # read once the caller may see the turn: to anyone else, only "not found"
         if turn.is_ended:
             return ended(turn)
         try:

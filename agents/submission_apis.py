@@ -62,6 +62,7 @@ from workflows.apis.common import (
     RunCursorPagination,
     StrictCharField,
     StrictSerializer,
+    check_no_body,
     idempotency_key_header,
     idempotency_key_valid,
 )
@@ -291,10 +292,12 @@ class SubmissionCancelApi(ApiBase):
         tags=TAGS,
         parameters=[SUBMISSION_ID],
         request=None,
-        responses={200: SubmissionSerializer, **error_responses(401, 404, 409)},
+        description="No body, or an empty object.",
+        responses={200: SubmissionSerializer, **error_responses(400, 401, 404, 409, 415)},
     )
     def post(self, request: Request, submission_id: str) -> Response:
         submission = visible_submission(request, submission_id)
+        check_no_body(request)  # read once the caller may see it: to anyone else, only "not found"
         cancelled = submission_cancel(submission=submission, user=user_of(request))
         fresh = selectors.submission_get(user=user_of(request), submission_id=cancelled.pk)
         assert fresh is not None

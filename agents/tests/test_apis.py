@@ -156,6 +156,19 @@ def test_a_stop_that_could_not_stop_a_turn_that_kept_changing_does_not_say_it_en
     assert Turn.objects.get(pk=turn.pk).status == TurnStatus.QUEUED
 
 
+def test_a_stop_with_a_body_is_refused_and_stops_nothing(world: World) -> None:
+    turn = make_turn(world.agent, status=TurnStatus.QUEUED)
+    client = api_login(world.users.alice)
+
+    with_a_field = client.post(f"{BASE}/turns/{turn.pk}/stop", {"force": True}, format="json")
+    not_json = client.post(f"{BASE}/turns/{turn.pk}/stop", "zzz", content_type="text/plain")
+
+    assert with_a_field.status_code == 400 and with_a_field.json()["error"]["detail"] == {"force": ["Unknown field."]}
+    assert not_json.status_code == 415
+    assert Turn.objects.get(pk=turn.pk).status == TurnStatus.QUEUED
+    assert client.post(f"{BASE}/turns/{turn.pk}/stop", {}, format="json").status_code == 200  # {} is no body
+
+
 def test_stop_cancels_a_queued_turn(world: World) -> None:
     turn = make_turn(world.agent, status=TurnStatus.QUEUED)
 

@@ -276,6 +276,12 @@ def test_cancel_in_each_status(users: Users, no_enqueue: NoEnqueue) -> None:
     assert inbox["status"] == pending["status"] == later["status"] == "pending"
     assert crm.get(f"/api/submissions/{inbox['id']}").json()["turn"] is None  # in the inbox: no turn yet
 
+    # (a cancel with a field it would not read is refused, and cancels nothing)
+    refused = crm.post(f"/api/submissions/{inbox['id']}/cancel", {"reason": "x"}, format="json")
+    assert refused.status_code == 400 and refused.json()["error"]["detail"] == {"reason": ["Unknown field."]}
+    assert crm.post(f"/api/submissions/{inbox['id']}/cancel", "zzz", content_type="text/plain").status_code == 415
+    assert Submission.objects.get(pk=inbox["id"]).status == "pending"
+
     # when the first is cancelled before a worker queued its turn
     cancelled = crm.post(f"/api/submissions/{inbox['id']}/cancel")
 

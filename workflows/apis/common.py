@@ -134,6 +134,17 @@ class StrictSerializer(serializers.Serializer[Any]):
         return super().to_internal_value(data)
 
 
+class NoFields(StrictSerializer):
+    """The body of an operation that reads none: nothing, or ``{}``. A field sent to it is one it
+    would not read (restart's ``attempt`` sent to a pause, a ``reason`` to a cancel), which a client
+    would believe did something: a 400, not ignored."""
+
+
+def check_no_body(request: Request) -> None:
+    """A 400 for a body with a field (``NoFields``); a 415 for one that is not JSON."""
+    NoFields(data=request.data).is_valid(raise_exception=True)
+
+
 # ``<offset>.<reverse>[.<position>]``: the position is a created_at in microseconds since 1970
 # (16 digits reach the year 2286), so every cursor of this form is a valid page.
 CURSOR = "([0-9]{1,9})\\.([01])(?:\\.([0-9]{1,16}))?"  # plain groups: also the schema's pattern

@@ -35,6 +35,7 @@ from workflows.apis.common import (
     ApiBase,
     JsonObjectField,
     JsonValueField,
+    NoFields,
     RunCursorPagination,
     StrictCharField,
     StrictIntegerField,
@@ -361,9 +362,7 @@ class RunControlApi(ApiBase):
     """Base of the four control operations: the caller must be allowed to control the run; the
     service refuses a transition the run's state does not allow (409 with that state)."""
 
-    class InputSerializer(StrictSerializer):
-        """Pause, resume and terminate take no body (or ``{}``): a field in it would be one they do
-        not read, e.g. restart's ``attempt``, which a client would believe guarded them."""
+    InputSerializer: type[StrictSerializer] = NoFields  # pause, resume and terminate take no body
 
     OutputSerializer = RunDetailSerializer
 
