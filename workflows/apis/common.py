@@ -49,6 +49,15 @@ class ApiBase(APIView):
     authentication_classes = [TokenAuthentication, SessionAuthentication]
     permission_classes = [IsAuthenticated]
 
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        """A query parameter given twice is a 400: read as its last value (Django's QueryDict), a
+        client that sent ``?status=pending&status=completed`` was answered for another filter
+        than it meant. No parameter of the API takes several values."""
+        super().initial(request, *args, **kwargs)
+        repeated = sorted(key for key, values in request.query_params.lists() if len(values) > 1)
+        if repeated:
+            raise exceptions.ValidationError({key: ["Given more than once; give it once."] for key in repeated})
+
 
 class StrictCharField(serializers.CharField):
     """A string, and only a string: DRF's CharField quietly turns 5 or true into "5" or "True".

@@ -373,6 +373,25 @@ def test_list_refuses_bad_query_parameters(users: Users, query: dict[str, str], 
 
 
 @pytest.mark.django_db
+def test_a_query_parameter_given_twice_is_refused_not_read_as_its_last_value(users: Users) -> None:
+    run = a_run(users.alice)
+    client = api_login(users.alice)
+
+    for url in (
+        "/api/runs?status=completed&status=failed",
+        "/api/runs?page_size=1&page_size=2&status=completed",
+        f"/api/runs/{run.id}?x=1&x=2",
+        "/api/agents/support/help/submissions?status=pending&status=completed",
+    ):
+        response = client.get(url)
+
+        assert response.status_code == 400, url
+        detail = error_of(response)["detail"]
+        assert list(detail) in (["status"], ["page_size"], ["x"]) and "more than once" in str(detail), url
+    assert client.get("/api/runs?status=completed").status_code == 200
+
+
+@pytest.mark.django_db
 def test_list_pages_through_every_run_once_newest_first(users: Users) -> None:
     # given five runs
     ids = [str(a_run(users.alice, n=i).id) for i in range(5)]
