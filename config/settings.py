@@ -546,6 +546,11 @@ REFUND_APPROVAL_LIMIT = envstr("REFUND_APPROVAL_LIMIT", "100.00")
 # How many refund requests one customer may have in progress (their runs not finished); more is a
 # 429: a customer asking for a penny at a time must not fill the workers and the provider. 0: none.
 REFUND_MAX_OPEN_REQUESTS = envint("REFUND_MAX_OPEN_REQUESTS", 10)
+# How many supplier assessments one person may have open (not approved, rejected or failed), and
+# how many source records (sources and their revisions) one assessment may hold; more is a 429:
+# each keeps its evidence for good. 0: no limit.
+SUPPLIER_MAX_OPEN_ASSESSMENTS = envint("SUPPLIER_MAX_OPEN_ASSESSMENTS", 10)
+SUPPLIER_MAX_SOURCE_RECORDS = envint("SUPPLIER_MAX_SOURCE_RECORDS", 100)
 
 # --- Operating it (ops: README "Operating it") -----------------------------------------------------
 # `Authorization: Bearer <METRICS_TOKEN>` reads /metrics. Unset, /metrics answers 401 unless DEBUG is

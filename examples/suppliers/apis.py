@@ -171,8 +171,9 @@ class AssessmentListCreateApi(ApiBase):
         operation_id="assessment_create",
         tags=TAGS,
         request=InputSerializer,
-        description="A new assessment awaiting input, with revision 1 of each source.",
-        responses={201: AssessmentDetailSerializer, **error_responses(400, 401, 403, 413, 415)},
+        description="A new assessment awaiting input, with revision 1 of each source. 429 past "
+        "SUPPLIER_MAX_OPEN_ASSESSMENTS open assessments of yours, or SUPPLIER_MAX_SOURCE_RECORDS sources.",
+        responses={201: AssessmentDetailSerializer, **error_responses(400, 401, 403, 413, 415, 429)},
     )
     def post(self, request: Request) -> Response:
         serializer = self.InputSerializer(data=request.data)
@@ -185,6 +186,8 @@ class AssessmentListCreateApi(ApiBase):
             )
         except services.InvalidSourceName as exc:
             raise exceptions.ValidationError({"sources": [str(exc)]}) from None
+        except services.TooMany as exc:
+            return error_response("too_many_requests", str(exc), status.HTTP_429_TOO_MANY_REQUESTS)
         except ValueError as exc:
             raise exceptions.ValidationError({"supplier_name": [str(exc)]}) from None
         response = detail_response(request, assessment.pk, http_status=status.HTTP_201_CREATED)
@@ -221,8 +224,9 @@ class AssessmentSourceApi(ApiBase):
         parameters=[ASSESSMENT_ID],
         request=InputSerializer,
         description="A new source, or the next revision of one. During a review this supersedes "
-        "the pending request: the workflow builds the next report version and asks again.",
-        responses={201: SourceSerializer, **error_responses(400, 401, 403, 404, 409, 413, 415)},
+        "the pending request: the workflow builds the next report version and asks again. 429 past "
+        "SUPPLIER_MAX_SOURCE_RECORDS records (sources and their revisions) in the assessment.",
+        responses={201: SourceSerializer, **error_responses(400, 401, 403, 404, 409, 413, 415, 429)},
     )
     def post(self, request: Request, assessment_id: int) -> Response:
         visible_assessment(request, assessment_id)
@@ -236,6 +240,8 @@ class AssessmentSourceApi(ApiBase):
             )
         except services.AssessmentStateError as exc:
             return state_error(exc, assessment_id)
+        except services.TooMany as exc:
+            return error_response("too_many_requests", str(exc), status.HTTP_429_TOO_MANY_REQUESTS)
         body = {
             "source": record.source,
             "revision": record.revision,

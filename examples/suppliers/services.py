@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractUser, AnonymousUser
 from django.contrib.auth.models import User as DjangoUser
@@ -26,6 +27,7 @@ from examples.chat import account_agent
 from examples.suppliers.models import (
     SOURCE_NAME_MAX,
     SUBJECT_TYPE,
+    TERMINAL,
     AssessmentReport,
     AssessmentStatus,
     SourceRecord,
@@ -46,6 +48,36 @@ MAX_REVIEW_TIMEOUT_SECONDS = 90 * 24 * 3600
 
 class AssessmentStateError(Exception):
     """The assessment's state does not allow this (e.g. revising evidence of a closed assessment)."""
+
+
+class TooMany(Exception):
+    """Past SUPPLIER_MAX_OPEN_ASSESSMENTS of a requester or SUPPLIER_MAX_SOURCE_RECORDS of an
+    assessment (the API's 429): whoever may add evidence could otherwise fill the database."""
+
+
+def check_open_assessments(requester: DjangoUser) -> None:
+    """TooMany if ``requester`` has SUPPLIER_MAX_OPEN_ASSESSMENTS open. Inside the transaction that
+    creates one: the requester's row is locked, so assessments asked for together are counted one
+    after the other."""
+    limit = int(settings.SUPPLIER_MAX_OPEN_ASSESSMENTS)
+    if not limit:
+        return
+    get_user_model().objects.select_for_update().filter(pk=requester.pk).first()
+    open_ones = SupplierAssessment.objects.filter(requested_by=requester).exclude(status__in=TERMINAL).count()
+    if open_ones >= limit:
+        raise TooMany(
+            f"you have {open_ones} supplier assessments open (the limit is {limit}); ask for more once some are decided"
+        )
+
+
+def check_source_records(*, held: int, adding: int) -> None:
+    """TooMany if an assessment that holds ``held`` source records would pass
+    SUPPLIER_MAX_SOURCE_RECORDS with ``adding`` more."""
+    limit = int(settings.SUPPLIER_MAX_SOURCE_RECORDS)
+    if limit and held + adding > limit:
+        raise TooMany(
+            f"an assessment holds at most {limit} source records (sources and their revisions); this one holds {held}"
+        )
 
 
 class InvalidSourceName(ValueError):
@@ -90,7 +122,9 @@ def assessment_create(
         raise ValueError("the supplier's name may not be empty")
     for source in sources or {}:
         check_source_name(source)
+    check_source_records(held=0, adding=len(sources or {}))
     with transaction.atomic():
+        check_open_assessments(requested_by)
         assessment = SupplierAssessment.objects.create(supplier_name=supplier_name.strip(), requested_by=requested_by)
         for source, content in (sources or {}).items():
             SourceRecord.objects.create(
@@ -121,6 +155,7 @@ def source_record_add(*, assessment_id: int, source: str, content: Any, by: User
             raise AssessmentStateError(
                 f"assessment {assessment.pk}'s {decided.version} was {decided.status}: its evidence is final"
             )
+        check_source_records(held=assessment.source_records.count(), adding=1)
         latest = assessment.source_records.filter(source=source).aggregate(n=Max("revision"))["n"] or 0
         record = SourceRecord.objects.create(
             assessment=assessment, source=source, revision=latest + 1, content=content, created_by_id=by.pk

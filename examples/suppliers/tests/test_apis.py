@@ -121,6 +121,41 @@ class TestSourcesAndSubmit:
         ]
         assert SourceRecord.objects.filter(assessment=assessment, source="sanctions").count() == 2  # history kept
 
+    def test_an_assessment_holds_a_bounded_number_of_source_records(
+        self, users: Users, assessment: SupplierAssessment, settings: Any
+    ) -> None:
+        # given an assessment that may hold 4 source records, holding 2 (revision 1 of two sources)
+        settings.SUPPLIER_MAX_SOURCE_RECORDS = 4
+        url, api = f"{URL}/{assessment.pk}/sources", api_login(users.alice, via="force")
+        for hits in (1, 2):
+            assert api.post(url, {"source": "sanctions", "content": {"hits": hits}}, format="json").status_code == 201
+
+        # when one more revision is sent, it is refused and nothing is stored
+        before = snapshot(assessment)
+        refused = api.post(url, {"source": "sanctions", "content": {"hits": 3}}, format="json")
+
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_requests"
+        assert "at most 4 source records" in refused.json()["error"]["message"]
+        assert snapshot(assessment) == before
+        # and a new assessment of more sources than that is refused whole
+        settings.SUPPLIER_MAX_SOURCE_RECORDS = 1
+        count = SupplierAssessment.objects.count()
+        assert create(api).status_code == 429 and SupplierAssessment.objects.count() == count
+
+    def test_a_requester_has_a_bounded_number_of_open_assessments(self, users: Users, settings: Any) -> None:
+        # given alice may have 2 assessments open, and has 2 open (an approved one does not count)
+        settings.SUPPLIER_MAX_OPEN_ASSESSMENTS = 2
+        in_state(users, AssessmentStatus.APPROVED)
+        api = api_login(users.alice, via="force")
+        assert [create(api).status_code for _ in range(2)] == [201, 201]
+
+        # when she asks for another while 2 are open, it is refused; bob's count is his own
+        refused = create(api)
+
+        assert refused.status_code == 429 and "2 supplier assessments open" in refused.json()["error"]["message"]
+        assert SupplierAssessment.objects.filter(requested_by=users.alice).count() == 3
+        assert create(api_login(users.bob, via="force")).status_code == 201
+
     def test_a_closed_assessment_takes_no_more_evidence(self, users: Users) -> None:
         closed = in_state(users, AssessmentStatus.APPROVED)
         before = snapshot(closed)
