@@ -120,6 +120,9 @@ class OrderAdmin(admin.ModelAdmin[Order]):
 @admin.register(RefundRequest)
 class RefundRequestAdmin(admin.ModelAdmin[RefundRequest]):
     list_display = ["id", "order", "customer", "amount", "status_in_words", "run", "created_at"]
+    # Never shown here (it is part of the ledger's operation key, for those who may see operations):
+    # never filtered on in the URL either (config.admin), or it would be read a character at a time.
+    unfilterable_fields = ("key_salt",)
     readonly_fields = [
         "order",
         "customer",
