@@ -47,8 +47,10 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework.authtoken.models import Token
 
 from agents import selectors, streams
+from agents.apis import AgentQuerySerializer
 from agents.models import TURN_ENDED, TURN_FINISH_REASONS, Agent, Turn
 from agents.selectors import ChunkData
+from workflows.apis.common import repeated_parameters
 from workflows.apis.errors import error_body
 from workflows.consumers import MAX_SEQ
 from workflows.storable import text_problem
@@ -62,8 +64,8 @@ TOKEN_KEY_MAX = 40  # rest_framework.authtoken.models.Token.key
 logger = logging.getLogger("agents")
 
 
-def error(code: str, message: str, http_status: int) -> JsonResponse:
-    return JsonResponse(error_body(code, message), status=http_status)
+def error(code: str, message: str, http_status: int, detail: Any = None) -> JsonResponse:
+    return JsonResponse(error_body(code, message, detail), status=http_status)
 
 
 @csrf_exempt  # it only reads: a POST gets the API's JSON 405 below, not the CSRF check's HTML page
@@ -78,8 +80,14 @@ async def turn_stream(request: HttpRequest, kind: str, name: str, turn_id: str) 
     after = _last_event_id(request)
     if after is None:
         return error("invalid", "Last-Event-ID must be a non-negative integer (a seq this stream sent).", 400)
+    # The query as the turn's API reads it: ?account= once, nothing else (a 400 otherwise).
+    problems = repeated_parameters(request.GET)
+    params = AgentQuerySerializer(data=request.GET.dict())
+    if problems or not params.is_valid():
+        return error("invalid", "The request is not valid.", 400, problems or params.errors)
     # After it the request's connection (the session, the user, the agent) is back in the pool.
-    found = await database_sync_to_async(_visible_turn)(user, kind, name, turn_id, request.GET.get("account"))
+    account = params.validated_data.get("account")
+    found = await database_sync_to_async(_visible_turn)(user, kind, name, turn_id, account)
     if found is None:
         return error("not_found", "Not found.", 404)
     agent, turn = found

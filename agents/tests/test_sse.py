@@ -183,6 +183,9 @@ def test_refusals_are_the_apis_json_errors(asgi_server: AsgiServer, world: World
         "mallory's own agent": stream(asgi_server, world.users.mallory, turn)[0],
         "another agent": stream(asgi_server, world.users.alice, turn, name="other")[0],
         "bad Last-Event-ID": stream(asgi_server, world.users.alice, turn, last_event_id="x")[0],
+        "account twice": stream(asgi_server, world.users.alice, turn, query="?account=globex&account=acme")[0],
+        "unknown parameter": stream(asgi_server, world.users.alice, turn, query="?acount=acme")[0],
+        "bad account": stream(asgi_server, world.users.alice, turn, query="?account=a%20b")[0],
     }
 
     assert {who: r.status_code for who, r in refused.items()} == {
@@ -191,8 +194,15 @@ def test_refusals_are_the_apis_json_errors(asgi_server: AsgiServer, world: World
         "mallory's own agent": 404,
         "another agent": 404,
         "bad Last-Event-ID": 400,
+        "account twice": 400,
+        "unknown parameter": 400,
+        "bad account": 400,
     }
     assert refused["mallory"].json() == {"error": {"code": "not_found", "message": "Not found.", "detail": None}}
+    # the query is read as the turn's API reads it: named, once
+    assert refused["account twice"].json()["error"]["detail"] == {"account": ["Given more than once; give it once."]}
+    assert refused["unknown parameter"].json()["error"]["detail"] == {"acount": ["Unknown field."]}
+    assert stream(asgi_server, world.users.alice, turn, query="?account=acme")[0].status_code == 200
     # and following a stream never creates its agent (a link any site can put in front of alice)
     assert not Agent.objects.filter(name="other").exists()
 

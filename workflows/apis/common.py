@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from django.contrib.auth.models import AbstractUser, AnonymousUser
+from django.http import QueryDict
 from django.utils.dateparse import parse_datetime
 from rest_framework import exceptions, serializers
 from rest_framework.authentication import SessionAuthentication
@@ -54,9 +55,13 @@ class ApiBase(APIView):
         client that sent ``?status=pending&status=completed`` was answered for another filter
         than it meant. No parameter of the API takes several values."""
         super().initial(request, *args, **kwargs)
-        repeated = sorted(key for key, values in request.query_params.lists() if len(values) > 1)
-        if repeated:
-            raise exceptions.ValidationError({key: ["Given more than once; give it once."] for key in repeated})
+        if repeated := repeated_parameters(request.query_params):
+            raise exceptions.ValidationError(repeated)
+
+
+def repeated_parameters(query: QueryDict) -> dict[str, list[str]]:
+    """Each query parameter given more than once, with why it is refused (none: empty)."""
+    return {key: ["Given more than once; give it once."] for key, values in sorted(query.lists()) if len(values) > 1}
 
 
 class StrictCharField(serializers.CharField):
