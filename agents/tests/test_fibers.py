@@ -254,7 +254,10 @@ def test_a_cancelled_fiber_stores_nothing_more_and_a_worker_restart_does_not_rev
         fiber_cancel(fiber=fresh, user=users.alice)
 
 
-def test_cancelling_a_fiber_no_worker_began_cancels_it_and_its_run(users: Users, tmp_path: Path) -> None:
+def test_cancelling_a_fiber_no_worker_began_cancels_it_and_its_run(
+    users: Users, tmp_path: Path, no_enqueue: NoEnqueue
+) -> None:
+    # (no_enqueue: a worker of another test of this process would otherwise take and finish it first)
     agent = fiber_agent(users.alice)
     fiber = agent.run_fiber("count", count_items, input={"path": str(tmp_path / "items"), "items": 1})
 
