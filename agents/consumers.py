@@ -137,7 +137,7 @@ class AgentConsumer(StreamConsumer):
         self.group = streams.group_name(agent.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         try:
-            since = _check_since(query.get("since"))
+            since = _check_since(query.getlist("since"))
         except ClientError as exc:
             await self.send_json({"type": "error", "message": str(exc)})
             since = None
@@ -172,7 +172,10 @@ class AgentConsumer(StreamConsumer):
         never creates one: the chat page opens its socket for an agent that exists (its "Start it"
         button, a POST, creates a new one)."""
         kwargs = self.scope["url_route"]["kwargs"]
-        account = QueryDict(self.scope.get("query_string", b"").decode("latin-1")).get("account")
+        accounts = QueryDict(self.scope.get("query_string", b"").decode("latin-1")).getlist("account")
+        if len(accounts) > 1:
+            return None  # which one was meant? Not found, as for an account the user is not in
+        account = accounts[0] if accounts else None
         return selectors.agent_get(user=user, kind=kwargs["kind"], name=kwargs["name"], account=account, create=False)
 
     async def disconnect(self, code: int) -> None:
@@ -417,11 +420,13 @@ def fiber_order(fiber: dict[str, Any]) -> tuple[bool, int, bool]:
     return (fiber["status"] in FIBER_ENDED, int(fiber["attempts"]), fiber["status"] != FiberStatus.PENDING)
 
 
-def _check_since(value: str | None) -> int | None:
-    """The ``since`` of the socket's query string: a message id (digits), or absent."""
-    if value is None:
+def _check_since(values: list[str]) -> int | None:
+    """The ``since`` of the socket's query string: a message id (digits) once, or absent."""
+    if not values:
         return None
-    if (since := selectors.message_id(value)) is None:
+    if len(values) > 1:
+        raise ClientError("'since' is given more than once; give it once")
+    if (since := selectors.message_id(values[0])) is None:
         raise ClientError("'since' must be a message id")
     return since
 

@@ -24,7 +24,10 @@ def chat(request: HttpRequest, kind: str, name: str) -> HttpResponse:
     POST, with the CSRF token) creates the agent and comes back here. Any site can link a signed-in
     user here (a top-level navigation carries the session cookie); only the user's own click opens
     a new agent in their account."""
-    account = request.GET.get("account")
+    accounts = request.GET.getlist("account")
+    if len(accounts) > 1:
+        raise Http404("No such agent.")  # which one was meant? As for an account the user is not in
+    account = accounts[0] if accounts else None
     create = request.method == "POST"
     try:
         agent = selectors.agent_get(user=request.user, kind=kind, name=name, account=account, create=create)

@@ -129,6 +129,9 @@ def test_another_accounts_agent_is_refused_like_an_unknown_one(asgi_server: Asgi
     assert refusal(asgi_server, world.users.alice, kind="nope") == (CLOSE_NOT_FOUND, [])
     assert refusal(asgi_server, world.users.alice, query="?account=%00") == (CLOSE_NOT_FOUND, [])
     assert refusal(asgi_server, world.users.alice, name="x" * 129) == (CLOSE_NOT_FOUND, [])
+    # an account named twice is neither: which was meant? (her own, first or last, all the same)
+    for query in ("?account=globex&account=acme", "?account=acme&account=globex", "?account=acme&account=acme"):
+        assert refusal(asgi_server, world.users.alice, query=query) == (CLOSE_NOT_FOUND, []), query
     # and no agent was created for any of them
     assert list(Agent.objects.values_list("account__slug", "kind", "name")) == [("acme", KIND, "help")]
 
@@ -219,6 +222,11 @@ def test_a_since_that_is_not_a_message_id_gets_an_error_then_the_whole_snapshot(
         assert error == {"type": "error", "message": "'since' must be a message id"}, bad
         assert [m["text"] for m in snapshot["messages"]] == ["hello"], bad
         assert snapshot["since"] is None
+    # and one given twice is neither read as its first nor as its last
+    with open_chat(asgi_server, world.users.alice, query="?since=1&since=999") as ws:
+        error, snapshot = receive(ws), receive(ws)
+    assert error == {"type": "error", "message": "'since' is given more than once; give it once"}
+    assert [m["text"] for m in snapshot["messages"]] == ["hello"] and snapshot["since"] is None
 
 
 def test_resume_replays_then_live_chunks_follow_with_no_gap_and_no_duplicate(

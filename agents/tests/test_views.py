@@ -39,6 +39,9 @@ def test_the_page_is_a_404_for_anyone_else_and_a_login_for_the_anonymous(world: 
     assert alice.get("/chat/nope/help/").status_code == 404
     assert alice.get(f"/chat/{KIND}/{'x' * 129}/").status_code == 404
     assert alice.get(f"{PAGE}?account=%00").status_code == 404
+    assert alice.get(f"{PAGE}?account=acme").status_code == 200
+    for query in ("?account=globex&account=acme", "?account=acme&account=acme"):  # which was meant?
+        assert alice.get(f"{PAGE}{query}").status_code == 404, query
     anonymous = login(world.users.alice)
     anonymous.logout()
     assert anonymous.get(PAGE).status_code == 302
