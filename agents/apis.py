@@ -29,7 +29,14 @@ from rest_framework.response import Response
 from agents import selectors, services
 from agents.consumers import max_text_chars
 from agents.models import Agent, Turn, TurnStatus
-from workflows.apis.common import ApiBase, StrictCharField, StrictSerializer, authenticated_user, check_no_body
+from workflows.apis.common import (
+    QUERY_ON_ALL,
+    ApiBase,
+    StrictCharField,
+    StrictSerializer,
+    authenticated_user,
+    check_no_body,
+)
 from workflows.apis.converters import name_parameter
 from workflows.apis.errors import error_response, error_responses
 from workflows.apis.schema import NOT_BLANK
@@ -230,6 +237,8 @@ def user_of(request: Request) -> User:
 class AgentSnapshotApi(ApiBase):
     """GET /api/agents/<kind>/<name>: the conversation, the state, the active and queued turns."""
 
+    query_methods = QUERY_ON_ALL
+
     OutputSerializer = SnapshotSerializer
 
     @extend_schema(
@@ -248,6 +257,8 @@ class AgentSnapshotApi(ApiBase):
 class AgentMessageApi(ApiBase):
     """POST /api/agents/<kind>/<name>/messages: send a message; it becomes a turn, started now if
     no turn of the agent is open, else queued behind them (202: the answer streams later)."""
+
+    query_methods = QUERY_ON_ALL
 
     @extend_schema_serializer(component_name="AgentMessageInput")
     class InputSerializer(StrictSerializer):
@@ -283,6 +294,8 @@ class AgentMessageApi(ApiBase):
 class AgentTurnApi(ApiBase):
     """GET /api/agents/<kind>/<name>/turns/<id>: a turn, its status and its answer so far."""
 
+    query_methods = QUERY_ON_ALL
+
     OutputSerializer = TurnSerializer
 
     @extend_schema(
@@ -299,6 +312,8 @@ class AgentTurnApi(ApiBase):
 
 class AgentTurnStopApi(ApiBase):
     """POST /api/agents/<kind>/<name>/turns/<id>/stop: cancel a queued or running turn, durably."""
+
+    query_methods = QUERY_ON_ALL
 
     OutputSerializer = TurnSerializer
 

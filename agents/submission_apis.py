@@ -57,6 +57,7 @@ from agents.submissions import (
 from workflows import outbox
 from workflows.apis.common import (
     CURSOR,
+    QUERY_ON_ALL,
     ApiBase,
     JsonObjectField,
     RunCursorPagination,
@@ -178,6 +179,8 @@ def visible_submission(request: Request, submission_id: str) -> Submission:
 
 class AgentSubmissionsApi(ApiBase):
     """GET and POST /api/agents/<kind>/<name>/submissions: list the agent's, or submit."""
+
+    query_methods = QUERY_ON_ALL
 
     @extend_schema_serializer(component_name="SubmissionInput")
     class InputSerializer(StrictSerializer):

@@ -27,7 +27,7 @@ from approvals.exceptions import FORBIDDEN, ApprovalRefused
 from approvals.models import NOTE_MAX, VERSION_MAX, ApprovalRequest, ApprovalStatus, DecisionChannel
 from approvals.selectors import approval_get, approval_list, may_decide_now, superseded_by
 from approvals.services import approval_decide
-from workflows.apis.common import CURSOR, ApiBase, RunCursorPagination, StrictCharField, StrictSerializer
+from workflows.apis.common import CURSOR, QUERY_ON_GET, ApiBase, RunCursorPagination, StrictCharField, StrictSerializer
 from workflows.apis.converters import id_parameter
 from workflows.apis.errors import error_response, error_responses
 
@@ -133,6 +133,8 @@ class ApprovalCursorPagination(RunCursorPagination):
 # --- Operations -----------------------------------------------------------------------------------
 class ApprovalListApi(ApiBase):
     """GET /api/approvals: the requests the caller may see (decide), oldest first, cursor-paginated."""
+
+    query_methods = QUERY_ON_GET
 
     @extend_schema_serializer(component_name="ApprovalListFilter")
     class FilterSerializer(StrictSerializer):

@@ -17,7 +17,7 @@ from rest_framework.response import Response
 from ledger.models import ExternalOperation, OperationStatus
 from ledger.redaction import redact
 from ledger.selectors import attention_label, can_see_operations, operation_list
-from workflows.apis.common import CURSOR, ApiBase, RunCursorPagination, StrictCharField, StrictSerializer
+from workflows.apis.common import CURSOR, QUERY_ON_GET, ApiBase, RunCursorPagination, StrictCharField, StrictSerializer
 from workflows.apis.errors import error_responses
 
 TAGS = ["operations"]
@@ -78,6 +78,8 @@ class OperationSerializer(serializers.Serializer[Any]):
 
 class OperationListApi(ApiBase):
     """GET /api/operations: external operations, newest first, cursor-paginated."""
+
+    query_methods = QUERY_ON_GET
 
     @extend_schema_serializer(component_name="OperationListFilter")
     class FilterSerializer(StrictSerializer):

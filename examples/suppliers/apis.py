@@ -29,6 +29,7 @@ from examples.suppliers.models import SOURCE_NAME_MAX, AssessmentStatus, Supplie
 from examples.suppliers.selectors import assessment_data, assessment_get, assessment_list, assessment_status
 from workflows.apis.common import (
     CURSOR,
+    QUERY_ON_GET,
     ApiBase,
     JsonObjectField,
     JsonValueField,
@@ -125,6 +126,8 @@ def state_error(exc: services.AssessmentStateError, assessment_id: int) -> Respo
 
 # --- Operations -----------------------------------------------------------------------------------
 class AssessmentListCreateApi(ApiBase):
+    query_methods = QUERY_ON_GET
+
     @extend_schema_serializer(component_name="AssessmentCreateInput")
     class InputSerializer(StrictSerializer):
         supplier_name = StrictCharField(max_length=200, pattern=NOT_BLANK, help_text="Not only whitespace.")

@@ -49,14 +49,26 @@ class ApiBase(APIView):
 
     authentication_classes = [TokenAuthentication, SessionAuthentication]
     permission_classes = [IsAuthenticated]
+    # The methods whose handlers read the query string, and refuse what they do not take (a list's
+    # filters, an agent's ?account=). To any other, a query parameter is a 400: not one ignored.
+    query_methods: frozenset[str] = frozenset()
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         """A query parameter given twice is a 400: read as its last value (Django's QueryDict), a
         client that sent ``?status=pending&status=completed`` was answered for another filter
-        than it meant. No parameter of the API takes several values."""
+        than it meant. No parameter of the API takes several values. So is one sent to a handler
+        that reads none (``POST /api/runs/<id>/terminate?force=1``)."""
         super().initial(request, *args, **kwargs)
         if repeated := repeated_parameters(request.query_params):
             raise exceptions.ValidationError(repeated)
+        if request.query_params and request.method not in self.query_methods and request.method != "OPTIONS":
+            unknown = sorted(request.query_params)
+            raise exceptions.ValidationError({key: ["Unknown query parameter."] for key in unknown})
+
+
+# ApiBase.query_methods of a view whose GET (and HEAD) reads the query, and of one whose every handler does.
+QUERY_ON_GET = frozenset({"GET", "HEAD"})
+QUERY_ON_ALL = frozenset({"GET", "HEAD", "POST"})
 
 
 def repeated_parameters(query: QueryDict) -> dict[str, list[str]]:

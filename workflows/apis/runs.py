@@ -32,6 +32,7 @@ from workflows.apis.common import (
     CURSOR,
     IDEMPOTENCY_KEY,
     IDEMPOTENCY_KEY_MAX,
+    QUERY_ON_GET,
     ApiBase,
     JsonObjectField,
     JsonValueField,
@@ -248,6 +249,8 @@ class RunStartApi(ApiBase):
 
 class RunListApi(ApiBase):
     """GET /api/runs: the runs the caller may see, newest first, cursor-paginated."""
+
+    query_methods = QUERY_ON_GET
 
     @extend_schema_serializer(component_name="RunListFilter")
     class FilterSerializer(StrictSerializer):

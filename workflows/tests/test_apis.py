@@ -392,6 +392,23 @@ def test_a_query_parameter_given_twice_is_refused_not_read_as_its_last_value(use
 
 
 @pytest.mark.django_db
+def test_a_query_parameter_to_an_endpoint_that_reads_none_is_refused_not_ignored(users: Users) -> None:
+    run = a_run(users.alice, "test.wait")
+    client = api_login(users.alice)
+
+    terminate = client.post(run_url(run.id, "terminate") + "?force=1", {}, format="json")
+    detail = client.get(run_url(run.id) + "?expand=steps")
+    start = client.post(start_url() + "?dry_run=1", {"payload": {}}, format="json")
+
+    for response, name in ((terminate, "force"), (detail, "expand"), (start, "dry_run")):
+        assert response.status_code == 400
+        assert error_of(response)["detail"] == {name: ["Unknown query parameter."]}
+    assert WorkflowRun.objects.get(pk=run.pk).status != RunStatus.TERMINATED
+    assert WorkflowRun.objects.count() == 1  # nothing started either
+    assert client.get(run_url(run.id)).status_code == 200
+
+
+@pytest.mark.django_db
 def test_list_pages_through_every_run_once_newest_first(users: Users) -> None:
     # given five runs
     ids = [str(a_run(users.alice, n=i).id) for i in range(5)]
