@@ -25,7 +25,7 @@ from schedules.services import (
     schedule_settings,
     schedules_enable,
 )
-from workflows.admin import ReadOnlyAdmin, run_admin_link
+from workflows.admin import JSON_FORM_FIELDS, ReadOnlyAdmin, run_admin_link
 
 RECENT_FIRINGS = 20
 HEADER = "<tr><th>due</th><th>trigger</th><th>outcome</th><th>run or submission</th><th>error</th></tr>"
@@ -88,6 +88,7 @@ class ScheduleAdmin(admin.ModelAdmin[Schedule]):
     list_display = ("name", "what", "when", "enabled", "next_due_at", "last_fired_at", "latest_outcome", "firings_link")
     list_filter = ("enabled", "action")
     search_fields = ("name", "workflow", "account", "agent_kind", "agent_name")
+    formfield_overrides = JSON_FORM_FIELDS
     actions = ("enable", "disable", "fire_now")
     readonly_fields = ("next_due_at", "last_fired_at", "created_at", "updated_at", "recent_firings")
     fieldsets = (

@@ -185,3 +185,26 @@ def test_no_admin_list_can_be_filtered_on_a_credential() -> None:
     assert "User.auth_token" in found and len(found) > 10
     assert not reaches_a_credential(get_user_model(), "username__startswith")
     assert not reaches_a_credential(get_user_model(), "q")
+
+
+# --- forms --------------------------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_every_admin_form_that_edits_json_refuses_json_nested_too_deeply_as_a_field_error(
+    django_user_model: Any,
+) -> None:
+    from django import forms
+
+    from workflows.admin import JSONFormField
+
+    request = RequestFactory().get("/admin/")
+    request.user = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    edited: list[str] = []
+    for model, model_admin in admin.site._registry.items():
+        form_fields = dict(model_admin.get_form(request).base_fields)
+        for inline in model_admin.get_inline_instances(request):
+            form_fields.update(inline.get_formset(request).form.base_fields)
+        for name, field in form_fields.items():
+            if isinstance(field, forms.JSONField):
+                edited.append(f"{model._meta.label}.{name}")
+                assert isinstance(field, JSONFormField), f"{model._meta.label}.{name}: use JSON_FORM_FIELDS"
+    assert "schedules.Schedule.payload" in edited  # the check found what it is about

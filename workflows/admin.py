@@ -13,10 +13,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 from uuid import UUID
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import display_for_value
-from django.db.models import Model, QuerySet
+from django.core.exceptions import ValidationError
+from django.db.models import JSONField, Model, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -34,6 +36,7 @@ from workflows.selectors import (
     step_timer,
     waiting_event_types,
 )
+from workflows.storable import MAX_JSON_DEPTH
 
 # An inline's rows, and the object whose page shows them.
 _Row = TypeVar("_Row", bound=Model)
@@ -88,6 +91,28 @@ def run_admin_link(run_id: UUID | None) -> str:
     if run_id is None:
         return "-"
     return format_html('<a href="{}">{}</a>', reverse("admin:workflows_workflowrun_change", args=[run_id]), run_id)
+
+
+class JSONFormField(forms.JSONField):
+    """Django's form field for JSON, with JSON nested past what the parser reads a field error: its
+    ``to_python`` (the form's check) and ``bound_data`` (the page drawn again with the error) let
+    the RecursionError through, a 500 for "[[[…" typed into a payload."""
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise ValidationError(f"Nested more than {MAX_JSON_DEPTH} levels deep.", code="invalid") from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:
+            return forms.fields.InvalidJSONInput(data)
+
+
+# ModelAdmin.formfield_overrides of an admin whose forms edit a JSON field.
+JSON_FORM_FIELDS: dict[type, dict[str, Any]] = {JSONField: {"form_class": JSONFormField}}
 
 
 class ReadOnlyAdmin(admin.ModelAdmin[_Row]):

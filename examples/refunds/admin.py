@@ -13,6 +13,7 @@ from django.utils.html import format_html_join
 from examples.refunds.models import Order, RefundRequest
 from examples.refunds.selectors import refund_status, run_pending_operations
 from examples.refunds.services import CHANGEABLE, StaleOrder, order_change
+from workflows.admin import JSON_FORM_FIELDS
 
 
 class OrderForm(forms.ModelForm[Order]):
@@ -64,6 +65,7 @@ class OrderAdmin(admin.ModelAdmin[Order]):
     directly would change the data under the version a reviewer is approving."""
 
     form = OrderForm
+    formfield_overrides = JSON_FORM_FIELDS
     list_display = ["number", "customer", "amount", "currency", "status", "version", "updated_at"]
     search_fields = ["number"]
     readonly_fields = ["version", "updated_at"]

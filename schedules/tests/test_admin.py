@@ -97,6 +97,16 @@ def test_add_checks_the_schedule_and_works_out_its_next_due_time(carol: User) ->
     assert schedule.next_due_at - timezone.now() <= timedelta(hours=1)
 
 
+def test_a_payload_nested_past_what_the_parser_reads_is_a_field_error_not_a_500(carol: User) -> None:
+    form = {"name": "deep", "cron": "0 * * * *", "timezone": "UTC", "action": "workflow", "workflow": "test.echo"}
+
+    refused = login(carol).post(f"{URL}add/", {**form, "payload": "[" * 2000 + "]" * 2000, "enabled": "on"})
+
+    assert refused.status_code == 200
+    assert "Nested more than 100 levels deep." in refused.content.decode()
+    assert not Schedule.objects.filter(name="deep").exists()
+
+
 def test_actions_enable_disable_and_fire_now(carol: User) -> None:
     schedule = workflow_schedule(due=None, enabled=False)
     client = login(carol)

@@ -52,6 +52,20 @@ def test_refund_request_admin_page_lists_operations_needing_reconciliation(admin
 
 
 @pytest.mark.django_db
+def test_an_order_whose_json_is_nested_past_what_the_parser_reads_is_a_field_error(admin: User, users: Users) -> None:
+    order = order_create(number="9003", customer=users.alice, amount="15.00", shipping_address={"street": "1 Road"})
+    deep = "[" * 2000 + "]" * 2000
+    form = {"amount": "15.00", "currency": "GBP", "status": "placed", "items": deep, "shipping_address": deep}
+
+    refused = login(admin).post(f"/admin/refunds/order/{order.pk}/change/", {**form, "seen_version": "1"})
+
+    assert refused.status_code == 200
+    assert refused.content.decode().count("Nested more than 100 levels deep.") == 2
+    order.refresh_from_db()
+    assert (order.version, order.shipping_address) == (1, {"street": "1 Road"})
+
+
+@pytest.mark.django_db
 def test_an_order_edited_in_the_admin_gets_a_new_version_and_its_pending_approval_is_superseded(
     admin: User, users: Users
 ) -> None:
