@@ -161,7 +161,7 @@ class Command(ProjectCommand):
 
     # --- writes: one service call each ---
     def cmd_start(self, options: dict[str, Any]) -> None:
-        payload = parse_json(options["payload"], "--payload")
+        payload = json_option(options["payload"], "--payload")
         # as the API's Idempotency-Key header: one run per key, either way
         key = checked_key(options["idempotency_key"], "--idempotency-key")
         owner = get_owner(options["owner"]) if options["owner"] else None
@@ -177,7 +177,7 @@ class Command(ProjectCommand):
     def cmd_send_event(self, options: dict[str, Any]) -> None:
         key = checked_key(options["key"], "--key")  # as the API's: the same form as a run's key
         run = get_run(options["run_id"])
-        payload = parse_json(options["payload"], "--payload")
+        payload = json_option(options["payload"], "--payload")
         event, created = services.run_send_event(
             run_id=run.id, type=options["type"], payload=payload, idempotency_key=key
         )
@@ -222,10 +222,6 @@ def checked_key(key: str | None, option: str) -> str | None:
             f"{option} must be 1 to {IDEMPOTENCY_KEY_MAX} printable ASCII characters, no space at either end"
         )
     return key
-
-
-def parse_json(text: str, what: str) -> Any:
-    return json_option(text, what)
 
 
 def get_owner(username: str) -> User:
