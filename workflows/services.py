@@ -8,6 +8,7 @@ from uuid import UUID
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 from django_fsm import TransitionNotAllowed as FSMTransitionNotAllowed
 
@@ -81,6 +82,14 @@ def check_startable(*, workflow: str) -> None:
         )
 
 
+def count_with_user_locked(user: User, rows: QuerySet[Any]) -> int:
+    """How many ``rows`` there are, counted with ``user``'s row locked until the transaction ends:
+    two requests of one user at the same instant count one after the other, so a limit on what a
+    user has open holds for requests sent together. Call inside the transaction that adds the row."""
+    get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+    return int(rows.count())
+
+
 def check_run_quota(*, owner: User) -> None:
     """TooManyRuns if ``owner`` has WORKFLOWS_MAX_ACTIVE_RUNS_PER_OWNER runs of public workflows not
     finished yet: one customer starting them in a loop must not take every worker from everyone
@@ -90,9 +99,9 @@ def check_run_quota(*, owner: User) -> None:
     limit = conf()["MAX_ACTIVE_RUNS_PER_OWNER"]
     if not limit:
         return
-    get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
     public = [name for name in workflow_names() if get_workflow(name).public]
-    active = WorkflowRun.objects.filter(owner=owner, workflow__in=public).exclude(status__in=TERMINAL).count()
+    runs = WorkflowRun.objects.filter(owner=owner, workflow__in=public).exclude(status__in=TERMINAL)
+    active = count_with_user_locked(owner, runs)
     if active >= limit:
         raise TooManyRuns(
             f"you have {active} runs that have not finished yet (the limit is {limit}); start more once some have"

@@ -13,7 +13,6 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -207,8 +206,8 @@ def check_open_requests(*, customer: User) -> None:
     limit = int(settings.REFUND_MAX_OPEN_REQUESTS)
     if not limit:
         return
-    get_user_model().objects.select_for_update().filter(pk=customer.pk).first()
-    open_requests = RefundRequest.objects.filter(customer=customer).exclude(run__status__in=TERMINAL).count()
+    requests = RefundRequest.objects.filter(customer=customer).exclude(run__status__in=TERMINAL)
+    open_requests = workflow_services.count_with_user_locked(customer, requests)
     if open_requests >= limit:
         raise TooManyOpenRequests(
             f"you have {open_requests} refund requests in progress (the limit is {limit}); "

@@ -38,7 +38,7 @@ from examples.suppliers.models import (
 )
 from examples.suppliers.selectors import current_report, decided_review, pending_review
 from workflows.models import WorkflowRun
-from workflows.services import run_start
+from workflows.services import count_with_user_locked, run_start
 
 WORKFLOW = "supplier-assessment"
 
@@ -62,8 +62,8 @@ def check_open_assessments(requester: DjangoUser) -> None:
     limit = int(settings.SUPPLIER_MAX_OPEN_ASSESSMENTS)
     if not limit:
         return
-    get_user_model().objects.select_for_update().filter(pk=requester.pk).first()
-    open_ones = SupplierAssessment.objects.filter(requested_by=requester).exclude(status__in=TERMINAL).count()
+    assessments = SupplierAssessment.objects.filter(requested_by=requester).exclude(status__in=TERMINAL)
+    open_ones = count_with_user_locked(requester, assessments)
     if open_ones >= limit:
         raise TooMany(
             f"you have {open_ones} supplier assessments open (the limit is {limit}); ask for more once some are decided"
